@@ -1,0 +1,107 @@
+"""The `miles` command. `miles train <recipe>` takes every config field as a kebab-case flag."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+
+import flows  # noqa: F401  (configures the environment first)
+from miles_core.config import GROUPS, ConfigError, list_recipes, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="miles: RL post-training as a tracked pipeline.")
+console = Console()
+
+
+def _is_bool(annotation: Any) -> bool:
+    return annotation is bool or (typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType")) and bool in typing.get_args(annotation))
+
+
+def _is_list(annotation: Any) -> bool:
+    args = typing.get_args(annotation) or (annotation,)
+    return any(typing.get_origin(a) is list for a in args)
+
+
+def config_options() -> list[inspect.Parameter]:
+    """One keyword-only typer option per config field, documented from the field."""
+    params = []
+    for group, model in GROUPS.items():
+        for name, field in model.model_fields.items():
+            flag = "--" + name.replace("_", "-")
+            help_text = f"[{group}] {field.description or ''}"
+            if _is_bool(field.annotation):
+                opt = typer.Option(None, f"{flag}/--no-{name.replace('_', '-')}", help=help_text, rich_help_panel=group)
+                ann: Any = Optional[bool]
+            else:
+                opt = typer.Option(None, flag, help=help_text, rich_help_panel=group)
+                ann = Optional[str]
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann))
+    return params
+
+
+def parse_overrides(raw: dict[str, Any]) -> dict[str, Any]:
+    """Flag strings -> YAML scalars/lists ("8" -> 8, "[a, b]" -> list; list fields also split on spaces)."""
+    fields = {n: f for m in GROUPS.values() for n, f in m.model_fields.items()}
+    out = {}
+    for name, value in raw.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            parsed = yaml.safe_load(value) if value.strip() else value
+            if _is_list(fields[name].annotation) and not isinstance(parsed, list):
+                parsed = value.split()
+            value = parsed if not (isinstance(parsed, (dict, list)) and fields[name].annotation is str) else value
+        out[name] = value
+    return out
+
+
+RECIPE_ARG = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `miles recipes`) or a YAML path.")
+
+
+def _train(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
+    from flows.run import run_train
+
+    try:
+        cfg = load_config(recipe_file, parse_overrides(flags))
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    run_train(cfg, console)
+
+
+_train.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.signature(_train).parameters["recipe_file"], *config_options()]
+)
+app.command("train", help="Train with GRPO-family RL on a recipe; any config field is a flag.")(_train)
+
+
+@app.command("recipes")
+def recipes() -> None:
+    """List the shipped recipes."""
+    for name in list_recipes():
+        console.print(name)
+
+
+def _show(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
+    try:
+        cfg = load_config(recipe_file, parse_overrides(flags))
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    console.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+
+
+_show.__signature__ = inspect.Signature([inspect.signature(_show).parameters["recipe_file"], *config_options()])  # type: ignore[attr-defined]
+app.command("config", help="Print the resolved config of a recipe with flags applied.")(_show)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Run the train flow from the CLI with a progress bar and a readable summary."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from miles_core.config import TrainConfig
+from miles_core.tracking import progress
+
+
+def _quiet_libraries() -> None:
+    for name in ("prefect", "mlflow", "alembic", "httpx", "uvicorn", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def run_train(cfg: TrainConfig, console: Console) -> dict:
+    from flows.train import train
+
+    _quiet_libraries()
+    bar = Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("reward {task.fields[reward]}"),
+                   TimeElapsedColumn(), console=console)
+    task_id = bar.add_task("train", total=None, reward="-")
+
+    def on_rollout(i: int, n: int, metrics: dict) -> None:
+        bar.update(task_id, total=n, completed=i + 1, reward=f"{metrics['rollout/raw_reward']:.3f}")
+
+    unsubscribe = progress.subscribe(on_rollout)
+    try:
+        with bar:
+            summary = train(cfg)
+    finally:
+        unsubscribe()
+    _print_summary(console, summary)
+    return summary
+
+
+def _print_summary(console: Console, s: dict) -> None:
+    console.print(f"[bold green]done[/bold green]: {s['rollouts']} rollouts (resumed from {s['resumed_from']})")
+    console.print(f"MLflow run id : {s['mlflow_run_id']}")
+    console.print(f"MLflow store  : {s['tracking_uri']}  (mlflow ui --backend-store-uri {s['tracking_uri']})")
+    if s["first_reward"] is not None:
+        console.print(f"mean reward   : first {s['first_reward']:.3f} -> last {s['last_reward']:.3f}  "
+                      f"(first 3: {s['first3_reward']:.3f}, last 3: {s['last3_reward']:.3f})")

@@ -1,0 +1,52 @@
+"""MLflow wiring of the train flow: open or re-attach the run, skip steps already logged on resume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from miles_core.config import ConfigError, TrainConfig
+from miles_core.tracking import MlflowTracker, flatten, sanitize_key
+from miles_core.tracking.mlflow_tracker import param_str
+
+AXES = ("rollout/step", "train/step", "eval/step")
+# Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
+MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout"}
+
+
+@dataclass
+class RunTracker:
+    """MlflowTracker plus per-axis high-water marks: a resumed run re-logs nothing it already has."""
+
+    mlflow: MlflowTracker
+    marks: dict[str, int] = field(default_factory=dict)
+
+    def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
+        if step <= self.marks.get(axis, -1):
+            return
+        self.mlflow.log_metrics({**metrics, axis: step}, step=step)
+
+
+def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
+    return {**cfg.model_dump(mode="json"), "derived": derived}
+
+
+def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
+    """New run with params, or re-attach ``run_id`` after checking the params did not change."""
+    tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, cfg.tracking.mlflow_run_name or cfg.misc.recipe, run_id)
+    params = config_params(cfg, derived)
+    if run_id is None:
+        tracker.log_params(params)
+        return RunTracker(tracker)
+    logged = tracker.client.get_run(run_id).data.params
+    changed = [
+        k for k, v in flatten(params).items()
+        if k not in MUTABLE_PARAMS and sanitize_key(k) in logged and logged[sanitize_key(k)] != param_str(v)
+    ]
+    if changed:
+        raise ConfigError(
+            f"resume of MLflow run {run_id} with changed params {changed}; restore them, or start a new run "
+            "with a new --save dir (or --load pointing at the old one)"
+        )
+    tracker.client.set_terminated(run_id, status="RUNNING")
+    marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
+    return RunTracker(tracker, marks)

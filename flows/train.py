@@ -1,0 +1,112 @@
+"""The train flow: REFERENCE §1 as a numbered sequence of tasks.
+
+    0. prepare (convert model, load data) -> restore the latest checkpoint -> open/re-attach MLflow
+    1. sync weights (version 1) and eval before training unless skip_eval_before_train
+    for each rollout i:
+    2. generate + reward   3. train (old log-probs, advantages, optimizer steps)
+    4. save if due         5. sync weights (version + 1)   6. eval if due   7. export if due
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.context import get_run_context
+
+from miles_core.config import TrainConfig
+from miles_core.runtime import registry
+from miles_core.tracking import progress
+from tasks.prepare import prepare
+from tasks.stages import evaluate, export, generate, save, train_step, update_weights
+
+from .tracking import RunTracker, open_run
+
+
+def due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
+    """An action with interval k runs after rollout i when (i+1) % k == 0, or i is the last rollout."""
+    return interval is not None and ((rollout_id + 1) % interval == 0 or rollout_id == num_rollout - 1)
+
+
+def _on_failure(flow, flow_run, state) -> None:
+    """End the MLflow run as FAILED and leave a resume hint (the rerun resumes from the last checkpoint)."""
+    from flows.hooks import mark_failed
+
+    mark_failed(flow_run, state)
+
+
+@flow(name="train", on_failure=[_on_failure], on_crashed=[_on_failure], validate_parameters=True)
+def train(config: TrainConfig) -> dict:
+    run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
+    facts = prepare(run_key, config)
+    rt = registry.get_runtime(run_key)
+    n = facts["num_rollout"]
+    try:
+        meta = rt.restore()
+        start = meta["rollout_id"] + 1 if meta else 0
+        derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout, "num_rollout": n}
+        tracker = open_run(config, meta["mlflow_run_id"] if meta else None, derived)
+        _record_run(config, tracker)
+        if not meta:
+            update_weights(run_key)
+        if config.eval.eval_prompt_data and not config.eval.skip_eval_before_train and start == 0:
+            _eval(run_key, tracker, rt.weight_version)
+        artifact = create_progress_artifact(progress=100.0 * start / n, key="train-progress", description=f"rollouts of {config.misc.recipe}")
+        rewards = []
+        for i in range(start, n):
+            rewards.append(_one_rollout(run_key, i, n, config, tracker))
+            update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
+            progress.emit(i, n, rewards[-1])
+        tracker.mlflow.end("FINISHED")
+        return _summary(config, tracker, rewards, start, n)
+    finally:
+        registry.release(run_key)
+
+
+def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: RunTracker) -> dict[str, float]:
+    metrics = generate(run_key, i)
+    rollout_metrics, steps = train_step(run_key, i)
+    metrics |= rollout_metrics
+    k = config.num_steps_per_rollout
+    for j, step in enumerate(steps):
+        tracker.log(step, "train/step", i * k + j)
+    if due(config.checkpoint.save_interval, i, n) or i == n - 1:
+        metrics |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe})
+    metrics |= update_weights(run_key)
+    tracker.log(metrics, "rollout/step", i)
+    if due(config.eval.eval_interval, i, n) and config.eval.eval_prompt_data:
+        _eval(run_key, tracker, registry.get_runtime(run_key).weight_version)
+    if due(config.checkpoint.export_interval, i, n):
+        export(run_key, i)
+    return metrics
+
+
+def _eval(run_key: str, tracker: RunTracker, step: int) -> None:
+    metrics, rows = evaluate(run_key)
+    tracker.log(metrics, "eval/step", step)
+    if step > tracker.marks.get("eval/step", -1):
+        tracker.mlflow.log_table(rows, f"eval/samples_step_{step}.json")
+
+
+def _record_run(config: TrainConfig, tracker: RunTracker) -> None:
+    """Remember the MLflow run in the run dir, so failure hooks can close it even before a checkpoint."""
+    import json
+
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    (config.run_dir / "mlflow_run.json").write_text(json.dumps({"run_id": tracker.mlflow.run_id, "tracking_uri": config.tracking_uri}))
+    get_run_logger().info("MLflow run %s at %s", tracker.mlflow.run_id, config.tracking_uri)
+
+
+def _summary(config: TrainConfig, tracker: RunTracker, rewards: list[dict], start: int, n: int) -> dict:
+    raw = [m["rollout/raw_reward"] for m in rewards]
+    summary = {
+        "mlflow_run_id": tracker.mlflow.run_id, "tracking_uri": config.tracking_uri, "experiment_id": tracker.mlflow.experiment_id,
+        "rollouts": n, "resumed_from": start, "first_reward": raw[0] if raw else None, "last_reward": raw[-1] if raw else None,
+        "first3_reward": statistics.fmean(raw[:3]) if raw else None, "last3_reward": statistics.fmean(raw[-3:]) if raw else None,
+    }
+    create_markdown_artifact(
+        key="train-summary",
+        markdown=f"# miles train {config.misc.recipe}\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary.items()),
+    )
+    return summary

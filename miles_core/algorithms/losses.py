@@ -1,0 +1,119 @@
+"""Actor losses, one name table keyed by `loss_type`; every entry has the signature
+
+    loss_fn(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> (scalar loss, metrics: dict[str, Tensor])
+
+policy_loss:  Loss = R'(pg) - entropy_coef * R'(H) + kl_loss_coef * R'(kl(logp, logp_ref))      (use_kl_loss)
+              pg = ppo_clip per-token loss (policy_loss.py), times the rollout-correction weights when on;
+              R' = R with the loss mask returned by the correction (R when no correction).
+sft_loss:     Loss = -R(logp)
+custom_loss:  the callable at `custom_loss_function_path` (dotted path), same signature.
+
+Metrics are detached scalars reduced with R (global denominators), named without the `train/` prefix:
+loss, pg_loss, pg_clipfrac, ppo_kl, entropy_loss (entropy given), kl_loss (use_kl_loss),
+opd_reverse_kl = R'(logp - logp_teacher) (teacher given), the correction's metrics and ois (correction on),
+and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl, ess_ratio (rollout log-probs given).
+`use_rollout_logprobs`: the caller passes the engine log-probs as old_log_probs; nothing changes here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from miles_core.config.algo import AlgoConfig
+
+from ._resolve import resolve_callable
+from .kl import kl_estimate
+from .policy_loss import LOG_RATIO_BOUND, ppo_clip
+from .reducer import Reducer
+from .rollout_correction import mismatch_metrics, rollout_correction
+
+
+@dataclass
+class LossInputs:
+    """One micro-batch. Per-token tensors [N, T], right-padded."""
+
+    log_probs: Tensor  # [N, T] current policy (requires grad)
+    old_log_probs: Tensor  # [N, T]
+    advantages: Tensor  # [N, T]
+    loss_mask: Tensor  # [N, T]
+    entropy: Tensor | None = None  # [N, T] needed when entropy_coef > 0; logged whenever given
+    rollout_log_probs: Tensor | None = None  # [N, T] engine log-probs (mismatch metrics, TIS/MIS)
+    ref_log_probs: Tensor | None = None  # [N, T] (use_kl_loss)
+    teacher_log_probs: Tensor | None = None  # [N, T] (opd_reverse_kl metric)
+
+
+LossResult = tuple[Tensor, dict[str, Tensor]]
+LossFunction = Callable[[AlgoConfig, LossInputs, Reducer], LossResult]
+
+
+def _regularizers(algo: AlgoConfig, inputs: LossInputs, mask: Tensor, reduce: Reducer) -> LossResult:
+    """-entropy_coef * R(H) + kl_loss_coef * R(kl) and their metrics (+ opd_reverse_kl)."""
+    term, metrics = inputs.log_probs.new_zeros(()), {}
+    if inputs.entropy is not None:
+        entropy = reduce(inputs.entropy, mask)
+        term = term - algo.entropy_coef * entropy
+        metrics["entropy_loss"] = entropy.detach()
+    elif algo.entropy_coef > 0:
+        raise ValueError(f"entropy_coef={algo.entropy_coef} needs LossInputs.entropy (see entropy_from_logits)")
+    if algo.use_kl_loss:
+        if inputs.ref_log_probs is None:
+            raise ValueError("use_kl_loss needs LossInputs.ref_log_probs (load the reference model)")
+        kl = reduce(kl_estimate(inputs.log_probs, inputs.ref_log_probs, algo.kl_loss_type), mask)
+        term = term + algo.kl_loss_coef * kl
+        metrics["kl_loss"] = kl.detach()
+    if inputs.teacher_log_probs is not None:
+        metrics["opd_reverse_kl"] = reduce((inputs.log_probs - inputs.teacher_log_probs).detach(), mask)
+    return term, metrics
+
+
+def policy_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:
+    """PPO-clip policy gradient with optional rollout correction, entropy bonus and KL loss."""
+    pg, token_metrics = ppo_clip(algo, inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask)
+    mask, metrics = inputs.loss_mask, {}
+    correction = rollout_correction(algo, inputs.old_log_probs, inputs.rollout_log_probs, inputs.loss_mask, reduce)
+    if correction is not None:
+        weights, mask, metrics = correction
+        log_ratio = torch.clamp(inputs.log_probs.detach() - inputs.old_log_probs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        metrics = dict(metrics, ois=reduce(torch.exp(log_ratio), inputs.loss_mask))
+        pg = pg * weights
+    pg_loss = reduce(pg, mask)
+    extra, reg_metrics = _regularizers(algo, inputs, mask, reduce)
+    loss = pg_loss + extra
+    metrics |= {name: reduce(value, mask) for name, value in token_metrics.items()}
+    return loss, {"loss": loss.detach(), "pg_loss": pg_loss.detach(), **metrics, **reg_metrics}
+
+
+def sft_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:
+    """-R(logp): supervised fine-tuning on the masked response tokens."""
+    loss = -reduce(inputs.log_probs, inputs.loss_mask)
+    metrics = {"loss": loss.detach()}
+    if inputs.entropy is not None:
+        metrics["entropy_loss"] = reduce(inputs.entropy.detach(), inputs.loss_mask)
+    return loss, metrics
+
+
+LOSS_FUNCTIONS: dict[str, LossFunction] = {"policy_loss": policy_loss, "sft_loss": sft_loss}
+
+
+def resolve_loss(algo: AlgoConfig) -> LossFunction:
+    """The loss function of `loss_type` (custom_loss -> `custom_loss_function_path`)."""
+    if algo.loss_type != "custom_loss":
+        return LOSS_FUNCTIONS[algo.loss_type]
+    if algo.custom_loss_function_path is None:
+        raise ValueError(
+            "loss_type='custom_loss' needs custom_loss_function_path (a dotted path 'package.module.function')"
+        )
+    return resolve_callable(algo.custom_loss_function_path, LOSS_FUNCTIONS, "custom_loss_function_path")
+
+
+def actor_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:
+    """-> (scalar loss to backward, detached scalar metrics reduced with `reduce`; sum them over micro-batches)."""
+    loss, metrics = resolve_loss(algo)(algo, inputs, reduce)
+    if inputs.rollout_log_probs is not None:
+        mismatch = mismatch_metrics(inputs.old_log_probs, inputs.rollout_log_probs, inputs.loss_mask, reduce)
+        metrics = {**metrics, **mismatch}
+    return loss, metrics

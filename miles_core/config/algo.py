@@ -1,0 +1,56 @@
+"""Algorithm and optimizer arguments (REFERENCE §3)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ._base import Group
+
+AdvantageEstimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+KLType = Literal["k1", "k2", "k3", "low_var_kl"]
+
+
+class AlgoConfig(Group):
+    advantage_estimator: AdvantageEstimator = Field("grpo", description="How rewards become advantages.")
+    num_steps_per_rollout: int | None = Field(None, ge=1, description="Optimizer steps per rollout; derives global_batch_size.")
+    global_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step.")
+    micro_batch_size: int = Field(1, ge=1, description="Samples per forward/backward pass (gradient accumulation inside a step).")
+    lr: float = Field(1e-6, gt=0, description="Actor learning rate (AdamW).")
+    min_lr: float = Field(0.0, ge=0, description="Final learning rate of a decaying schedule.")
+    lr_warmup_iters: int = Field(0, ge=0, description="Linear warm-up optimizer steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, description="AdamW beta1.")
+    adam_beta2: float = Field(0.98, description="AdamW beta2.")
+    adam_eps: float = Field(1e-8, description="AdamW epsilon.")
+    clip_grad: float = Field(1.0, ge=0, description="Global gradient-norm clip (0 = off).")
+    loss_type: Literal["policy_loss", "sft_loss", "custom_loss"] = Field("policy_loss", description="Loss function.")
+    custom_loss_function_path: str | None = Field(None, description="Dotted path of a custom loss (loss_type custom_loss).")
+    eps_clip: float = Field(0.2, gt=0, description="PPO clip range (lower).")
+    eps_clip_high: float | None = Field(None, gt=0, description="PPO clip range (upper); defaults to eps_clip.")
+    eps_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant for negative advantages (> 1).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) loss term.")
+    kl_loss_coef: float = Field(0.0, ge=0, description="Coefficient of the KL loss term.")
+    kl_loss_type: KLType = Field("k1", description="KL estimator of the loss term.")
+    kl_coef: float = Field(0.0, ge=0, description="Reward-level KL coefficient (ppo and reinforce++ only).")
+    calculate_per_token_loss: bool = Field(False, description="Reduce losses as a token mean over the batch instead of a mean of per-sample means.")
+    disable_grpo_std_normalization: bool = Field(False, description="GRPO without dividing by the group std (Dr.GRPO).")
+    disable_rewards_normalization: bool = Field(False, description="No group centering or scaling of rewards.")
+    normalize_advantages: bool = Field(False, description="Whiten advantages over the whole batch.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (reinforce++, ppo).")
+    lambd: float = Field(1.0, ge=0, le=1, description="GAE lambda (ppo).")
+    value_clip: float = Field(0.2, gt=0, description="Critic value clip (ppo).")
+    critic_lr: float | None = Field(None, gt=0, description="Critic learning rate (default lr).")
+    num_critic_only_steps: int = Field(0, ge=0, description="Rollouts that train only the critic before the actor starts (ppo).")
+    use_tis: bool = Field(False, description="Truncated importance sampling against the rollout log-probs.")
+    tis_clip: float = Field(2.0, gt=0, description="Upper clamp of TIS weights.")
+    tis_clip_low: float = Field(0.0, ge=0, description="Lower clamp of TIS weights.")
+    use_rollout_logprobs: bool = Field(False, description="Use the engine's log-probs as old-policy log-probs.")
+    custom_tis_function_path: str | None = Field(None, description="Dotted path of a TIS/MIS function (e.g. the built-in MIS).")
+    custom_config_path: str | None = Field(None, description="YAML with knobs for custom functions (MIS settings).")
+    use_opd: bool = Field(False, description="On-policy distillation from a teacher.")
+    opd_kl_coef: float = Field(1.0, ge=0, description="OPD advantage coefficient.")
+    opd_type: Literal["megatron", "sglang"] = Field("megatron", description="Teacher: a second in-process model (megatron) or an engine (sglang).")
+    opd_teacher_load: str | None = Field(None, description="Teacher checkpoint (HF dir) for opd_type megatron.")

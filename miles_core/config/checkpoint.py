@@ -1,0 +1,21 @@
+"""Model loading, checkpoint and export arguments (REFERENCE §6)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ._base import Group
+
+
+class CheckpointConfig(Group):
+    hf_checkpoint: str = Field("builtin://tiny-qwen2", description="Initial model: an HF directory, a hub id, or builtin://<name> built offline.")
+    ref_load: str | None = Field(None, description="Reference model for KL terms (default hf_checkpoint).")
+    load: str | None = Field(None, description="Checkpoint dir to resume from (default: save); missing -> fresh start from hf_checkpoint.")
+    save: str | None = Field(None, description="Checkpoint dir (default <run_dir>/checkpoints).")
+    save_interval: int | None = Field(None, ge=1, description="Save after rollout i when (i+1) % save_interval == 0; always after the last.")
+    keep_last: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    no_save_optim: bool = Field(False, description="Do not save optimizer state.")
+    export: str | None = Field(None, description="HF export dir (default <run_dir>/export).")
+    export_interval: int | None = Field(None, ge=1, description="Export an HF snapshot every N rollouts (and after the last).")
+    registered_model_name: str | None = Field(None, description="MLflow registered model name for exports.")
+    champion_metric: str | None = Field(None, description="Eval metric whose improvement moves the 'champion' alias.")

@@ -1,0 +1,22 @@
+"""Prompt data arguments (REFERENCE §2, Data)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from ._base import Group
+
+
+class DataConfig(Group):
+    prompt_data: str | None = Field(None, description="Prompt dataset: a jsonl or parquet path, optionally sliced as path@[start:end]; builtin://<name> for a generated task.")
+    input_key: str = Field("input", description="Row key of the prompt.")
+    label_key: str | None = Field("label", description="Row key of the label (None: no label).")
+    metadata_key: str = Field("metadata", description="Row key of the per-sample metadata dict.")
+    tool_key: str | None = Field(None, description="Row key of tool definitions passed to the chat template.")
+    apply_chat_template: bool = Field(False, description="Render prompts with the tokenizer's chat template.")
+    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for apply_chat_template.")
+    rollout_shuffle: bool = Field(False, description="Shuffle prompts, reshuffled per epoch with rollout_seed + epoch.")
+    rollout_seed: int = Field(42, description="Seed of the prompt shuffle and of rollout sampling.")
+    num_epoch: int = Field(1, ge=1, description="Passes over the dataset when num_rollout is not given.")

@@ -1,0 +1,25 @@
+"""Evaluation arguments (REFERENCE §5)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ._base import Group
+
+
+class EvalConfig(Group):
+    eval_interval: int | None = Field(None, ge=1, description="Evaluate after rollout i when (i+1) % eval_interval == 0, and after the last.")
+    eval_prompt_data: list[str] | None = Field(None, description="Eval datasets as name path pairs: [name1, path1, name2, path2, ...].")
+    eval_config: str | None = Field(None, description="Eval config YAML (defaults + datasets).")
+    skip_eval_before_train: bool = Field(False, description="Do not evaluate before the first rollout.")
+    n_samples_per_eval_prompt: int = Field(1, ge=1, description="Samples per eval prompt.")
+    eval_temperature: float | None = Field(None, gt=0, description="Eval temperature (default rollout_temperature).")
+    eval_top_p: float | None = Field(None, gt=0, le=1, description="Eval top-p (default rollout_top_p).")
+    eval_top_k: int | None = Field(None, description="Eval top-k (default rollout_top_k).")
+    eval_max_response_len: int | None = Field(None, ge=1, description="Eval max new tokens (default rollout_max_response_len).")
+    eval_function_path: str | None = Field(None, description="Dotted path of a custom eval function (may raise EvalSkip(reason)).")
+    eval_max_in_flight: int = Field(2, ge=1, description="Snapshot evals running at once.")
+    eval_overflow_policy: Literal["backpressure", "skip"] = Field("backpressure", description="When eval_max_in_flight is reached: wait, or skip the point.")
+    eval_keep_snapshots: int | None = Field(None, ge=1, description="Snapshots kept for eval (oldest removed).")

@@ -1,0 +1,97 @@
+"""Recipes (YAML, flat reference names) + overrides -> a validated TrainConfig.
+
+A recipe is a flat mapping of field names (``rollout_batch_size: 8``); the grouped form
+(``rollout: {rollout_batch_size: 8}``) is accepted too. Overrides use the same names.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import ValidationError
+
+from .train import GROUPS, TrainConfig
+
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "deployments" / "recipes"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field, the value and the fix."""
+
+
+def field_groups() -> dict[str, str]:
+    """Flat field name -> group name. Names are unique across groups (tested)."""
+    return {name: g for g, model in GROUPS.items() for name in model.model_fields}
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def recipe_path(recipe: str) -> Path:
+    p = Path(recipe)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    p = RECIPES_DIR / f"{recipe}.yaml"
+    if not p.exists():
+        raise ConfigError(f"unknown recipe {recipe!r}: not a YAML file and not one of {list_recipes()}")
+    return p
+
+
+def read_recipe(recipe: str) -> dict[str, Any]:
+    path = recipe_path(recipe)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path}: expected a mapping of field names, got {type(data).__name__}")
+    data.setdefault("recipe", path.stem)
+    return _flatten(data, source=str(path))
+
+
+def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in GROUPS and isinstance(value, Mapping):
+            out.update(_flatten(value, source))
+        else:
+            out[key.replace("-", "_")] = value
+    return out
+
+
+def build_config(values: Mapping[str, Any], source: str = "config") -> TrainConfig:
+    """Group flat values and validate. Unknown keys and rule violations raise ConfigError."""
+    groups = field_groups()
+    nested: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    for key, value in _flatten(values, source).items():
+        if key not in groups:
+            close = difflib.get_close_matches(key, groups, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
+        nested[groups[key]][key] = value
+    try:
+        return TrainConfig.model_validate(nested)
+    except ValidationError as e:
+        raise ConfigError(f"{source}: invalid config:\n{_explain(e)}") from None
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = [str(p) for p in err["loc"] if str(p) not in GROUPS]
+        field = ".".join(loc) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        got = f" (got {err['input']!r})" if loc and "input" in err and not isinstance(err["input"], dict) else ""
+        lines.append(f"  - {field}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def load_config(recipe: str, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+    """Read a recipe (name in deployments/recipes or a YAML path) and apply overrides on top."""
+    values = read_recipe(recipe)
+    values.update({k.replace("-", "_"): v for k, v in (overrides or {}).items()})
+    return build_config(values, source=f"recipe {recipe}")

@@ -1,0 +1,34 @@
+"""Rollout generation and reward arguments (REFERENCE §1, §2, §4)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ._base import Group
+
+
+class RolloutConfig(Group):
+    rollout_batch_size: int = Field(..., ge=1, description="Prompts per rollout (required).")
+    n_samples_per_prompt: int = Field(1, ge=1, description="Responses sampled per prompt (the group size G).")
+    num_rollout: int | None = Field(None, ge=1, description="Rollouts to run; default len(dataset) // rollout_batch_size * num_epoch.")
+    rollout_temperature: float = Field(1.0, gt=0, description="Sampling temperature; logits are divided by it before log-softmax, in training too.")
+    rollout_top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    rollout_top_k: int = Field(-1, description="Top-k sampling (-1 = off).")
+    rollout_max_response_len: int = Field(1024, ge=1, description="Maximum new tokens per response.")
+    rollout_max_context_len: int | None = Field(None, ge=1, description="Maximum prompt + response tokens; max_new_tokens = min(response len, context len - prompt len).")
+    rollout_max_prompt_len: int | None = Field(None, ge=1, description="Prompts longer than this (in tokens) are dropped and counted.")
+    rollout_stop: list[str] | None = Field(None, description="Stop strings.")
+    rollout_stop_token_ids: list[int] | None = Field(None, description="Stop token ids (the tokenizer's EOS is always one).")
+    over_sampling_batch_size: int | None = Field(None, ge=1, description="Groups to sample per round with dynamic sampling (>= rollout_batch_size).")
+    dynamic_sampling_filter_path: str | None = Field(None, description="Dotted path of a group filter (dynamic sampling).")
+    partial_rollout: bool = Field(False, description="Return unfinished groups to a buffer for the next rollout instead of dropping them.")
+    custom_generate_function_path: str | None = Field(None, description="Dotted path of a custom generate function.")
+    rm_type: str = Field("math", description="Reward function name (see the rewards page); a boxed_ prefix grades the last \\boxed{} only.")
+    custom_rm_path: str | None = Field(None, description="Dotted path of an async reward function; overrides rm_type.")
+    rm_url: str | None = Field(None, description="URL of a remote reward model (rm_type remote_rm).")
+    group_rm: bool = Field(False, description="Score a whole group in one call of custom_rm_path.")
+    reward_key: str | None = Field(None, description="Field of a dict reward used as the scalar reward.")
+    eval_reward_key: str | None = Field(None, description="Field of a dict reward used in evaluation (default reward_key).")
+    custom_reward_post_process_path: str | None = Field(None, description="Dotted path of a function (samples, rewards) -> rewards.")
+    rm_timeout: float = Field(30.0, gt=0, description="Seconds per remote reward request.")
+    rm_max_retries: int = Field(3, ge=0, description="Retries of a failed remote reward request.")

@@ -1,0 +1,14 @@
+"""Tracking arguments (REFERENCE §7)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ._base import Group
+
+
+class TrackingConfig(Group):
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default sqlite:///<run_dir>/mlflow.db).")
+    mlflow_experiment_name: str = Field("miles", description="MLflow experiment.")
+    mlflow_run_name: str | None = Field(None, description="MLflow run name (default the recipe name).")
+    log_samples: int = Field(8, ge=0, description="Sample completions logged per rollout as a table.")

@@ -1,0 +1,94 @@
+"""The whole typed config: the argument groups plus derived values and cross-field rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from ._base import Group
+from .algo import AlgoConfig
+from .checkpoint import CheckpointConfig
+from .cluster import ClusterConfig
+from .data import DataConfig
+from .eval import EvalConfig
+from .misc import MiscConfig
+from .rollout import RolloutConfig
+from .tracking import TrackingConfig
+from .rules import check_rules
+
+GROUPS: dict[str, type[Group]] = {
+    "cluster": ClusterConfig,
+    "rollout": RolloutConfig,
+    "data": DataConfig,
+    "algo": AlgoConfig,
+    "checkpoint": CheckpointConfig,
+    "eval": EvalConfig,
+    "tracking": TrackingConfig,
+    "misc": MiscConfig,
+}
+
+
+class TrainConfig(Group):
+    """A resolved training config. Derived values are properties, never written back."""
+
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    rollout: RolloutConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    misc: MiscConfig = Field(default_factory=MiscConfig)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "TrainConfig":
+        check_rules(self)
+        return self
+
+    # ---- derived values -------------------------------------------------------------
+    @property
+    def n_samples(self) -> int:
+        """N = rollout_batch_size * n_samples_per_prompt, samples per rollout."""
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+
+    @property
+    def num_steps_per_rollout(self) -> int:
+        if self.algo.num_steps_per_rollout is not None:
+            return self.algo.num_steps_per_rollout
+        if self.algo.global_batch_size is not None:
+            return self.n_samples // self.algo.global_batch_size
+        return 1
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.n_samples // self.num_steps_per_rollout
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.misc.run_dir or f"runs/{self.misc.recipe}").absolute()
+
+    @property
+    def save_dir(self) -> Path:
+        return Path(self.checkpoint.save).absolute() if self.checkpoint.save else self.run_dir / "checkpoints"
+
+    @property
+    def load_dir(self) -> Path:
+        return Path(self.checkpoint.load).absolute() if self.checkpoint.load else self.save_dir
+
+    @property
+    def export_dir(self) -> Path:
+        return Path(self.checkpoint.export).absolute() if self.checkpoint.export else self.run_dir / "export"
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.tracking.mlflow_tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
+
+    @property
+    def needs_ref_model(self) -> bool:
+        a = self.algo
+        return (a.use_kl_loss and a.kl_loss_coef > 0) or a.kl_coef > 0
+
+    def flat(self) -> dict[str, object]:
+        """Every field by its flat name (names are unique across groups)."""
+        return {k: v for g in GROUPS for k, v in getattr(self, g).model_dump().items()}

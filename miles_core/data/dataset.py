@@ -1,0 +1,110 @@
+"""Prompt datasets: jsonl or parquet, ``path@[start:end]`` slices, reference keys, chat template,
+over-long prompts dropped and counted. Errors name the file and the row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_SLICE = re.compile(r"^(?P<path>.+?)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
+
+
+class DataError(ValueError):
+    """Bad prompt data; the message names the file and the row or key."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt row: rendered text, its token ids, label and metadata."""
+
+    text: str | list[dict[str, Any]]
+    input_ids: list[int]
+    label: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def split_slice(spec: str) -> tuple[Path, slice]:
+    m = _SLICE.match(spec)
+    if not m:
+        return Path(spec), slice(None)
+    to_int = lambda s: int(s) if s else None  # noqa: E731
+    return Path(m["path"]), slice(to_int(m["start"]), to_int(m["end"]))
+
+
+def read_rows(spec: str) -> list[dict[str, Any]]:
+    """Rows of a jsonl or parquet file, sliced by ``@[a:b]``."""
+    path, sl = split_slice(spec)
+    if not path.exists():
+        raise DataError(f"prompt data file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises several types for a bad file
+            raise DataError(f"{path}: not a readable parquet file: {e}") from None
+    else:
+        rows = []
+        for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: malformed JSON: {e.msg}") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows[sl]
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    input_key: str = "input"
+    label_key: str | None = "label"
+    metadata_key: str = "metadata"
+    tool_key: str | None = None
+    apply_chat_template: bool = False
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_prompt_len: int | None = None
+
+
+def load_prompts(spec_path: str, tokenizer, spec: PromptSpec) -> tuple[list[Prompt], int]:
+    """-> (prompts, number dropped for exceeding max_prompt_len). Missing keys fail naming the row."""
+    rows = read_rows(spec_path)
+    prompts, dropped = [], 0
+    for i, row in enumerate(rows):
+        if spec.input_key not in row:
+            raise DataError(f"{spec_path}: row {i} has no input key {spec.input_key!r} (keys: {sorted(row)})")
+        if spec.label_key is not None and spec.label_key not in row:
+            raise DataError(f"{spec_path}: row {i} has no label key {spec.label_key!r} (keys: {sorted(row)})")
+        text = row[spec.input_key]
+        ids = _encode(text, tokenizer, spec, row)
+        if spec.max_prompt_len is not None and len(ids) > spec.max_prompt_len:
+            dropped += 1
+            continue
+        metadata = row.get(spec.metadata_key) or {}
+        if not isinstance(metadata, dict):
+            raise DataError(f"{spec_path}: row {i}: {spec.metadata_key!r} must be an object, got {type(metadata).__name__}")
+        label = row[spec.label_key] if spec.label_key else None
+        prompts.append(Prompt(text=text, input_ids=ids, label=label, metadata=metadata))
+    if not prompts:
+        raise DataError(f"{spec_path}: no usable prompts ({len(rows)} rows, {dropped} over rollout_max_prompt_len)")
+    return prompts, dropped
+
+
+def _encode(text, tokenizer, spec: PromptSpec, row: dict) -> list[int]:
+    if spec.apply_chat_template:
+        messages = text if isinstance(text, list) else [{"role": "user", "content": text}]
+        tools = row.get(spec.tool_key) if spec.tool_key else None
+        rendered = tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **spec.apply_chat_template_kwargs
+        )
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    if not isinstance(text, str):
+        raise DataError(f"prompt must be a string without apply_chat_template, got {type(text).__name__}")
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

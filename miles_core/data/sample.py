@@ -1,0 +1,57 @@
+"""The Sample type of REFERENCE §2: one response to one prompt, with everything training needs.
+
+Shapes: ``tokens`` holds prompt + response ids (length P + T); ``loss_mask``,
+``rollout_log_probs`` and ``teacher_log_probs`` have length T == ``response_length``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+@dataclass
+class Sample:
+    group_index: int = 0
+    index: int = 0
+    rollout_id: int = 0
+    prompt: str | list[dict[str, Any]] = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    label: Any = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    status: Status = Status.PENDING
+    metadata: dict[str, Any] = field(default_factory=dict)
+    teacher_log_probs: list[float] | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) - self.response_length
+
+    @property
+    def response_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+        d = dict(d)
+        d["status"] = Status(d.get("status", Status.PENDING.value))
+        return cls(**d)

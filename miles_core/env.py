@@ -1,0 +1,43 @@
+"""Every place miles (and the libraries it drives) may write, set in one place.
+
+Called by the CLI and the flows package before Prefect, MLflow, Ray or transformers are imported:
+caches and homes live under the project (``.cache/``), telemetry is off, the hub is offline
+unless the user opts in with MILES_ALLOW_HUB=1.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MILES_CACHE_DIR", Path.cwd() / ".cache" / "miles")).absolute()
+
+
+def configure_environment() -> None:
+    """Idempotent; never overrides a value the user set."""
+    home = cache_dir().parent
+    defaults = {
+        "PREFECT_HOME": str(home / "prefect"),
+        "HF_HOME": str(home / "huggingface"),
+        "RAY_TMPDIR": str(Path("/tmp") / f"ray-miles-{os.getuid()}"),
+        "MPLCONFIGDIR": str(home / "matplotlib"),
+        "DO_NOT_TRACK": "true",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+        "MLFLOW_ENABLE_TELEMETRY": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_OFFLINE": "0" if os.environ.get("MILES_ALLOW_HUB") == "1" else "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+        "PREFECT_LOGGING_TO_API_ENABLED": "true",
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+        "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)

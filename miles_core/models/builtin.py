@@ -1,0 +1,111 @@
+"""Built-in models, built offline: ``builtin://tiny-qwen2`` is a ~3M-parameter Qwen2 with a
+locally trained tokenizer and a short supervised warm-up on the ``arith`` task, so RL starts
+from a model that is sometimes right (as real RL starts from an SFT model).
+
+Built once into the cache (``<cache>/models/<name>-<fingerprint>``), atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from miles_core.data.tasks import BUILTIN_TASKS, format_answer
+from miles_core.models.tokenizer import save_tokenizer, train_tokenizer
+
+GENERAL_TEXT = [
+    "The quick brown fox jumps over the lazy dog. It's 3.14, isn't it?",
+    "Compute the answer and put it in \\boxed{}. Question: what is 2+2? Answer: \\boxed{4}",
+    "Let x = 1/2 and y = 0.5; then x - y = 0.\n\nDone.",
+]
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    vocab_size: int = 512
+    task: str = "arith"
+    sft_steps: int = 200
+    sft_batch_size: int = 64
+    sft_lr: float = 1e-3
+    seed: int = 0
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True) + "v1"
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+BUILTIN_MODELS: dict[str, TinySpec] = {"tiny-qwen2": TinySpec(), "tiny-qwen2-base": TinySpec(sft_steps=0)}
+
+
+def build_tiny(spec: TinySpec, out: Path) -> Path:
+    """Tokenizer + random init + supervised warm-up, saved as an HF dir at ``out``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    rows = BUILTIN_TASKS[spec.task].rows()
+    tok = train_tokenizer([r["input"] + format_answer(r["label"]) for r in rows] + GENERAL_TEXT, spec.vocab_size)
+    torch.manual_seed(spec.seed)
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads, max_position_embeddings=256, tie_word_embeddings=True,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        rope_theta=10000.0,
+    )
+    model = Qwen2ForCausalLM(config)
+    if spec.sft_steps:
+        sft_warmup(model, tok, rows, spec)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    save_tokenizer(tok, tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def sft_warmup(model, tok, rows: list[dict], spec: TinySpec) -> None:
+    """Teacher-forced cross-entropy on the response tokens (prompt and response tokenized apart,
+    exactly as a rollout sees them)."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
+    examples = [
+        (tok(r["input"])["input_ids"], tok(format_answer(r["label"]))["input_ids"] + [tok.eos_token_id]) for r in rows
+    ]
+    model.train()
+    for step in range(spec.sft_steps):
+        idx = torch.randint(len(examples), (spec.sft_batch_size,), generator=gen)
+        batch = [examples[i] for i in idx]
+        width = max(len(p) + len(r) for p, r in batch)
+        ids = torch.full((len(batch), width), tok.pad_token_id)  # [B, L]
+        labels = torch.full((len(batch), width), -100)
+        for i, (p, r) in enumerate(batch):
+            ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+            labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
+        for g in opt.param_groups:
+            g["lr"] = spec.sft_lr * min(1.0, (step + 1) / 20)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def builtin_model_path(name: str, cache_dir: Path) -> Path:
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"unknown builtin model {name!r}; valid: {sorted(BUILTIN_MODELS)}")
+    spec = BUILTIN_MODELS[name]
+    out = cache_dir / "models" / f"{name}-{spec.fingerprint()}"
+    if not (out / "config.json").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        build_tiny(spec, out)
+    return out

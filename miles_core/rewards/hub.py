@@ -1,0 +1,84 @@
+"""The reward hub: score one sample, a batch, or a bare response; pick the scalar of a reward.
+
+Dispatch (REFERENCE §4): ``custom_rm_path`` overrides everything (with ``group_rm`` it scores a
+whole group per call); otherwise the sample's ``metadata["rm_type"]``, else ``opts.rm_type``,
+looked up in :data:`miles_core.rewards.registry.FAMILIES` (``boxed_`` prefix allowed).
+``batched_async_rm`` scores concurrently (``asyncio.gather``; CPU-bound graders run in worker
+threads and sympy in worker processes, so the event loop never blocks), then applies
+``custom_reward_post_process_path`` once to the whole batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from miles_core.data.sample import Sample
+from miles_core.rewards import custom
+from miles_core.rewards.options import RewardOptions
+from miles_core.rewards.registry import resolve, validate_rm_type
+
+Reward = float | dict[str, Any]
+
+
+def sample_rm_type(sample: Sample, opts: RewardOptions) -> str:
+    """The rm_type that scores ``sample``: its ``metadata["rm_type"]`` if set, else ``opts.rm_type``."""
+    name = (sample.metadata or {}).get("rm_type")
+    if name is None:
+        return opts.rm_type
+    try:
+        validate_rm_type(name)
+    except ValueError as exc:
+        raise ValueError(f"sample {sample.index} metadata['rm_type']: {exc}") from exc
+    return name
+
+
+def score(rm_type: str, response: str, label: Any, metadata: dict | None = None) -> Reward:
+    """Score one response synchronously (tools, tests); ``metadata["rm_type"]`` overrides ``rm_type``.
+
+    ``remote_rm`` cannot be used here (no URL): use ``async_rm`` with ``RewardOptions``.
+    """
+    opts = RewardOptions(rm_type=rm_type)
+    sample = Sample(response=response, label=label, metadata=dict(metadata or {}))
+    family, graded = resolve(sample_rm_type(sample, opts), sample)
+    return family.score(graded, opts)
+
+
+async def async_rm(sample: Sample, opts: RewardOptions) -> Reward:
+    """The raw reward (float or dict) of one sample."""
+    if opts.custom_rm_path and opts.group_rm:
+        return (await custom.group_rewards(opts.custom_rm_path, [sample]))[0]
+    if opts.custom_rm_path:
+        return await custom.custom_reward(opts.custom_rm_path, sample)
+    family, graded = resolve(sample_rm_type(sample, opts), sample)
+    return await family.ascore(graded, opts)
+
+
+async def batched_async_rm(samples: list[Sample], opts: RewardOptions) -> list[Reward]:
+    """Raw rewards of ``samples``, in order: per group with ``group_rm``, then post-processed."""
+    if opts.custom_rm_path and opts.group_rm:
+        rewards = await custom.group_rewards(opts.custom_rm_path, samples)
+    else:
+        rewards = list(await asyncio.gather(*(async_rm(s, opts) for s in samples)))
+    if opts.custom_reward_post_process_path:
+        rewards = await custom.post_process(opts.custom_reward_post_process_path, samples, rewards)
+    return rewards
+
+
+def reward_value(reward: Reward, key: str | None) -> float:
+    """The scalar to train on: a number as is; for a dict, its field ``key`` (required).
+
+    ``key`` is ignored for number rewards. Raises ValueError naming the key and the available
+    keys when a dict reward has no ``key`` (or ``key`` is None), TypeError for other values.
+    """
+    if isinstance(reward, dict):
+        if key is None:
+            raise ValueError(f"dict reward needs a reward_key; available keys: {sorted(reward)}")
+        if key not in reward:
+            raise ValueError(f"reward_key {key!r} not in reward; available keys: {sorted(reward)}")
+        reward = reward[key]
+        if not isinstance(reward, (int, float)):
+            raise TypeError(f"reward field {key!r} is {type(reward).__name__} {reward!r}, not a number")
+    if isinstance(reward, (int, float)):
+        return float(reward)
+    raise TypeError(f"reward must be a number or a dict, got {type(reward).__name__} {reward!r}")

@@ -1,0 +1,48 @@
+"""The engine protocol: requests are token ids, results are token ids + per-token log-probs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    input_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class GenerateResult:
+    output_ids: list[int]
+    output_log_probs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: int
+    prompt_tokens: int = 0
+    completion_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.completion_tokens = len(self.output_ids)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]: ...
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    def set_weight_version(self, version: int) -> None: ...
+    def get_weight_version(self) -> int: ...
+    def health(self) -> bool: ...
+    def pause_generation(self) -> None: ...
+    def continue_generation(self) -> None: ...
+    def flush_cache(self) -> None: ...

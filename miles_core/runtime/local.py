@@ -1,0 +1,174 @@
+"""The local runtime: engine, trainer, data source and tokenizer of one run, in this process.
+
+Each stage method is what one Prefect task calls. Stages take plain values (rollout id) and
+return small dicts of metrics; the live objects stay here, looked up by run key (registry.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+from miles_core import checkpoint as ckpt
+from miles_core.config import TrainConfig
+from miles_core.data import DataSource, PromptSpec, Sample, load_prompts
+from miles_core.data.tasks import materialize_builtin
+from miles_core.env import cache_dir
+from miles_core.evaluation import EvalDataset, eval_params, evaluate
+from miles_core.models import resolve_model_path
+from miles_core.rewards import RewardOptions, reward_value
+from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
+from miles_core.rollout.hf_engine import HFEngine
+from miles_core.rollout.metrics import rollout_metrics
+from miles_core.rollout.protocol import SamplingParams
+from miles_core.training.torch_trainer import TorchTrainer
+from miles_core.weights.sync import sync_weights
+
+DATA_PREFIX = "builtin://"
+
+
+def resolve_data_path(spec: str) -> str:
+    """builtin://<task>[@[a:b]] -> a jsonl in the cache; anything else unchanged."""
+    if not spec.startswith(DATA_PREFIX):
+        return spec
+    name, at, sl = spec[len(DATA_PREFIX) :].partition("@")
+    return str(materialize_builtin(name, cache_dir())) + at + sl
+
+
+def prompt_spec(cfg: TrainConfig) -> PromptSpec:
+    d = cfg.data
+    return PromptSpec(d.input_key, d.label_key, d.metadata_key, d.tool_key, d.apply_chat_template,
+                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len)
+
+
+def reward_options(cfg: TrainConfig) -> RewardOptions:
+    r = cfg.rollout
+    return RewardOptions(r.rm_type, r.custom_rm_path, r.rm_url, r.group_rm, r.reward_key,
+                         r.custom_reward_post_process_path, r.rm_timeout, r.rm_max_retries)
+
+
+def sampling_params(cfg: TrainConfig, eos_id: int) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k, r.rollout_max_response_len,
+                          tuple(r.rollout_stop_token_ids or ()) + (eos_id,), tuple(r.rollout_stop or ()))
+
+
+class LocalRuntime:
+    def __init__(self, cfg: TrainConfig):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        if cfg.cluster.num_threads:
+            torch.set_num_threads(cfg.cluster.num_threads)
+        self.model_path = resolve_model_path(cfg.checkpoint.hf_checkpoint, cache_dir())
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        prompts, self.dropped_prompts = load_prompts(resolve_data_path(cfg.data.prompt_data), self.tokenizer, prompt_spec(cfg))
+        self.num_prompts = len(prompts)
+        self.source = DataSource(prompts, shuffle=cfg.data.rollout_shuffle, seed=cfg.data.rollout_seed)
+        torch.manual_seed(cfg.misc.seed)
+        dtype = getattr(torch, cfg.misc.dtype)
+        policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        ref = None
+        if cfg.needs_ref_model:
+            ref_path = resolve_model_path(cfg.checkpoint.ref_load, cache_dir()) if cfg.checkpoint.ref_load else self.model_path
+            ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).eval()
+        self.trainer = TorchTrainer(policy, cfg, pad_id=self.tokenizer.pad_token_id, ref_model=ref)
+        self.engine = HFEngine(copy.deepcopy(policy), self.tokenizer)
+        self.params = sampling_params(cfg, self.tokenizer.eos_token_id)
+        self.rewards = reward_options(cfg)
+        self.weight_version = 0
+        self.eval_datasets = self._eval_datasets()
+
+    @property
+    def num_rollout(self) -> int:
+        c = self.cfg
+        return c.rollout.num_rollout or max(1, self.num_prompts // c.rollout.rollout_batch_size * c.data.num_epoch)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- stages ---------------------------------------------------------------------------------
+    def rollout_path(self, rollout_id: int) -> Path:
+        return self.cfg.run_dir / "rollouts" / f"{rollout_id}.pt"
+
+    def generate(self, rollout_id: int) -> dict[str, float]:
+        """Generate and score rollout ``rollout_id``, written atomically; reused if it exists for this weight version."""
+        path = self.rollout_path(rollout_id)
+        if path.exists():
+            saved = torch.load(path, weights_only=False)
+            if saved["weight_version"] == self.weight_version:
+                self.source.load_state_dict(saved["cursor_after"])
+                return saved["metrics"]
+        t0 = time.perf_counter()
+        r = self.cfg.rollout
+        spec = RolloutSpec(r.rollout_batch_size, r.n_samples_per_prompt, self.params, r.rollout_max_context_len,
+                           r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed)
+        rollout = generate_rollout(self.engine, self.source, spec, self.rewards, rollout_id, self.decode)
+        dt = time.perf_counter() - t0
+        rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
+        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt)}
+        tokens = sum(len(s.tokens) for s in rollout.samples)
+        metrics |= {"perf/rollout_time": dt, "perf/tokens_per_gpu_per_sec": tokens / max(dt, 1e-9)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"samples": [s.to_dict() for s in rollout.samples], "metrics": metrics, "weight_version": self.weight_version,
+                    "cursor_after": self.source.state_dict()}, tmp)
+        tmp.replace(path)
+        return metrics
+
+    def load_rollout(self, rollout_id: int) -> list[Sample]:
+        saved = torch.load(self.rollout_path(rollout_id), weights_only=False)
+        return [Sample.from_dict(d) for d in saved["samples"]]
+
+    def train(self, rollout_id: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+        samples = self.load_rollout(rollout_id)
+        rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
+        return self.trainer.train_rollout(samples, rewards)
+
+    def sync_weights(self) -> dict[str, float]:
+        self.weight_version += 1
+        return sync_weights(self.trainer.named_tensors(), [self.engine], self.weight_version, self.cfg.cluster.update_weight_buffer_size)
+
+    def _eval_datasets(self) -> list[EvalDataset]:
+        e = self.cfg.eval
+        items = e.eval_prompt_data or []
+        params = eval_params(self.params, e.eval_temperature, e.eval_top_p, e.eval_top_k, e.eval_max_response_len)
+        out = []
+        for name, spec in zip(items[::2], items[1::2]):
+            prompts, _ = load_prompts(resolve_data_path(spec), self.tokenizer, prompt_spec(self.cfg))
+            out.append(EvalDataset(name, tuple(prompts), e.n_samples_per_eval_prompt, params))
+        return out
+
+    def evaluate(self) -> tuple[dict[str, float], list[dict]]:
+        t0 = time.perf_counter()
+        key = self.cfg.rollout.eval_reward_key or self.cfg.rollout.reward_key
+        metrics, rows = evaluate(self.engine, self.eval_datasets, self.rewards, key, self.cfg.misc.seed, self.decode)
+        metrics["eval/duration_seconds"] = time.perf_counter() - t0
+        return metrics, rows
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def save(self, rollout_id: int, state: dict) -> dict[str, float]:
+        t0 = time.perf_counter()
+        state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version,
+                 "steps_done": self.trainer.steps_done}
+        ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
+                             state=state, keep_last=self.cfg.checkpoint.keep_last, save_optim=not self.cfg.checkpoint.no_save_optim)
+        return {"perf/save_model_time": time.perf_counter() - t0}
+
+    def restore(self) -> dict | None:
+        """Load the latest complete checkpoint of load_dir into trainer and engine; -> its meta, or None."""
+        info = ckpt.find_latest(self.cfg.load_dir)
+        if info is None:
+            return None
+        meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        self.source.load_state_dict(meta["data_source"])
+        self.trainer.steps_done = meta["steps_done"]
+        self.weight_version = meta["weight_version"]
+        sync_weights(self.trainer.named_tensors(), [self.engine], self.weight_version, self.cfg.cluster.update_weight_buffer_size)
+        return meta
+
+    def export(self, rollout_id: int) -> Path:
+        return ckpt.export_hf(self.trainer.model, self.tokenizer, self.cfg.export_dir, rollout_id)

@@ -1,0 +1,73 @@
+"""MLflow tracker: one run per training run, re-attached by id on resume.
+
+Uses MlflowClient (no global active run), batched metric writes, and step axes:
+rollout metrics at rollout/step, train metrics at train/step, eval metrics at eval/step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from .keys import flatten, sanitize_key
+
+MAX_PARAM_LEN = 6000
+
+
+class MlflowTracker:
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None = None, run_id: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        if run_id is None:
+            exp = self.client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+            run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+        self.run_id = run_id
+
+    @property
+    def experiment_id(self) -> str:
+        return self.client.get_run(self.run_id).info.experiment_id
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        flat = flatten(params)
+        items = [Param(sanitize_key(k), param_str(v)) for k, v in sorted(flat.items())]
+        existing = self.client.get_run(self.run_id).data.params
+        new = [p for p in items if p.key not in existing]
+        for i in range(0, len(new), 100):
+            self.client.log_batch(self.run_id, params=new[i : i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(sanitize_key(k), float(v), now, int(step)) for k, v in metrics.items()]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 1000], synchronous=True)
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        if rows:
+            cols = {k: [r.get(k) for r in rows] for k in rows[0]}
+            self.client.log_table(self.run_id, data=cols, artifact_file=artifact_file)
+
+    def log_dict(self, data: dict, artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, data, artifact_file)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, v)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+    def metric_history(self, key: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)]
+
+
+def param_str(v: Any) -> str:
+    s = v if isinstance(v, str) else json.dumps(v)
+    return s[:MAX_PARAM_LEN]

@@ -1,0 +1,1 @@
+"""Tests of miles_core.algorithms (mirrors the package)."""

@@ -1,0 +1,243 @@
+"""Actor losses (PPO clip, dual clip, GSPO, entropy, KL loss, SFT, custom) and the value loss."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+import typing
+
+import pytest
+import torch
+
+from miles_core.algorithms import LOSS_FUNCTIONS, LossInputs, Reducer, actor_loss, ppo_clip, value_loss
+from miles_core.config.algo import AlgoConfig
+
+LR = [math.log(1.5), math.log(0.5), math.log(0.5), math.log(1.5), math.log(4.0)]
+ADV = [1.0, 1.0, -1.0, -1.0, -1.0]
+
+
+def _one_row(log_ratio, advantages, mask=None):
+    logp = torch.tensor([log_ratio], requires_grad=True)
+    old = torch.zeros(1, len(log_ratio))
+    mask = torch.ones(1, len(log_ratio)) if mask is None else torch.tensor([mask])
+    return LossInputs(logp, old, torch.tensor([advantages]), mask)
+
+
+def test_ppo_clip_hand_values():
+    inputs = _one_row(LR, ADV)
+    # ratio, A -> unclipped -rA, clipped -clip(r, 0.8, 1.2)A, L = max:
+    # 1.5, +1 -> -1.5, -1.2 -> -1.2 (clipped larger)      0.5, +1 -> -0.5, -0.8 -> -0.5
+    # 0.5, -1 ->  0.5,  0.8 ->  0.8 (clipped larger)      1.5, -1 ->  1.5,  1.2 ->  1.5
+    # 4.0, -1 ->  4.0,  1.2 ->  4.0
+    loss, metrics = ppo_clip(AlgoConfig(), inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask)
+    assert loss[0].tolist() == pytest.approx([-1.2, -0.5, 0.8, 1.5, 4.0])
+    assert metrics["pg_clipfrac"][0].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert metrics["ppo_kl"][0].tolist() == pytest.approx([-x for x in LR])
+    # eps_clip_high 0.28: token 0 clipped at 1.28 -> -1.28
+    loss_high, _ = ppo_clip(AlgoConfig(eps_clip_high=0.28), inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask)
+    assert loss_high[0, 0].item() == pytest.approx(-1.28)
+    # dual clip c = 3: for A < 0, L = min(L, 3): token 4 -> 3, others unchanged
+    loss_dual, _ = ppo_clip(AlgoConfig(eps_clip_c=3.0), inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask)
+    assert loss_dual[0].tolist() == pytest.approx([-1.2, -0.5, 0.8, 1.5, 3.0])
+
+
+def test_actor_loss_reduces_hand_values():
+    reduce = Reducer(False, num_samples=1, num_tokens=5)
+    loss, metrics = actor_loss(AlgoConfig(), _one_row(LR, ADV), reduce)
+    # pg_loss = (-1.2 - 0.5 + 0.8 + 1.5 + 4.0)/5 = 0.92; clipfrac 2/5; ppo_kl = -log(1.5*.5*.5*1.5*4)/5 = -log(2.25)/5
+    assert loss.item() == pytest.approx(0.92)
+    assert metrics["pg_loss"].item() == pytest.approx(0.92)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(0.4)
+    assert metrics["ppo_kl"].item() == pytest.approx(-math.log(2.25) / 5)
+    loss_dual, _ = actor_loss(AlgoConfig(eps_clip_c=3.0), _one_row(LR, ADV), reduce)
+    assert loss_dual.item() == pytest.approx(0.72)  # (-1.2 - 0.5 + 0.8 + 1.5 + 3)/5
+
+
+def test_log_ratio_is_clamped():
+    # log ratio 30 -> clamped to 20 (no overflow); A = -1 -> L = exp(20)
+    loss, _ = ppo_clip(AlgoConfig(), torch.tensor([[30.0]]), torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1))
+    assert loss.item() == pytest.approx(math.exp(20), rel=1e-5)
+
+
+def test_gspo_uses_sequence_mean_ratio():
+    algo = AlgoConfig(advantage_estimator="gspo")
+    # masked mean of [log 2, 0, (pad 5.0)] = log(2)/2 -> ratio sqrt 2 = 1.4142 for every token; A = 1
+    # -> max(-1.4142, -1.2) = -1.2 on both tokens, both clipped; ppo_kl = -log(2)/2 on every token
+    inputs = _one_row([math.log(2.0), 0.0, 5.0], [1.0, 1.0, 0.0], mask=[1.0, 1.0, 0.0])
+    loss, metrics = ppo_clip(algo, inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask)
+    assert loss[0, :2].tolist() == pytest.approx([-1.2, -1.2])
+    assert metrics["pg_clipfrac"][0, :2].tolist() == [1.0, 1.0]
+    assert metrics["ppo_kl"][0, :2].tolist() == pytest.approx([-math.log(2) / 2] * 2)
+
+
+def test_gspo_gradient_matches_sequence_objective():
+    # log ratios [0.05, -0.05, 0.02, (pad 3.0)], A = 1: s = exp(0.02/3) inside the clip range,
+    # loss = R(-s) = -s; d(-s)/dlogp_t = -s/3 on the 3 tokens, 0 on the padding
+    inputs = _one_row([0.05, -0.05, 0.02, 3.0], [1.0, 1.0, 1.0, 0.0], mask=[1.0, 1.0, 1.0, 0.0])
+    loss, _ = actor_loss(AlgoConfig(advantage_estimator="gspo"), inputs, Reducer(False, 1, 3))
+    loss.backward()
+    s = math.exp(0.02 / 3)
+    assert loss.item() == pytest.approx(-s)
+    assert inputs.log_probs.grad[0].tolist() == pytest.approx([-s / 3] * 3 + [0.0])
+
+
+def _loop_ppo_clip(b, eps, eps_high, c, gspo):
+    out = []
+    n, t_len = b.mask.shape
+    for i in range(n):
+        row = []
+        count = sum(b.mask[i, t].item() for t in range(t_len))
+        seq = sum((b.logp[i, t].item() - b.old[i, t].item()) * b.mask[i, t].item() for t in range(t_len)) / max(count, 1)
+        for t in range(t_len):
+            lr = seq if gspo else b.logp[i, t].item() - b.old[i, t].item()
+            ratio = math.exp(min(max(lr, -20), 20))
+            a = b.advantages[i, t].item()
+            loss = max(-ratio * a, -min(max(ratio, 1 - eps), 1 + eps_high) * a)
+            if c is not None and a < 0:
+                loss = min(loss, -c * a)
+            row.append(loss)
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("gspo", [False, True])
+@pytest.mark.parametrize("dual", [None, 2.5])
+def test_ppo_clip_loop_vs_vectorised(gspo, dual, make):
+    b = make(n=6, t=9, seed=11, spread=0.4)
+    algo = AlgoConfig(advantage_estimator="gspo" if gspo else "grpo", eps_clip=0.2, eps_clip_high=0.3, eps_clip_c=dual)
+    loss, _ = ppo_clip(algo, b.logp, b.old, b.advantages, b.mask)
+    expected = torch.tensor(_loop_ppo_clip(b, 0.2, 0.3, dual, gspo))
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_entropy_and_kl_terms_hand_values():
+    inputs = _one_row([0.0, 0.0], [1.0, -1.0])
+    inputs.entropy = torch.tensor([[0.5, 1.5]])
+    inputs.ref_log_probs = torch.tensor([[-0.2, -0.4]])
+    algo = AlgoConfig(entropy_coef=0.1, use_kl_loss=True, kl_loss_coef=0.5)
+    loss, metrics = actor_loss(algo, inputs, Reducer(False, 1, 2))
+    # pg: ratio 1 -> L = -A = [-1, 1] -> 0; entropy R = 1.0; k1 kl = logp - ref = [0.2, 0.4] -> R = 0.3
+    # loss = 0 - 0.1 * 1.0 + 0.5 * 0.3 = 0.05
+    assert metrics["entropy_loss"].item() == pytest.approx(1.0)
+    assert metrics["kl_loss"].item() == pytest.approx(0.3)
+    assert loss.item() == pytest.approx(0.05)
+    assert metrics["loss"].item() == pytest.approx(0.05)
+    loss.backward()
+    # d/dlogp: pg -A_t/2 = [-0.5, 0.5]; kl 0.5 * 1/2 = 0.25 each -> [-0.25, 0.75]
+    assert inputs.log_probs.grad[0].tolist() == pytest.approx([-0.25, 0.75])
+
+
+def test_opd_reverse_kl_metric():
+    inputs = _one_row([0.0, -1.0], [0.0, 0.0])
+    inputs.teacher_log_probs = torch.tensor([[-0.5, -0.5]])
+    _, metrics = actor_loss(AlgoConfig(), inputs, Reducer(False, 1, 2))
+    assert metrics["opd_reverse_kl"].item() == pytest.approx((0.5 - 0.5) / 2)  # logp - teacher = [0.5, -0.5]
+
+
+def test_missing_inputs_fail_clearly():
+    with pytest.raises(ValueError, match="entropy"):
+        actor_loss(AlgoConfig(entropy_coef=0.01), _one_row([0.0], [1.0]), Reducer(False, 1, 1))
+    with pytest.raises(ValueError, match="ref_log_probs"):
+        actor_loss(AlgoConfig(use_kl_loss=True), _one_row([0.0], [1.0]), Reducer(False, 1, 1))
+    with pytest.raises(ValueError, match="rollout_log_probs"):
+        actor_loss(AlgoConfig(use_tis=True), _one_row([0.0], [1.0]), Reducer(False, 1, 1))
+
+
+def test_sft_loss_hand_value():
+    inputs = _one_row([-1.0, -3.0, -100.0], [0.0, 0.0, 0.0], mask=[1.0, 1.0, 0.0])
+    loss, metrics = actor_loss(AlgoConfig(loss_type="sft_loss"), inputs, Reducer(False, 2, 2))
+    # -R(logp) = -((-1 - 3)/2)/2 samples = 1.0
+    assert loss.item() == pytest.approx(1.0)
+    assert sorted(metrics) == ["loss"]
+
+
+def test_custom_loss_by_dotted_path(monkeypatch):
+    def my_loss(algo, inputs, reduce):
+        loss = reduce(inputs.log_probs.square(), inputs.loss_mask)
+        return loss, {"loss": loss.detach(), "my_metric": loss.detach() * 2}
+
+    module = types.ModuleType("my_custom_losses")
+    module.my_loss = my_loss
+    monkeypatch.setitem(sys.modules, "my_custom_losses", module)
+    algo = AlgoConfig(loss_type="custom_loss", custom_loss_function_path="my_custom_losses.my_loss")
+    loss, metrics = actor_loss(algo, _one_row([1.0, 3.0], [0.0, 0.0]), Reducer(False, 1, 2))
+    assert loss.item() == pytest.approx(5.0)  # (1 + 9)/2
+    assert metrics["my_metric"].item() == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="custom_loss_function_path"):
+        actor_loss(AlgoConfig(loss_type="custom_loss"), _one_row([0.0], [0.0]), Reducer(False, 1, 1))
+    with pytest.raises(ValueError, match="no callable"):
+        bad = algo.model_copy(update={"custom_loss_function_path": "my_custom_losses.nope"})
+        actor_loss(bad, _one_row([0.0], [0.0]), Reducer(False, 1, 1))
+
+
+def test_loss_table_matches_config_choices():
+    choices = typing.get_args(AlgoConfig.model_fields["loss_type"].annotation)
+    assert sorted([*LOSS_FUNCTIONS, "custom_loss"]) == sorted(choices)
+
+
+def test_metric_names_snapshot(batch):
+    full = LossInputs(batch.logp.clone().requires_grad_(), batch.old, batch.advantages, batch.mask, batch.entropy,
+                      batch.rollout, batch.ref, batch.teacher)
+    reduce = Reducer(False, 8, batch.mask.sum().item())
+    _, metrics = actor_loss(AlgoConfig(use_kl_loss=True, use_tis=True), full, reduce)
+    assert sorted(metrics) == [
+        "entropy_loss", "ess_ratio", "kl_loss", "loss", "ois", "opd_reverse_kl", "pg_clipfrac", "pg_loss", "ppo_kl",
+        "tis", "tis_abs", "tis_clipfrac", "train_rollout_kl", "train_rollout_logprob_abs_diff",
+    ]
+    bare = LossInputs(batch.logp, batch.old, batch.advantages, batch.mask)
+    _, metrics = actor_loss(AlgoConfig(), bare, reduce)
+    assert sorted(metrics) == ["loss", "pg_clipfrac", "pg_loss", "ppo_kl"]
+    assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("tis", [None, "vanilla", "mis"])
+def test_micro_batches_sum_to_full_batch(per_token, tis, make):
+    b = make(n=9, t=6, seed=13, spread=0.5)
+    algo = AlgoConfig(calculate_per_token_loss=per_token, use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01,
+                      custom_tis_function_path=tis)
+    reduce = Reducer(per_token, num_samples=9, num_tokens=b.mask.sum().item())
+
+    def run(rows):
+        logp = b.logp[rows].clone().requires_grad_()
+        inputs = LossInputs(logp, b.old[rows], b.advantages[rows], b.mask[rows], b.entropy[rows], b.rollout[rows], b.ref[rows])
+        loss, metrics = actor_loss(algo, inputs, reduce)
+        loss.backward()
+        return loss.detach(), metrics, logp.grad
+
+    full_loss, full_metrics, full_grad = run(slice(0, 9))
+    parts = [run(slice(i, i + 3)) for i in range(0, 9, 3)]
+    assert sum(p[0] for p in parts).item() == pytest.approx(full_loss.item(), rel=1e-5, abs=1e-7)
+    torch.testing.assert_close(torch.cat([p[2] for p in parts]), full_grad)
+    per_micro_batch = {"ess_ratio"}  # a share-weighted mean of micro-batch values by definition
+    for name, value in full_metrics.items():
+        if name not in per_micro_batch:
+            assert sum(p[1][name] for p in parts).item() == pytest.approx(value.item(), rel=1e-5, abs=1e-6), name
+
+
+def test_value_loss_hand_values():
+    values = torch.tensor([[1.5, 0.9, 7.0]], requires_grad=True)
+    old = torch.tensor([[1.0, 1.0, 0.0]])
+    returns = torch.tensor([[2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = value_loss(AlgoConfig(value_clip=0.2), values, old, returns, mask, Reducer(False, 1, 2))
+    # t0: clipped V = 1 + 0.2 = 1.2 -> (1.2 - 2)^2 = 0.64; unclipped (1.5 - 2)^2 = 0.25 -> 0.64, clipped (|0.5| > 0.2)
+    # t1: clipped V = 0.9 -> 0.81 both -> 0.81, not clipped; mean (0.64 + 0.81)/2 = 0.725; clipfrac 1/2
+    assert loss.item() == pytest.approx(0.725)
+    assert metrics["value_loss"].item() == pytest.approx(0.725)
+    assert metrics["value_clipfrac"].item() == pytest.approx(0.5)
+
+
+def test_value_loss_loop(make):
+    b = make(n=5, t=6, seed=17)
+    returns = b.values + torch.randn(5, 6, generator=torch.Generator().manual_seed(1))
+    new = b.values + 0.3 * torch.randn(5, 6, generator=torch.Generator().manual_seed(2))
+    loss, _ = value_loss(AlgoConfig(value_clip=0.2), new, b.values, returns, b.mask, Reducer(True, 5, b.mask.sum().item()))
+    total = 0.0
+    for i in range(5):
+        for t in range(6):
+            v, vo, r = new[i, t].item(), b.values[i, t].item(), returns[i, t].item()
+            clipped = vo + min(max(v - vo, -0.2), 0.2)
+            total += max((clipped - r) ** 2, (v - r) ** 2) * b.mask[i, t].item()
+    assert loss.item() == pytest.approx(total / b.mask.sum().item(), rel=1e-5)
