@@ -32,7 +32,10 @@ def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
 
 def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     """New run with params, or re-attach ``run_id`` after checking the params did not change."""
-    tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, cfg.tracking.mlflow_run_name or cfg.misc.recipe, run_id)
+    local_store = cfg.tracking_uri.startswith("sqlite:")
+    artifacts = (cfg.run_dir / "mlruns").as_uri() if local_store else None  # never ./mlruns of the cwd
+    tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, cfg.tracking.mlflow_run_name or cfg.misc.recipe,
+                            run_id, artifact_location=artifacts)
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)

@@ -1,6 +1,8 @@
 """Built-in models, built offline: ``builtin://tiny-qwen2`` is a ~3M-parameter Qwen2 with a
 locally trained tokenizer and a short supervised warm-up on the ``arith`` task, so RL starts
-from a model that is sometimes right (as real RL starts from an SFT model).
+from a model that is sometimes right (as real RL starts from an SFT model). The warm-up answers
+only ``sft_boxed_fraction`` of targets in ``\boxed{}`` form, so the reward (which needs the box)
+has room to rise quickly under RL: the format is learned in a few rollouts, the sums more slowly.
 
 Built once into the cache (``<cache>/models/<name>-<fingerprint>``), atomically.
 """
@@ -38,6 +40,7 @@ class TinySpec:
     sft_steps: int = 200
     sft_batch_size: int = 64
     sft_lr: float = 1e-3
+    sft_boxed_fraction: float = 0.3  # the rest answer without \boxed{} (scores 0): RL has a format to learn
     seed: int = 0
 
     def fingerprint(self) -> str:
@@ -78,9 +81,9 @@ def sft_warmup(model, tok, rows: list[dict], spec: TinySpec) -> None:
     exactly as a rollout sees them)."""
     gen = torch.Generator().manual_seed(spec.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
-    examples = [
-        (tok(r["input"])["input_ids"], tok(format_answer(r["label"]))["input_ids"] + [tok.eos_token_id]) for r in rows
-    ]
+    pick = torch.rand(len(rows), generator=gen) < spec.sft_boxed_fraction
+    targets = [format_answer(r["label"]) if boxed else r["label"] for r, boxed in zip(rows, pick.tolist())]
+    examples = [(tok(r["input"])["input_ids"], tok(t)["input_ids"] + [tok.eos_token_id]) for r, t in zip(rows, targets)]
     model.train()
     for step in range(spec.sft_steps):
         idx = torch.randint(len(examples), (spec.sft_batch_size,), generator=gen)

@@ -24,6 +24,7 @@ from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.metrics import rollout_metrics
 from miles_core.rollout.protocol import SamplingParams
+from miles_core.training.teacher import load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
 from miles_core.weights.sync import sync_weights
 
@@ -75,7 +76,8 @@ class LocalRuntime:
         if cfg.needs_ref_model:
             ref_path = resolve_model_path(cfg.checkpoint.ref_load, cache_dir()) if cfg.checkpoint.ref_load else self.model_path
             ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).eval()
-        self.trainer = TorchTrainer(policy, cfg, pad_id=self.tokenizer.pad_token_id, ref_model=ref)
+        teacher = load_teacher(cfg, dtype, policy.config.vocab_size, make_engine=lambda m: HFEngine(m, self.tokenizer))
+        self.trainer = TorchTrainer(policy, cfg, pad_id=self.tokenizer.pad_token_id, ref_model=ref, teacher=teacher)
         self.engine = HFEngine(copy.deepcopy(policy), self.tokenizer)
         self.params = sampling_params(cfg, self.tokenizer.eos_token_id)
         self.rewards = reward_options(cfg)
@@ -126,7 +128,7 @@ class LocalRuntime:
     def train(self, rollout_id: int) -> tuple[dict[str, float], list[dict[str, float]]]:
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
-        return self.trainer.train_rollout(samples, rewards)
+        return self.trainer.train_rollout(samples, rewards, rollout_id)
 
     def sync_weights(self) -> dict[str, float]:
         self.weight_version += 1

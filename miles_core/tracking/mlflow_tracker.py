@@ -16,14 +16,15 @@ MAX_PARAM_LEN = 6000
 
 
 class MlflowTracker:
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None = None, run_id: str | None = None):
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None = None, run_id: str | None = None,
+                 artifact_location: str | None = None):
         from mlflow.tracking import MlflowClient
 
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         if run_id is None:
             exp = self.client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+            exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=artifact_location)
             run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
         self.run_id = run_id
 

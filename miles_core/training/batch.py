@@ -56,15 +56,47 @@ def make_batch(samples: list[Sample], pad_id: int) -> TokenBatch:
     return TokenBatch(input_ids, attention_mask, resp_index, resp_tokens, loss_mask, rollout_lp)
 
 
+def per_token(samples: list[Sample], name: str, T: int) -> torch.Tensor:
+    """A per-response-token list field of each sample (e.g. ``teacher_log_probs``) right-padded to [N, T]."""
+    out = torch.zeros((len(samples), T))
+    for i, s in enumerate(samples):
+        values = getattr(s, name)
+        if values is None or len(values) != s.response_length:
+            got = "None" if values is None else f"{len(values)} values"
+            raise ValueError(f"sample {s.index} (group {s.group_index}): {name} has {got}, expected response_length={s.response_length}")
+        out[i, : len(values)] = torch.tensor(values, dtype=torch.float)
+    return out
+
+
+def forward(model, batch: TokenBatch):
+    """The model's output on the padded sequences (position ids count real tokens only)."""
+    pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos)
+
+
+def at_response(x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """x [N, L, D] -> [N, T, D]: row t is x at the position whose output predicts response token t."""
+    idx = batch.resp_index.clamp(min=0)  # [N, T]
+    return x.gather(1, idx[..., None].expand(-1, -1, x.shape[-1]))
+
+
+@torch.no_grad()
+def forward_only(fn, batch: TokenBatch, micro_batch_size: int) -> torch.Tensor:
+    """fn(piece) -> [n, t] over micro-batches, right-padded and concatenated to [N, T] (no grad)."""
+    T = batch.loss_mask.shape[1]
+    parts = []
+    for s in range(0, len(batch), micro_batch_size):
+        out = fn(batch.slice(s, s + micro_batch_size))
+        parts.append(torch.nn.functional.pad(out, (0, T - out.shape[1])))
+    return torch.cat(parts)
+
+
 def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool):
     """-> (log-probs [N, T] of the response tokens under log_softmax(logits / T), entropy [N, T] or None)."""
     from miles_core.algorithms import entropy_from_logits
 
-    pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits
-    idx = batch.resp_index.clamp(min=0)  # [N, T]
-    V = logits.shape[-1]
-    resp_logits = logits.gather(1, idx[..., None].expand(-1, -1, V)).float() / temperature  # [N, T, V]
+    logits = forward(model, batch).logits  # [N, L, V]
+    resp_logits = at_response(logits, batch).float() / temperature  # [N, T, V]
     logp_all = torch.log_softmax(resp_logits, dim=-1)
     logp = logp_all.gather(-1, batch.resp_tokens[..., None]).squeeze(-1)  # [N, T]
     entropy = entropy_from_logits(resp_logits) if with_entropy else None

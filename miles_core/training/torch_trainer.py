@@ -1,5 +1,6 @@
-"""The torch trainer: old/ref log-probs, advantages, then num_steps_per_rollout AdamW steps over
-global batches split into micro-batches (gradient accumulation; metrics summed, see Reducer).
+"""The torch trainer: forward-only passes (old, ref, teacher log-probs; critic values), advantages,
+then num_steps_per_rollout AdamW steps over global batches split into micro-batches (gradient
+accumulation; metrics summed, see Reducer). With ppo each step also updates the critic (critic.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from miles_core.algorithms import AdvantageInputs, LossInputs, Reducer, actor_lo
 from miles_core.config import TrainConfig
 from miles_core.data.sample import Sample
 
-from .batch import TokenBatch, make_batch, response_log_probs
+from .batch import TokenBatch, forward_only, make_batch, per_token, response_log_probs
+from .critic import Critic, build_critic
+from .teacher import Teacher
 
 
 @dataclass(frozen=True)
@@ -25,12 +28,15 @@ class StepShape:
 
 
 class TorchTrainer:
-    """Owns the policy (and optional reference model) and its optimizer."""
+    """Owns the policy, its optimizer and the forward-only models: reference (KL), critic (ppo), teacher (OPD)."""
 
-    def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None):
+    def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None, teacher: Teacher | None = None):
         self.model = model
         self.ref_model = ref_model
+        self.teacher = teacher
         self.algo = cfg.algo
+        # use_kl_loss with kl_loss_coef 0 loads no reference model (REFERENCE §3): the term is off.
+        self.loss_algo = cfg.algo if ref_model is not None or not cfg.algo.use_kl_loss else cfg.algo.model_copy(update={"use_kl_loss": False})
         self.temperature = cfg.rollout.rollout_temperature
         self.pad_id = pad_id
         self.shape = StepShape(cfg.global_batch_size, cfg.algo.micro_batch_size, cfg.num_steps_per_rollout)
@@ -38,65 +44,84 @@ class TorchTrainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps, weight_decay=a.weight_decay
         )
+        self.critic = Critic(build_critic(model), a, a.micro_batch_size) if a.advantage_estimator == "ppo" else None
         self.steps_done = 0
 
     # ---- forward-only passes ------------------------------------------------------------------
-    @torch.no_grad()
     def compute_log_probs(self, model, batch: TokenBatch) -> torch.Tensor:
         """[N, T] log-probs of the response tokens, in micro-batches."""
         model.eval()
-        mb = self.shape.micro_batch_size
-        parts = []
-        for s in range(0, len(batch), mb):
-            piece = batch.slice(s, s + mb)
-            lp, _ = response_log_probs(model, piece, self.temperature, with_entropy=False)
-            parts.append(torch.nn.functional.pad(lp, (0, batch.loss_mask.shape[1] - lp.shape[1])))
-        return torch.cat(parts)
+        fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False)[0]  # noqa: E731
+        return forward_only(fn, batch, self.shape.micro_batch_size)
+
+    def _forward_only(self, batch: TokenBatch, samples: list[Sample]) -> dict[str, torch.Tensor | None]:
+        """REFERENCE §1.3: old (and ref, teacher, critic values when used) per-token tensors [N, T]."""
+        old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(self.model, batch)
+        ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
+        teacher = None
+        if self.teacher is not None:
+            teacher = self.teacher.log_probs(batch)
+        elif self.algo.use_opd:
+            teacher = per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1])
+        values = self.critic.values(batch) if self.critic is not None else None
+        return {"old": old, "ref": ref, "teacher": teacher, "values": values}
 
     # ---- one rollout of training ----------------------------------------------------------------
-    def train_rollout(self, samples: list[Sample], rewards: list[float]) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """-> (rollout-level metrics, one metrics dict per optimizer step)."""
+    def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """-> (rollout-level metrics, one metrics dict per optimizer step).
+
+        With a critic, rollouts before `num_critic_only_steps` update only the critic."""
         batch = make_batch(samples, self.pad_id)
         t0 = time.perf_counter()
-        old_lp = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(self.model, batch)
-        ref_lp = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
+        tensors = self._forward_only(batch, samples)
         adv_in = AdvantageInputs(
             rewards=torch.tensor(rewards, dtype=torch.float), group_index=torch.tensor([s.group_index for s in samples]),
-            loss_mask=batch.loss_mask, old_log_probs=old_lp, ref_log_probs=ref_lp,
+            loss_mask=batch.loss_mask, old_log_probs=tensors["old"], ref_log_probs=tensors["ref"],
+            values=tensors["values"], teacher_log_probs=tensors["teacher"],
         )
-        advantages, _, adv_metrics = compute_advantages(self.algo, adv_in)
+        tensors["adv"], tensors["returns"], adv_metrics = compute_advantages(self.algo, adv_in)
         rollout_metrics = {
-            "rollout/log_probs": float(masked_mean(old_lp, batch.loss_mask)),
+            "rollout/log_probs": float(masked_mean(tensors["old"], batch.loss_mask)),
             "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
             **{f"rollout/{k}": v for k, v in adv_metrics.items()},
         }
-        if ref_lp is not None:
-            rollout_metrics["rollout/ref_log_probs"] = float(masked_mean(ref_lp, batch.loss_mask))
-        tensors = {"old": old_lp, "ref": ref_lp, "adv": advantages}
-        steps = [self._optimizer_step(batch, tensors, k) for k in range(self.shape.num_steps)]
+        if tensors["ref"] is not None:
+            rollout_metrics["rollout/ref_log_probs"] = float(masked_mean(tensors["ref"], batch.loss_mask))
+        train_actor = self.critic is None or rollout_id >= self.algo.num_critic_only_steps
+        steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
         dt = time.perf_counter() - t0
         tokens = float(batch.attention_mask.sum())
         rollout_metrics["perf/actor_train_time"] = dt
         rollout_metrics["perf/actor_train_tok_per_s"] = tokens * self.shape.num_steps / max(dt, 1e-9)
         return rollout_metrics, steps
 
-    def _optimizer_step(self, batch: TokenBatch, tensors: dict, k: int) -> dict[str, float]:
-        gbs, mb = self.shape.global_batch_size, self.shape.micro_batch_size
-        lo, hi = k * gbs, (k + 1) * gbs
-        reduce = Reducer(self.algo.calculate_per_token_loss, num_samples=gbs, num_tokens=float(batch.loss_mask[lo:hi].sum()))
+    def _optimizer_step(self, batch: TokenBatch, tensors: dict, k: int, train_actor: bool = True) -> dict[str, float]:
+        gbs = self.shape.global_batch_size
+        rows = range(k * gbs, (k + 1) * gbs)
+        reduce = Reducer(self.algo.calculate_per_token_loss, num_samples=gbs, num_tokens=float(batch.loss_mask[rows.start : rows.stop].sum()))
+        metrics = self._actor_step(batch, tensors, rows, reduce) if train_actor else {}
+        if self.critic is not None:
+            critic_metrics = self.critic.step(batch, tensors["values"], tensors["returns"], rows, reduce, self._warmup())
+            metrics |= {f"train/{name}": v for name, v in critic_metrics.items()}
+        self.steps_done += 1
+        return metrics
+
+    def _actor_step(self, batch: TokenBatch, tensors: dict, rows: range, reduce: Reducer) -> dict[str, float]:
+        mb = self.shape.micro_batch_size
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        for s in range(lo, hi, mb):
-            piece = batch.slice(s, min(s + mb, hi))
+        for s in range(rows.start, rows.stop, mb):
+            piece = batch.slice(s, min(s + mb, rows.stop))
             T = piece.loss_mask.shape[1]
             cut = lambda x: None if x is None else x[s : s + len(piece), :T]  # noqa: E731
             logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True)
             inputs = LossInputs(
                 log_probs=logp, old_log_probs=cut(tensors["old"]), advantages=cut(tensors["adv"]), loss_mask=piece.loss_mask,
                 entropy=entropy, rollout_log_probs=piece.rollout_log_probs, ref_log_probs=cut(tensors["ref"]),
+                teacher_log_probs=cut(tensors["teacher"]),
             )
-            loss, metrics = actor_loss(self.algo, inputs, reduce)
+            loss, metrics = actor_loss(self.loss_algo, inputs, reduce)
             loss.backward()
             for name, v in metrics.items():
                 totals[name] = totals.get(name, 0.0) + float(v)
@@ -104,12 +129,15 @@ class TorchTrainer:
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
-        self.steps_done += 1
         return {**{f"train/{k}": v for k, v in totals.items()}, "train/grad_norm": float(grad_norm), "train/lr-pg_0": lr}
 
+    def _warmup(self) -> float:
+        """Linear warm-up factor of the current optimizer step (1 without lr_warmup_iters)."""
+        w = self.algo.lr_warmup_iters
+        return min(1.0, (self.steps_done + 1) / w) if w else 1.0
+
     def _set_lr(self) -> float:
-        a = self.algo
-        lr = a.lr * min(1.0, (self.steps_done + 1) / a.lr_warmup_iters) if a.lr_warmup_iters else a.lr
+        lr = self.algo.lr * self._warmup()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -118,3 +146,11 @@ class TorchTrainer:
     def named_tensors(self):
         """HF-format names and tensors for weight sync and export."""
         return self.model.state_dict().items()
+
+    def extra_modules(self) -> dict[str, torch.nn.Module]:
+        """Trained modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo."""
+        return {"critic": self.critic.module} if self.critic is not None else {}
+
+    def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Their optimizers, by the same names."""
+        return {"critic": self.critic.optimizer} if self.critic is not None else {}

@@ -1,0 +1,30 @@
+"""Rollout engines over HTTP, speaking the SGLang protocol (docs/engines.md).
+
+    server.py   EngineServer: an HFEngine behind SGLang's endpoints (aiohttp); CLI entry point
+    launch.py   serve_in_thread / launch_server_process
+    client.py   HTTPEngineClient: the RolloutEngine protocol against our server or a real SGLang
+    router.py   EngineRouter: the RolloutEngine protocol over N clients (least-loaded, failover)
+    engine.py   SeededHFEngine: per-request seeds, batching policy, abort; request_seed
+    wire.py     the JSON / safetensors formats shared by client and server
+
+Names load lazily, so ``python -m miles_core.rollout.http.server`` runs the module once.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "EngineError": "client", "EngineHTTPError": "client", "EngineUnreachable": "client", "HTTPEngineClient": "client",
+    "EngineRouter": "router", "NoHealthyEngine": "router", "EngineServer": "server", "SERVER_NAME": "wire",
+    "SeededHFEngine": "engine", "load_engine": "engine", "request_seed": "engine",
+    "ServerHandle": "launch", "ServerProcess": "launch", "launch_server_process": "launch", "serve_in_thread": "launch",
+    "spawn_server_process": "launch",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

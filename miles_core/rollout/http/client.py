@@ -1,0 +1,194 @@
+"""HTTPEngineClient: the RolloutEngine protocol over the SGLang HTTP API.
+
+The same code talks to a real SGLang server and to ours (server.py). It uses only SGLang's
+fields for generate, health, abort, pause/continue, flush, weights-from-disk, versions and
+memory; ``update_weights_from_tensor`` posts safetensors buckets, which only our server takes
+(SGLang's variant carries in-process IPC handles): against SGLang it fails with a message that
+says to use ``update_weights_from_disk``.
+
+Seeds: ``generate(requests, seed)`` gives request i ``sampling_params.sampling_seed =
+request_seed(seed, i)``, so a result depends on its own seed only, never on the batch it is in
+(see engine.py). SGLang honours sampling_seed when started with deterministic inference.
+
+Errors name the URL: ``EngineUnreachable`` (refused, reset, timed out: the router fails over)
+and ``EngineHTTPError`` (an answer with status >= 400: ``.status``, the body's message).
+Transport errors are retried ``max_retries`` times with exponential backoff (every call is
+idempotent: generate carries its seeds); a read timeout is not retried.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+import httpx
+import torch
+
+from miles_core.rollout.protocol import GenerateRequest, GenerateResult
+from miles_core.weights.sync import iter_buckets
+
+from . import wire
+from .engine import request_seed
+
+DEFAULT_BUCKET_BYTES = 512 * 2**20  # update_weight_buffer_size's default
+
+
+class EngineError(RuntimeError):
+    """A call to an engine server failed; ``url`` names the engine, ``status`` the HTTP status if any."""
+
+    def __init__(self, url: str, message: str, status: int | None = None):
+        super().__init__(f"{url}: {message}")
+        self.url, self.status = url, status
+
+
+class EngineUnreachable(EngineError, ConnectionError):
+    """No answer: connection refused or reset, or a timeout."""
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered with an error status."""
+
+
+class HTTPEngineClient:
+    def __init__(self, base_url: str, *, timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
+                 health_timeout_s: float = 5.0, max_retries: int = 3, backoff_s: float = 0.2,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        self.base_url = base_url.rstrip("/")
+        self.health_timeout_s = health_timeout_s
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.bucket_bytes = bucket_bytes
+        self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))
+        self._version: int | None = None  # last version set or read: used when a response carries none
+        self._is_miles: bool | None = None
+
+    def __repr__(self) -> str:
+        return f"HTTPEngineClient({self.base_url!r})"
+
+    # ---- transport ------------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, retries: int | None = None, timeout: float | None = None, **kwargs) -> httpx.Response:
+        """One call with retries on transport errors. -> the response (status < 400)."""
+        url = self.base_url + path
+        attempts = 1 + (self.max_retries if retries is None else retries)
+        extra = {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=min(timeout, 5.0))}
+        for attempt in range(attempts):
+            try:
+                resp = self._http.request(method, path, **kwargs, **extra)
+                break
+            except httpx.ReadTimeout as e:
+                raise EngineUnreachable(url, f"no answer within the read timeout ({e!r})") from e
+            except httpx.TransportError as e:
+                if attempt + 1 == attempts:
+                    raise EngineUnreachable(url, f"{type(e).__name__}: {e} (after {attempts} attempts)") from e
+                time.sleep(self.backoff_s * 2**attempt)
+        if resp.status_code >= 400:
+            raise EngineHTTPError(url, f"HTTP {resp.status_code}: {_message(resp)}", resp.status_code)
+        return resp
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "HTTPEngineClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- generation -------------------------------------------------------------------------------
+    def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]:
+        return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
+
+    def generate_seeded(self, requests: list[GenerateRequest], seeds: list[int]) -> list[GenerateResult]:
+        """One batched POST /generate; request i samples with seeds[i]."""
+        if not requests:
+            return []
+        data = self.request("POST", "/generate", json=wire.generate_body(requests, seeds)).json()
+        if not isinstance(data, list) or len(data) != len(requests):
+            raise EngineError(self.base_url + "/generate", f"expected a list of {len(requests)} results")
+        try:
+            return [wire.result_from_json(d, len(r.input_ids), self._version or 0) for d, r in zip(data, requests)]
+        except (wire.WireError, KeyError, TypeError, IndexError) as e:
+            raise EngineError(self.base_url + "/generate", f"malformed response: {e}") from e
+
+    def abort(self, rid: str | None = None) -> None:
+        """Abort every request (rid None) or one: they finish with finish reason "abort"."""
+        self.request("POST", "/abort_request", json={"abort_all": True} if rid is None else {"rid": rid})
+
+    # ---- control --------------------------------------------------------------------------------
+    def health(self) -> bool:
+        """GET /health_generate answers 200 within ``health_timeout_s``; never raises."""
+        try:
+            self.request("GET", "/health_generate", retries=0, timeout=self.health_timeout_s)
+        except EngineError:
+            return False
+        return True
+
+    def pause_generation(self) -> None:
+        self.request("POST", "/pause_generation", json={})
+
+    def continue_generation(self) -> None:
+        self.request("POST", "/continue_generation", json={})
+
+    def flush_cache(self) -> None:
+        self.request("GET", "/flush_cache")
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.request("POST", "/release_memory_occupation", json={"tags": tags} if tags else {})
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.request("POST", "/resume_memory_occupation", json={"tags": tags} if tags else {})
+
+    def server_info(self) -> dict[str, Any]:
+        """GET /get_server_info (both servers have it; the fields differ)."""
+        return self.request("GET", "/get_server_info").json()
+
+    def is_miles_server(self) -> bool:
+        if self._is_miles is None:
+            self._is_miles = self.server_info().get("server") == wire.SERVER_NAME
+        return self._is_miles
+
+    # ---- weights --------------------------------------------------------------------------------
+    def set_weight_version(self, version: int) -> None:
+        self.request("POST", "/update_weight_version", json={"new_version": str(version)})
+        self._version = version
+
+    def get_weight_version(self) -> int:
+        self._version = wire.parse_version(self.request("GET", "/get_weight_version").json().get("weight_version"))
+        return self._version
+
+    def update_weights_from_disk(self, model_path: str, weight_version: int | None = None) -> None:
+        """SGLang's /update_weights_from_disk: the server loads the HF dir (a path it can read)."""
+        body: dict[str, Any] = {"model_path": str(model_path)}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        self.request("POST", "/update_weights_from_disk", json=body)
+        if weight_version is not None:
+            self._version = weight_version
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None = None) -> int:
+        """POST the tensors in buckets of at most ``bucket_bytes`` (ours only). -> number of buckets."""
+        n = 0
+        for bucket in iter_buckets(named_tensors, bucket_bytes or self.bucket_bytes):
+            self.post_weight_bucket(wire.encode_bucket(bucket))
+            n += 1
+        return n
+
+    def post_weight_bucket(self, payload: bytes) -> None:
+        """One safetensors-encoded bucket (wire.encode_bucket) -> POST /update_weights_from_tensor."""
+        try:
+            self.request("POST", "/update_weights_from_tensor", content=payload,
+                         headers={"Content-Type": wire.BUCKET_CONTENT_TYPE})
+        except EngineHTTPError as e:
+            if e.status in (400, 415, 422) and not self.is_miles_server():
+                raise EngineHTTPError(self.base_url, "weights over HTTP (safetensors buckets) are a miles-server "
+                                      "endpoint; for SGLang use update_weights_from_disk", e.status) from e
+            raise
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("error") or body)[:500]
+    return str(body)[:500]

@@ -1,0 +1,289 @@
+"""EngineRouter: the RolloutEngine protocol over N engine clients.
+
+generate(requests, seed):
+  1. request i gets seed request_seed(seed, i) (its global index), so its result does not depend
+     on the engine or the sub-batch that serves it (with servers in "exact" batching, bit for bit);
+  2. the batch is cut into chunks (``chunk_size``; default: about 4 chunks per healthy engine),
+     sent concurrently; each chunk goes to the healthy engine with the fewest requests in flight
+     from this router (ties: the lower index);
+  3. a chunk whose engine fails (unreachable, timeout, HTTP 5xx) is sent again to another healthy
+     engine, at most ``max_attempts`` engines in all; the failed engine is marked unhealthy. A
+     result is written once, by the attempt that returned it: no request is lost or duplicated.
+     HTTP 4xx (a bad request) is raised at once, never retried.
+
+Health: an engine is unhealthy after ``max_failures`` consecutive failures or a failed health
+check. Unhealthy engines are probed again (GET /health_generate, then /get_weight_version) at most
+every ``recheck_s`` seconds, at the start of a call. An engine serves generate only if healthy and,
+once a version has been set through the router, at the router's weight version: an engine that
+missed a weight sync stays out of generate until the next full sync reaches it.
+
+Weight and control calls (pause, continue, flush, buckets, versions, disk, memory) go to every
+healthy engine in parallel; an engine that fails one is marked unhealthy; the call raises only if
+no engine succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from miles_core.rollout.protocol import GenerateRequest, GenerateResult
+from miles_core.weights.sync import iter_buckets
+
+from . import wire
+from .client import EngineError, EngineHTTPError, HTTPEngineClient
+from .engine import request_seed
+
+log = logging.getLogger(__name__)
+
+
+class NoHealthyEngine(RuntimeError):
+    """Every engine is unhealthy (or failed this request)."""
+
+
+@dataclass(eq=False)
+class EngineSlot:
+    client: HTTPEngineClient
+    healthy: bool = True
+    in_flight: int = 0  # requests this router has sent and not yet got back
+    failures: int = 0  # consecutive
+    served: int = 0  # requests answered, over the router's life
+    version: int | None = None  # last version known to be on the engine
+    checked_at: float = field(default=0.0)
+    last_error: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.client.base_url
+
+
+def is_retryable(e: EngineError) -> bool:
+    """Transport errors and 5xx move to another engine; 4xx is the caller's mistake."""
+    return not isinstance(e, EngineHTTPError) or (e.status or 500) >= 500
+
+
+class EngineRouter:
+    def __init__(self, clients: list[HTTPEngineClient], *, chunk_size: int | None = None, max_attempts: int = 3,
+                 max_failures: int = 1, recheck_s: float = 5.0, bucket_bytes: int | None = None):
+        if not clients:
+            raise ValueError("EngineRouter needs at least one engine client")
+        self.slots = [EngineSlot(c) for c in clients]
+        self.chunk_size, self.max_attempts = chunk_size, max_attempts
+        self.max_failures, self.recheck_s = max_failures, recheck_s
+        self.bucket_bytes = bucket_bytes or clients[0].bucket_bytes
+        self.weight_version: int | None = None  # set by set_weight_version / update_weights_from_disk
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max(4, 8 * len(clients)), thread_name_prefix="miles-router")
+
+    @classmethod
+    def from_urls(cls, urls: list[str], client_kwargs: dict[str, Any] | None = None, **router_kwargs) -> "EngineRouter":
+        """Clients fail fast by default (1 retry): the router does the failing over."""
+        kw = {"max_retries": 1, "backoff_s": 0.05, **(client_kwargs or {})}
+        return cls([HTTPEngineClient(u, **kw) for u in urls], **router_kwargs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for s in self.slots:
+            s.client.close()
+
+    def __enter__(self) -> "EngineRouter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- generation -------------------------------------------------------------------------------
+    def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]:
+        return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
+
+    def generate_seeded(self, requests: list[GenerateRequest], seeds: list[int]) -> list[GenerateResult]:
+        self.recheck()
+        n_healthy = max(1, sum(self._eligible(s) for s in self.slots))
+        size = self.chunk_size or max(1, math.ceil(len(requests) / (4 * n_healthy)))
+        results: list[GenerateResult | None] = [None] * len(requests)
+        futures = [self._pool.submit(self._run_chunk, range(a, min(a + size, len(requests))), requests, seeds, results)
+                   for a in range(0, len(requests), size)]
+        for f in as_completed(futures):
+            f.result()  # the first chunk that failed everywhere raises
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def _run_chunk(self, idx: range, requests, seeds, results: list) -> None:
+        reqs, chunk_seeds = [requests[i] for i in idx], [seeds[i] for i in idx]
+        tried: list[EngineSlot] = []
+        errors: list[str] = []
+        while len(tried) < self.max_attempts:
+            slot = self._acquire(len(idx), exclude=tried)
+            if slot is None:
+                break
+            tried.append(slot)
+            try:
+                out = slot.client.generate_seeded(reqs, chunk_seeds)
+            except EngineError as e:
+                self._release(slot, len(idx), e)
+                if not is_retryable(e):
+                    raise
+                errors.append(str(e))
+                continue
+            self._release(slot, len(idx), None)
+            for i, res in zip(idx, out):
+                results[i] = res
+            return
+        raise NoHealthyEngine(f"requests {idx.start}..{idx.stop - 1} failed on {len(tried)} engine(s): {errors or 'none healthy'}")
+
+    def _eligible(self, slot: EngineSlot) -> bool:
+        return slot.healthy and (self.weight_version is None or slot.version in (None, self.weight_version))
+
+    def _acquire(self, n: int, exclude: list[EngineSlot]) -> EngineSlot | None:
+        """The eligible engine with the fewest requests in flight (ties: lower index); counts n on it."""
+        with self._lock:
+            candidates = [s for s in self.slots if self._eligible(s) and s not in exclude]
+            if not candidates:
+                return None
+            slot = min(candidates, key=lambda s: s.in_flight)
+            slot.in_flight += n
+            return slot
+
+    def _release(self, slot: EngineSlot, n: int, error: EngineError | None) -> None:
+        with self._lock:
+            slot.in_flight -= n
+            if error is None:
+                slot.failures, slot.served = 0, slot.served + n
+            elif is_retryable(error):
+                self._mark_failure(slot, str(error))
+
+    def _mark_failure(self, slot: EngineSlot, error: str, fatal: bool = False) -> None:
+        """Count a failure (caller holds the lock); unhealthy after max_failures, or at once if fatal."""
+        slot.failures += 1
+        slot.last_error = error
+        if (fatal or slot.failures >= self.max_failures) and slot.healthy:
+            log.warning("engine %s marked unhealthy: %s", slot.url, error)
+            slot.healthy = False
+        slot.checked_at = time.monotonic()
+
+    # ---- health -------------------------------------------------------------------------------------
+    def check_health(self) -> dict[str, bool]:
+        """Probe every engine now (health, then version). -> {url: healthy}."""
+        list(self._pool.map(self._probe, self.slots))
+        return {s.url: s.healthy for s in self.slots}
+
+    def recheck(self) -> None:
+        """Probe the unhealthy engines whose last check is older than recheck_s."""
+        due = [s for s in self.slots if not s.healthy and time.monotonic() - s.checked_at >= self.recheck_s]
+        list(self._pool.map(self._probe, due))
+
+    def _probe(self, slot: EngineSlot) -> None:
+        error, version = None, None
+        if not slot.client.health():
+            error = "health check failed"
+        else:
+            try:
+                version = slot.client.get_weight_version()
+            except EngineError as e:
+                error = str(e)
+        with self._lock:
+            if error is None:
+                slot.healthy, slot.failures, slot.version, slot.checked_at = True, 0, version, time.monotonic()
+            else:
+                self._mark_failure(slot, error, fatal=True)
+
+    def health(self) -> bool:
+        self.recheck()
+        return any(self._eligible(s) for s in self.slots)
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per engine: url, healthy, eligible, in_flight, served, version, last_error."""
+        return [{"url": s.url, "healthy": s.healthy, "eligible": self._eligible(s), "in_flight": s.in_flight,
+                 "served": s.served, "version": s.version, "last_error": s.last_error} for s in self.slots]
+
+    # ---- broadcast: control and weights ----------------------------------------------------------------
+    def _broadcast(self, what: str, fn: Callable[[HTTPEngineClient], Any]) -> list[EngineSlot]:
+        """fn(client) on every healthy engine in parallel. -> the slots where it succeeded."""
+        self.recheck()
+        targets = [s for s in self.slots if s.healthy]
+        futures = {self._pool.submit(fn, s.client): s for s in targets}
+        ok, errors = [], []
+        for f in as_completed(futures):
+            slot = futures[f]
+            try:
+                f.result()
+                ok.append(slot)
+            except EngineError as e:
+                errors.append(str(e))
+                with self._lock:  # an engine that missed a broadcast is out of step: out at once
+                    self._mark_failure(slot, str(e), fatal=True)
+        if not ok:
+            raise NoHealthyEngine(f"{what} failed on every engine: {errors or 'none healthy'}")
+        return ok
+
+    def pause_generation(self) -> None:
+        self._broadcast("pause_generation", lambda c: c.pause_generation())
+
+    def continue_generation(self) -> None:
+        self._broadcast("continue_generation", lambda c: c.continue_generation())
+
+    def flush_cache(self) -> None:
+        self._broadcast("flush_cache", lambda c: c.flush_cache())
+
+    def abort(self) -> None:
+        self._broadcast("abort", lambda c: c.abort())
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self._broadcast("release_memory_occupation", lambda c: c.release_memory_occupation(tags))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self._broadcast("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags))
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Each bucket is encoded once and posted to every healthy engine. -> number of buckets."""
+        n = 0
+        for bucket in iter_buckets(named_tensors, self.bucket_bytes):
+            payload = wire.encode_bucket(bucket)
+            self._broadcast("update_weights_from_tensor", lambda c: c.post_weight_bucket(payload))
+            n += 1
+        return n
+
+    def update_weights_from_disk(self, model_path: str, weight_version: int | None = None) -> None:
+        done = self._broadcast("update_weights_from_disk", lambda c: c.update_weights_from_disk(model_path, weight_version))
+        if weight_version is not None:
+            self._record_version(done, weight_version)
+
+    def set_weight_version(self, version: int) -> None:
+        self._record_version(self._broadcast("set_weight_version", lambda c: c.set_weight_version(version)), version)
+
+    def _record_version(self, slots: list[EngineSlot], version: int) -> None:
+        with self._lock:
+            self.weight_version = version
+            for s in slots:
+                s.version = version
+
+    def get_weight_version(self) -> int:
+        if self.weight_version is not None:
+            return self.weight_version
+        return self._broadcast_first(lambda c: c.get_weight_version())
+
+    def _broadcast_first(self, fn: Callable[[HTTPEngineClient], Any]) -> Any:
+        for s in self.slots:
+            if s.healthy:
+                try:
+                    return fn(s.client)
+                except EngineError as e:
+                    with self._lock:
+                        self._mark_failure(s, str(e), fatal=True)
+        raise NoHealthyEngine("no healthy engine answered")
+
+    def engine_versions(self) -> dict[str, int | None]:
+        """{url: weight version reported now, None if unreachable} (for pin checks)."""
+        def read(slot: EngineSlot) -> int | None:
+            try:
+                return slot.client.get_weight_version()
+            except EngineError:
+                return None
+        return dict(zip((s.url for s in self.slots), self._pool.map(read, self.slots)))

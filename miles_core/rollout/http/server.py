@@ -1,0 +1,421 @@
+"""An HFEngine served over the SGLang HTTP protocol (aiohttp), for CPU runs and tests.
+
+    python -m miles_core.rollout.http.server --model-path DIR --port 0 --port-file PORT.json
+
+prints ``miles-http-server listening on http://HOST:PORT`` once it accepts requests and writes
+``{"port", "url", "pid"}`` to --port-file (atomically). Endpoints (docs/engines.md has the
+shapes; "ours" = not in SGLang):
+
+    POST /generate                      GET  /health_generate, /health
+    POST /abort_request                 GET|POST /flush_cache
+    POST /pause_generation              POST /continue_generation
+    POST /update_weights_from_disk      POST /update_weights_from_tensor   (ours: safetensors body)
+    POST /update_weight_version         GET  /get_weight_version
+    POST /release_memory_occupation     POST /resume_memory_occupation
+    GET  /get_model_info                GET  /get_server_info              (ours: fields and stats)
+    POST /debug/fail                    (ours; only with --enable-fault-injection)
+
+Seeds: request i samples with ``sampling_params.sampling_seed`` when given, else
+``request_seed(seed, i)`` when the body has a top-level ``seed``, else a random seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+
+from . import wire
+from .batcher import Batcher
+from .engine import BATCHING, SeededHFEngine, iter_hf_weights, request_seed
+
+log = logging.getLogger(__name__)
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+FAULT_MODES = ("crash", "hang", "error", "none")
+FAULT_TRIGGERS = ("now", "generate")
+
+
+@dataclass(frozen=True)
+class Fault:
+    mode: str  # crash | hang | error
+    on: str  # now: every endpoint but /debug/fail; generate: when a /generate request arrives
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {"object": "error", "success": False, "message": message, "code": status}
+    return web.json_response(body, status=status)
+
+
+class EngineServer:
+    """The HTTP front of one engine. start()/stop() on the event loop that serves it."""
+
+    def __init__(self, engine: SeededHFEngine, *, model_path: str | None = None, enable_fault_injection: bool = False,
+                 batch_wait_s: float = 0.002, health_timeout_s: float = 20.0, exit_on_crash: bool = False,
+                 max_body_bytes: int = 2**31 - 1):
+        self.engine = engine
+        self.model_path = model_path
+        self.enable_fault_injection = enable_fault_injection
+        self.health_timeout_s = health_timeout_s
+        self.exit_on_crash = exit_on_crash  # a subprocess server really dies; a thread server drops its connections
+        self.max_body_bytes = max_body_bytes
+        self.batch_wait_s = batch_wait_s
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="miles-engine")
+        self.released: set[str] = set()
+        self.fault: Fault | None = None
+        self.crashed = False
+        self.stats = {"requests_total": 0, "weight_buckets": 0, "weight_tensors": 0}
+        self.batcher: Batcher | None = None
+        self.runner: web.AppRunner | None = None
+        self._stopping: asyncio.Event | None = None
+        self._home_device = None  # where released weights return to
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._middleware])
+        r = app.router
+        r.add_route("POST", "/generate", self.generate)
+        r.add_route("PUT", "/generate", self.generate)
+        r.add_get("/health_generate", self.health_generate)
+        r.add_get("/health", self.health_generate)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_post("/pause_generation", self.pause_generation)
+        r.add_post("/continue_generation", self.continue_generation)
+        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
+        r.add_post("/update_weight_version", self.update_weight_version)
+        r.add_get("/get_weight_version", self.get_weight_version)
+        r.add_route("*", "/release_memory_occupation", self.release_memory_occupation)
+        r.add_route("*", "/resume_memory_occupation", self.resume_memory_occupation)
+        r.add_get("/get_model_info", self.get_model_info)
+        r.add_get("/get_server_info", self.get_server_info)
+        if self.enable_fault_injection:
+            r.add_post("/debug/fail", self.debug_fail)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Bind and serve; -> the bound port."""
+        self._stopping = asyncio.Event()
+        self.batcher = Batcher(self.engine, self.executor, self.batch_wait_s)
+        self.batcher.start()
+        self.runner = web.AppRunner(self.app(), shutdown_timeout=1.0, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port).start()
+        return self.runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()  # releases hung handlers
+        if self.batcher is not None:
+            await self.batcher.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _crash(self) -> None:
+        """Die (subprocess) or look dead (thread): stop listening and drop every connection."""
+        if self.exit_on_crash:
+            sys.stdout.flush()
+            os._exit(70)
+        self.crashed = True
+        for site in list(self.runner.sites):
+            await site.stop()
+        for conn in list(self.runner.server.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self.batcher.abort()
+
+    async def _hang(self) -> web.Response:
+        await self._stopping.wait()
+        return _error(503, "server stopped")
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        if self.crashed:
+            if request.transport is not None:
+                request.transport.abort()
+            return _error(503, "crashed")
+        fault = self.fault
+        if fault is not None and fault.on == "now" and request.path != "/debug/fail":
+            if fault.mode == "hang":
+                return await self._hang()
+            return _error(500, "injected fault (error)")
+        try:
+            return await handler(request)
+        except wire.WireError as e:
+            return _error(400, str(e))
+        except web.HTTPException:
+            raise
+        except Exception as e:
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, f"{type(e).__name__}: {e}")
+
+    # ---- generation ---------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.Response:
+        if self.released:
+            return _error(503, f"memory released {sorted(self.released)}; call /resume_memory_occupation first")
+        body = await _json(request)
+        vocab = self.engine.model.get_input_embeddings().num_embeddings
+        requests, seeds, batched, top_seed = wire.parse_generate(body, vocab)
+        seeds = [s if s is not None else request_seed(top_seed, i) if top_seed is not None else secrets.randbits(62)
+                 for i, s in enumerate(seeds)]
+        rid = body.get("rid")
+        if isinstance(rid, list):
+            rids = [str(r) for r in rid]
+        elif rid and not batched:
+            rids = [str(rid)]
+        else:
+            rids = [f"{rid}-{i}" if rid else uuid.uuid4().hex for i in range(len(requests))]
+        if len(rids) != len(requests):
+            raise wire.WireError(f"{len(requests)} input_ids but {len(rids)} rids")
+        self.stats["requests_total"] += len(requests)
+        if self.fault is not None and self.fault.on == "generate":
+            if self.fault.mode == "crash":
+                await self._crash()
+                return _error(503, "crashed")
+            if self.fault.mode == "hang":
+                return await self._hang()
+            return _error(500, "injected fault (error)")
+        t0 = time.perf_counter()
+        results = await self.batcher.submit(requests, seeds, rids)
+        latency = time.perf_counter() - t0
+        decode = self.engine.tokenizer.decode
+        return_logprob = bool(body.get("return_logprob", False))
+        out = [wire.result_to_json(res, decode(res.output_ids, skip_special_tokens=True), r, latency, return_logprob)
+               for res, r in zip(results, rids)]
+        return web.json_response(out if batched else out[0])
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """200 when the engine generates: a decode step within the timeout (busy), or a 1-token probe (idle)."""
+        if self.released:
+            return _error(503, f"memory released {sorted(self.released)}")
+        if self.batcher.running:
+            before, deadline = self.engine.progress, time.monotonic() + self.health_timeout_s
+            while self.engine.progress == before and self.batcher.running and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            ok = self.engine.progress != before or not self.batcher.running
+            return web.Response(status=200) if ok else _error(503, f"no decode step in {self.health_timeout_s}s")
+        probe = GenerateRequest([self.engine.tokenizer.eos_token_id], SamplingParams(max_new_tokens=1))
+        try:
+            await asyncio.wait_for(self.batcher.run(self.engine.generate_seeded, [probe], [0]), self.health_timeout_s)
+        except asyncio.TimeoutError:
+            return _error(503, f"health probe took more than {self.health_timeout_s}s")
+        return web.Response(status=200)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await _json(request, default={})
+        n = self.batcher.abort(None if body.get("abort_all") else body.get("rid") or "")
+        return web.json_response({"success": True, "num_aborted": n})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        return web.Response(text="Cache flushed.\n")  # no prefix cache is kept between requests
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        """Default (and mode in_place/retract): the batch in flight finishes, queued requests wait.
+        mode "abort": queued and in-flight requests are aborted too."""
+        body = await _json(request, default={})
+        self.batcher.resumed.clear()
+        if body.get("mode") == "abort":
+            self.batcher.abort()
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self.batcher.resumed.set()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    # ---- weights --------------------------------------------------------------------------------
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if not body.get("model_path"):
+            raise wire.WireError("update_weights_from_disk needs model_path")
+        if body.get("abort_all_requests"):
+            self.batcher.abort()
+        try:
+            named = await self.batcher.run(lambda: dict(iter_hf_weights(body["model_path"])))
+            await self._apply(named)
+        except FileNotFoundError as e:
+            raise wire.WireError(str(e)) from e
+        if body.get("weight_version") is not None:
+            await self.batcher.run(self.engine.set_weight_version, wire.parse_version(body["weight_version"]))
+        msg = f"Loaded {len(named)} tensors from {body['model_path']}."
+        return web.json_response({"success": True, "message": msg, "num_paused_requests": 0})
+
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        if request.content_type != wire.BUCKET_CONTENT_TYPE:
+            raise wire.WireError(
+                "this server takes a weight bucket as a safetensors body (Content-Type application/octet-stream); "
+                "SGLang's serialized_named_tensors (in-process IPC handles) cannot cross HTTP"
+            )
+        named = wire.decode_bucket(await request.read())
+        await self._apply(named)
+        if "weight_version" in request.query:
+            await self.batcher.run(self.engine.set_weight_version, wire.parse_version(request.query["weight_version"]))
+        self.stats["weight_buckets"] += 1
+        self.stats["weight_tensors"] += len(named)
+        return web.json_response({"success": True, "message": f"Updated {len(named)} tensors."})
+
+    async def _apply(self, named: dict) -> None:
+        """Check every name and shape first (nothing is applied if one is wrong), then copy."""
+        params = self.engine.model.state_dict(keep_vars=True)
+        for name, t in named.items():
+            if name not in params:
+                raise wire.WireError(f"engine has no parameter {name!r}")
+            if tuple(t.shape) != tuple(params[name].shape):
+                raise wire.WireError(f"{name}: shape {tuple(t.shape)} != engine's {tuple(params[name].shape)}")
+        await self.batcher.run(self.engine.update_weights_from_tensor, list(named.items()))
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        raw = body.get("new_version", body.get("weight_version"))
+        if raw is None:
+            raise wire.WireError("update_weight_version needs new_version")
+        if body.get("abort_all_requests"):
+            self.batcher.abort()
+        version = wire.parse_version(raw)
+        await self.batcher.run(self.engine.set_weight_version, version)
+        msg = f"Weight version updated to {version}"
+        return web.json_response({"success": True, "message": msg, "new_version": str(version)})
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": str(self.engine.weight_version)})
+
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        """Marks the tags released (generate answers 503 until resumed); a CUDA model moves to CPU."""
+        tags = await _tags(request)
+        self.released |= tags
+        if "weights" in tags:
+            await self.batcher.run(self._move_model, "cpu")
+        return web.json_response({"success": True, "released": sorted(self.released)})
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        tags = await _tags(request)
+        if "weights" in tags and "weights" in self.released:
+            await self.batcher.run(self._move_model, None)
+        self.released -= tags
+        return web.json_response({"success": True, "released": sorted(self.released)})
+
+    def _move_model(self, device: str | None) -> None:
+        if device == "cpu":
+            self._home_device = next(self.engine.model.parameters()).device
+        self.engine.model.to(device or self._home_device or "cpu")
+
+    # ---- info and faults ------------------------------------------------------------------------
+    async def get_model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model_path, "is_generation": True,
+                                  "weight_version": str(self.engine.weight_version)})
+
+    async def get_server_info(self, request: web.Request) -> web.Response:
+        b = self.batcher
+        return web.json_response({
+            "server": wire.SERVER_NAME, "model_path": self.model_path, "weight_version": str(self.engine.weight_version),
+            "batching": self.engine.batching, "max_batch_size": self.engine.max_batch_size,
+            "paused": not b.resumed.is_set(), "released": sorted(self.released),
+            "fault_injection": self.enable_fault_injection, "fault": None if self.fault is None else self.fault.__dict__,
+            "stats": {**self.stats, "requests_completed": b.completed, "running": len(b.running), "queued": len(b.pending)},
+        })
+
+    async def debug_fail(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        mode, on = body.get("mode"), body.get("on", "now")
+        if mode not in FAULT_MODES or on not in FAULT_TRIGGERS:
+            raise wire.WireError(f"debug/fail needs mode in {FAULT_MODES} and on in {FAULT_TRIGGERS}")
+        self.fault = None if mode == "none" else Fault(mode, on)
+        if mode == "crash" and on == "now":
+            asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self._crash()))
+        return web.json_response({"success": True, "fault": body})
+
+
+async def _json(request: web.Request, default: dict | None = None) -> dict:
+    if not request.can_read_body:
+        if default is not None:
+            return default
+        raise wire.WireError(f"{request.path} needs a JSON body")
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as e:
+        raise wire.WireError(f"{request.path}: body is not JSON ({e})") from e
+    if body is None and default is not None:
+        return default
+    if not isinstance(body, dict):
+        raise wire.WireError(f"{request.path}: body must be a JSON object")
+    return body
+
+
+async def _tags(request: web.Request) -> set[str]:
+    tags = (await _json(request, default={})).get("tags") or list(MEMORY_TAGS)
+    bad = set(tags) - set(MEMORY_TAGS)
+    if bad:
+        raise wire.WireError(f"unknown memory tags {sorted(bad)}; valid: {list(MEMORY_TAGS)}")
+    return set(tags)
+
+
+# ---- command line ---------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m miles_core.rollout.http.server", description=__doc__.split("\n")[0])
+    p.add_argument("--model-path", required=True, help="HF dir, builtin://<name> or hub id")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
+    p.add_argument("--port-file", type=Path, help="write {port, url, pid} here once listening")
+    p.add_argument("--batching", choices=BATCHING, default="exact")
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--batch-wait-ms", type=float, default=2.0)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    p.add_argument("--weight-version", type=int, default=0)
+    p.add_argument("--health-timeout", type=float, default=20.0)
+    p.add_argument("--enable-fault-injection", action="store_true", help="serve POST /debug/fail (tests only)")
+    return p.parse_args(argv)
+
+
+async def _serve(engine: SeededHFEngine, args: argparse.Namespace, model_path: str) -> None:
+    server = EngineServer(engine, model_path=model_path, enable_fault_injection=args.enable_fault_injection,
+                          batch_wait_s=args.batch_wait_ms / 1000, health_timeout_s=args.health_timeout, exit_on_crash=True)
+    port = await server.start(args.host, args.port)
+    url = f"http://{args.host}:{port}"
+    if args.port_file:
+        tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+        tmp.write_text(json.dumps({"port": port, "url": url, "pid": os.getpid()}))
+        os.replace(tmp, args.port_file)
+    print(f"miles-http-server listening on {url}", flush=True)
+    done = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, done.set)
+    await done.wait()
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from miles_core.env import cache_dir, configure_environment
+
+    configure_environment()
+    import torch
+
+    from miles_core.models import resolve_model_path
+
+    from .engine import load_engine
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    path = resolve_model_path(args.model_path, cache_dir())
+    engine = load_engine(path, args.batching, args.max_batch_size, args.dtype)
+    engine.set_weight_version(args.weight_version)
+    asyncio.run(_serve(engine, args, str(path)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The SGLang wire format, in one place for the client and the server.
+
+POST /generate body (SGLang native API; ``seed`` at the top level is ours)::
+
+    {"input_ids": [[int, ...], ...] | [int, ...],
+     "sampling_params": {...} | [{...}, ...],   # one dict shared by all, or one per request
+     "return_logprob": true, "seed": int?}
+    sampling_params: temperature, top_p, top_k (-1 = off), max_new_tokens, stop, stop_token_ids,
+                     sampling_seed (SGLang's name; the per-request seed)
+
+Response: one object per request (a list when ``input_ids`` is a list of lists)::
+
+    {"text": str, "output_ids": [int, ...],
+     "meta_info": {"id": str, "finish_reason": {"type": "stop"|"length"|"abort", ...},
+                   "prompt_tokens": int, "completion_tokens": int, "cached_tokens": 0,
+                   "weight_version": "<int as a string>", "e2e_latency": float,
+                   "output_token_logprobs": [[logprob, token_id, null], ...]}}
+
+Weight buckets (ours only): the body of POST /update_weights_from_tensor is a safetensors file
+(``Content-Type: application/octet-stream``), tensor name -> tensor, at most one bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from miles_core.rollout.protocol import GenerateRequest, GenerateResult, SamplingParams
+
+SERVER_NAME = "miles-hf"  # "server" in our GET /get_server_info: how a client tells our server from SGLang
+FINISH_REASONS = ("stop", "length", "abort")
+BUCKET_CONTENT_TYPE = "application/octet-stream"
+
+# SGLang sampling params this engine does not implement: accepted only at their neutral value.
+NEUTRAL_PARAMS: dict[str, Any] = {
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
+    "min_p": 0.0, "ignore_eos": False, "n": 1,
+}
+# SGLang params that only shape the returned text: accepted and ignored.
+TEXT_ONLY_PARAMS = frozenset({"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"})
+KNOWN_PARAMS = frozenset({"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed"})
+
+
+class WireError(ValueError):
+    """A request or response that does not follow the format (the server answers 400)."""
+
+
+# ---- requests ---------------------------------------------------------------------------------
+def params_to_json(params: SamplingParams, seed: int | None) -> dict[str, Any]:
+    body = {
+        "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+        "max_new_tokens": params.max_new_tokens, "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids),
+    }
+    if seed is not None:
+        body["sampling_seed"] = seed
+    return body
+
+
+def generate_body(requests: list[GenerateRequest], seeds: list[int]) -> dict[str, Any]:
+    """A batch /generate body: one sampling_params dict per request, each with its sampling_seed."""
+    return {
+        "input_ids": [list(r.input_ids) for r in requests],
+        "sampling_params": [params_to_json(r.params, s) for r, s in zip(requests, seeds)],
+        "return_logprob": True,
+    }
+
+
+def params_from_json(d: dict[str, Any]) -> tuple[SamplingParams, int | None]:
+    """SGLang sampling_params -> (SamplingParams, sampling_seed or None). Raises WireError."""
+    if not isinstance(d, dict):
+        raise WireError(f"sampling_params must be an object, got {type(d).__name__}")
+    for key, value in d.items():
+        if key in NEUTRAL_PARAMS and value != NEUTRAL_PARAMS[key]:
+            raise WireError(f"sampling_params.{key}={value!r} is not supported by this engine (only {NEUTRAL_PARAMS[key]!r})")
+        if key not in KNOWN_PARAMS and key not in NEUTRAL_PARAMS and key not in TEXT_ONLY_PARAMS:
+            raise WireError(f"unknown sampling_params key {key!r}; known: {sorted(KNOWN_PARAMS)}")
+    try:
+        stop = d.get("stop") or ()
+        params = SamplingParams(
+            temperature=float(d.get("temperature", 1.0)), top_p=float(d.get("top_p", 1.0)),
+            top_k=int(d.get("top_k", -1)), max_new_tokens=int(d.get("max_new_tokens", 128)),
+            stop_token_ids=tuple(int(t) for t in d.get("stop_token_ids") or ()),
+            stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
+        )
+        seed = d.get("sampling_seed")
+        seed = None if seed is None else int(seed)
+    except (TypeError, ValueError) as e:
+        raise WireError(f"bad sampling_params {d}: {e}") from e
+    if params.temperature <= 0:
+        raise WireError(f"temperature={params.temperature}: must be > 0 (greedy decoding is not implemented by the HF engine)")
+    if not 0 < params.top_p <= 1 or params.max_new_tokens < 0:
+        raise WireError(f"bad sampling_params {d}: need 0 < top_p <= 1 and max_new_tokens >= 0")
+    return params, seed
+
+
+def parse_generate(body: Any, vocab_size: int) -> tuple[list[GenerateRequest], list[int | None], bool, int | None]:
+    """A /generate body -> (requests, per-request seed or None, batched?, top-level seed)."""
+    if not isinstance(body, dict) or "input_ids" not in body:
+        raise WireError("/generate needs a JSON object with input_ids (text input is not supported)")
+    ids = body["input_ids"]
+    if not isinstance(ids, list):
+        raise WireError("input_ids must be a list of token ids or a list of such lists")
+    batched = bool(ids) and isinstance(ids[0], list)
+    rows = ids if batched else [ids]
+    sp = body.get("sampling_params") or {}
+    sps = sp if isinstance(sp, list) else [sp] * len(rows)
+    if len(sps) != len(rows):
+        raise WireError(f"{len(rows)} input_ids but {len(sps)} sampling_params")
+    requests, seeds = [], []
+    for row, d in zip(rows, sps):
+        if not row or not all(isinstance(t, int) and 0 <= t < vocab_size for t in row):
+            raise WireError(f"input_ids must be non-empty lists of token ids in [0, {vocab_size})")
+        params, seed = params_from_json(d)
+        requests.append(GenerateRequest(list(row), params))
+        seeds.append(seed)
+    top = body.get("seed")
+    return requests, seeds, batched, None if top is None else int(top)
+
+
+# ---- responses --------------------------------------------------------------------------------
+def result_to_json(res: GenerateResult, text: str, rid: str, latency: float, return_logprob: bool) -> dict[str, Any]:
+    finish: dict[str, Any] = {"type": res.finish_reason}
+    if res.finish_reason == "length":
+        finish["length"] = res.completion_tokens
+    elif res.finish_reason == "stop" and res.output_ids:
+        finish["matched"] = res.output_ids[-1]
+    elif res.finish_reason == "abort":
+        finish["message"] = "aborted by /abort_request"
+    meta = {
+        "id": rid, "finish_reason": finish, "prompt_tokens": res.prompt_tokens,
+        "completion_tokens": res.completion_tokens, "cached_tokens": 0,
+        "weight_version": str(res.weight_version), "e2e_latency": latency,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(res.output_log_probs, res.output_ids)]
+    return {"text": text, "output_ids": list(res.output_ids), "meta_info": meta}
+
+
+def parse_version(value: Any) -> int:
+    """SGLang weight versions are strings; ours are ints. SGLang's initial "default" -> 0."""
+    if value is None or value == "default":
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError) as e:
+        raise WireError(f"weight_version {value!r} is not an integer") from e
+
+
+def result_from_json(d: dict[str, Any], prompt_len: int, default_version: int = 0) -> GenerateResult:
+    """One SGLang /generate response object -> GenerateResult (token ids from output_token_logprobs;
+    ``default_version`` when meta_info has no weight_version, as in older SGLang)."""
+    meta = d.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise WireError("response has no meta_info.output_token_logprobs (was return_logprob sent?)")
+    finish = meta.get("finish_reason") or {}
+    reason = finish.get("type") if isinstance(finish, dict) else finish
+    if reason not in FINISH_REASONS:
+        raise WireError(f"unknown finish_reason {finish!r}; expected type in {FINISH_REASONS}")
+    ids = [int(e[1]) for e in entries]  # not output_ids: SGLang may trim the matched stop token there
+    return GenerateResult(
+        output_ids=ids, output_log_probs=[float(e[0]) for e in entries], finish_reason=reason,
+        weight_version=default_version if meta.get("weight_version") is None else parse_version(meta["weight_version"]),
+        prompt_tokens=int(meta.get("prompt_tokens", prompt_len)),
+    )
+
+
+# ---- weight buckets ---------------------------------------------------------------------------
+def encode_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> bytes:
+    """A bucket -> safetensors bytes. Tensors sharing memory (tied weights) are copied apart."""
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in named_tensors:
+        if name in tensors:
+            raise ValueError(f"tensor {name!r} appears twice in one bucket")
+        t = t.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        tensors[name] = t.clone() if (t.numel() and ptr in seen) else t
+        seen.add(ptr)
+    return save(tensors)
+
+
+def decode_bucket(payload: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    try:
+        return load(payload)
+    except Exception as e:  # safetensors raises its own error types
+        raise WireError(f"body is not a safetensors file: {e}") from e

@@ -1,0 +1,92 @@
+"""The PPO critic (`advantage_estimator: ppo`): a value model and its own optimizer.
+
+Model: a copy of the policy's transformer body with a scalar value head, built as the HF
+`AutoModelForTokenClassification` of the policy's config with `num_labels=1` (body + one Linear
+per position; classifier dropout 0). The body starts from the policy's body weights, the head
+from zero, so V = 0 before the first update (the first advantages are the plain returns).
+It saves and loads like any HF model (`save_pretrained`, `AutoModelForTokenClassification`).
+
+V_t of response token t is read at the position whose logits predict token t — the state before
+the action, as in OpenRLHF and the reference system. Values are float32 [N, T].
+
+One rollout: `values(batch)` in the forward-only phase gives V_old; after GAE, each optimizer step
+also runs `step(...)`: the clipped value loss (algorithms.value_loss) with the actor's reduction R,
+gradient accumulation over micro-batches, grad-norm clip `clip_grad`, AdamW with `critic_lr`
+(default `lr`) and the actor's warm-up. Metrics: value_loss, value_clipfrac, critic_grad_norm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from miles_core.algorithms import Reducer, value_loss
+from miles_core.config.algo import AlgoConfig
+
+from .batch import TokenBatch, at_response, forward, forward_only
+
+
+def build_critic(policy: nn.Module) -> nn.Module:
+    """A value model with the policy's body weights and a zero value head (same dtype)."""
+    from transformers import AutoModelForTokenClassification
+
+    config = policy.config.__class__.from_dict(policy.config.to_dict())
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    dtype = next(policy.parameters()).dtype
+    critic = AutoModelForTokenClassification.from_config(config, dtype=dtype)
+    body = getattr(critic, critic.base_model_prefix)
+    body.load_state_dict(getattr(policy, policy.base_model_prefix).state_dict())
+    with torch.no_grad():
+        critic.score.weight.zero_()
+        if critic.score.bias is not None:
+            critic.score.bias.zero_()
+    return critic
+
+
+def response_values(critic: nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """V [N, T] (float32) of the response tokens of `batch`."""
+    out = forward(critic, batch).logits  # [N, L, 1]
+    return at_response(out, batch).squeeze(-1).float()
+
+
+class Critic:
+    """The value model, its optimizer and its update (see the module docstring)."""
+
+    def __init__(self, module: nn.Module, algo: AlgoConfig, micro_batch_size: int):
+        self.module = module
+        self.algo = algo
+        self.micro_batch_size = micro_batch_size
+        self.lr = algo.critic_lr or algo.lr
+        self.optimizer = torch.optim.AdamW(
+            module.parameters(), lr=self.lr, betas=(algo.adam_beta1, algo.adam_beta2), eps=algo.adam_eps,
+            weight_decay=algo.weight_decay,
+        )
+
+    def values(self, batch: TokenBatch) -> torch.Tensor:
+        """Old values V_old [N, T] (no grad, micro-batched)."""
+        self.module.eval()
+        return forward_only(lambda piece: response_values(self.module, piece), batch, self.micro_batch_size)
+
+    def step(self, batch: TokenBatch, old_values: torch.Tensor, returns: torch.Tensor, rows: range,
+             reduce: Reducer, warmup: float) -> dict[str, float]:
+        """One optimizer step over batch rows `rows` (one global batch); old_values, returns [N, T]."""
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = {"value_loss": 0.0, "value_clipfrac": 0.0}
+        for s in range(rows.start, rows.stop, self.micro_batch_size):
+            piece = batch.slice(s, min(s + self.micro_batch_size, rows.stop))
+            cut = (slice(s, s + len(piece)), slice(0, piece.loss_mask.shape[1]))
+            values = response_values(self.module, piece)
+            loss, metrics = value_loss(self.algo, values, old_values[cut], returns[cut], piece.loss_mask, reduce)
+            loss.backward()
+            for name, v in metrics.items():
+                totals[name] += float(v)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr * warmup
+        clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
+        self.optimizer.step()
+        return {**totals, "critic_grad_norm": float(grad_norm)}

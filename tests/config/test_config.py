@@ -1,0 +1,111 @@
+"""Config: reference names and defaults, frozen, unknown keys rejected, cross-field rules explained."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_core.config import GROUPS, ConfigError, build_config, field_groups, list_recipes, load_config
+
+BASE = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "prompt_data": "x.jsonl"}
+
+
+def test_field_names_unique_across_groups():
+    names = [n for m in GROUPS.values() for n in m.model_fields]
+    assert len(names) == len(set(names))
+    assert len(field_groups()) == len(names)
+
+
+def test_reference_defaults():
+    cfg = build_config(BASE)
+    assert cfg.algo.eps_clip == 0.2 and cfg.algo.eps_clip_high is None
+    assert cfg.algo.kl_loss_type == "k1" and cfg.algo.advantage_estimator == "grpo"
+    assert cfg.data.rollout_seed == 42 and cfg.data.input_key == "input" and cfg.data.metadata_key == "metadata"
+    assert cfg.rollout.rollout_top_k == -1
+    assert cfg.algo.tis_clip == 2.0 and cfg.algo.tis_clip_low == 0.0
+    assert cfg.cluster.update_weight_buffer_size == 512 * 1024**2
+    assert cfg.eval.eval_max_in_flight == 2
+
+
+def test_derived_batch_values():
+    cfg = build_config({**BASE, "num_steps_per_rollout": 2})
+    assert (cfg.global_batch_size, cfg.num_steps_per_rollout) == (4, 2)  # 4 * 2 = 8 = 4 * 2
+    cfg = build_config({**BASE, "global_batch_size": 2})
+    assert (cfg.global_batch_size, cfg.num_steps_per_rollout) == (2, 4)
+    cfg = build_config(BASE)
+    assert (cfg.global_batch_size, cfg.num_steps_per_rollout) == (8, 1)
+
+
+def test_frozen():
+    cfg = build_config(BASE)
+    with pytest.raises(Exception):
+        cfg.algo.lr = 1.0  # type: ignore[misc]
+
+
+def test_unknown_key_named_with_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout_batch_sise'.*rollout_batch_size"):
+        build_config({**BASE, "rollout_batch_sise": 3})
+
+
+def test_batch_invariant_names_fields():
+    with pytest.raises(ConfigError) as e:
+        build_config({**BASE, "global_batch_size": 3, "num_steps_per_rollout": 2})
+    msg = str(e.value)
+    for field in ("rollout_batch_size", "n_samples_per_prompt", "global_batch_size", "num_steps_per_rollout"):
+        assert field in msg
+    with pytest.raises(ConfigError, match="not divisible by num_steps_per_rollout"):
+        build_config({**BASE, "num_steps_per_rollout": 3})
+
+
+@pytest.mark.parametrize(
+    ("extra", "pattern"),
+    [
+        ({"use_tis": True, "use_rollout_logprobs": True}, "mutually exclusive"),
+        ({"advantage_estimator": "reinforce_plus_plus"}, "normalize_advantages"),
+        ({"advantage_estimator": "nope"}, "advantage_estimator"),
+        ({"rm_type": "nope"}, "unknown rm_type 'nope'"),
+        ({"rm_type": "remote_rm"}, "rm_url"),
+        ({"kl_coef": 0.1}, "kl_coef"),
+        ({"loss_type": "custom_loss"}, "custom_loss_function_path"),
+        ({"over_sampling_batch_size": 2}, "over_sampling_batch_size"),
+        ({"eval_prompt_data": ["a"]}, "name path pairs"),
+        ({"runtime": "local", "rollout_engine": "sglang"}, "runtime local"),
+        ({"rollout_batch_size": 0}, "rollout_batch_size"),
+        ({"use_opd": True}, "opd_teacher_load"),
+    ],
+)
+def test_cross_field_rules(extra, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        build_config({**BASE, **extra})
+
+
+def test_missing_required_field_named():
+    with pytest.raises(ConfigError, match="rollout_batch_size"):
+        build_config({"prompt_data": "x.jsonl"})
+
+
+def test_grouped_recipe_form_accepted():
+    cfg = build_config({"rollout": {"rollout_batch_size": 4}, "data": {"prompt_data": "x.jsonl"}, "lr": 1e-5})
+    assert cfg.rollout.rollout_batch_size == 4 and cfg.algo.lr == 1e-5
+
+
+@pytest.mark.parametrize("recipe", list_recipes())
+def test_every_shipped_recipe_validates(recipe):
+    cfg = load_config(recipe)
+    assert cfg.misc.recipe == recipe
+
+
+def test_overrides_apply_over_recipe():
+    cfg = load_config("tiny", {"rollout-batch-size": 4, "num_rollout": 2})
+    assert cfg.rollout.rollout_batch_size == 4 and cfg.rollout.num_rollout == 2
+
+
+def test_unknown_recipe_lists_valid():
+    with pytest.raises(ConfigError, match="tiny"):
+        load_config("no-such-recipe")
+
+
+def test_bad_yaml_recipe_names_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("rollout_batch_size: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config(str(p))

@@ -1,0 +1,174 @@
+"""EngineRouter over real servers: routing-independent results, least-loaded choice, unhealthy
+engines skipped, failed in-flight requests retried elsewhere (none lost or duplicated), weight sync."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from miles_core.rollout.http import EngineRouter, HTTPEngineClient, NoHealthyEngine, spawn_server_process
+from miles_core.weights.sync import sync_weights
+
+from http_helpers import requests_for, same_results
+
+FAST = {"timeout_s": 30.0, "health_timeout_s": 3.0, "max_retries": 1, "backoff_s": 0.05}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def server_process(model_dir):
+    """A server subprocess spawned when this module starts: its start-up (~3-10 s of imports)
+    overlaps the tests above the one that uses it (the last in the file)."""
+    proc = spawn_server_process(model_dir, ["--enable-fault-injection", "--num-threads", "1"])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def make_router():
+    routers = []
+
+    def make(urls, client_kwargs=None, **kw):
+        router = EngineRouter.from_urls([u if isinstance(u, str) else u.url for u in urls], {**FAST, **(client_kwargs or {})}, **kw)
+        routers.append(router)
+        return router
+
+    yield make
+    for r in routers:
+        r.close()
+
+
+def wait_until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def stats(handle) -> dict:
+    return handle.server.batcher.completed, handle.server.stats["requests_total"]
+
+
+def test_results_do_not_depend_on_routing(start_server, make_router, make_engine):
+    a, b = start_server(), start_server()
+    reqs = requests_for(8)
+    expected = make_engine().generate(reqs, seed=21)
+    for chunk in (None, 1, 3, 8):
+        router = make_router([a, b], chunk_size=chunk)
+        assert same_results(router.generate(reqs, seed=21), expected), chunk
+    assert stats(a)[0] > 0 and stats(b)[0] > 0  # both engines served
+
+
+def test_least_loaded_engine_gets_the_next_request(start_server, make_router):
+    a, b = start_server(), start_server()
+    router = make_router([a, b], chunk_size=3)
+    out = {}
+    long = threading.Thread(target=lambda: out.setdefault("long", router.generate(requests_for(1, max_new_tokens=900), seed=0)))
+    long.start()  # tie at 0 in flight: the first engine
+    wait_until(lambda: a.server.batcher.running)
+    assert [s["in_flight"] for s in router.status()] == [1, 0]
+    router.generate(requests_for(3), seed=1)  # a has 1 in flight, b 0: the chunk of 3 goes to b
+    assert stats(b) == (3, 3)
+    router.abort()
+    long.join(10)
+    assert out["long"][0].finish_reason == "abort"
+    assert [s["served"] for s in router.status()] == [1, 3]
+
+
+def test_acquire_picks_fewest_in_flight_among_eligible():
+    router = EngineRouter([HTTPEngineClient(f"http://127.0.0.1:{p}") for p in (1, 2, 3)])
+    try:
+        for slot, n in zip(router.slots, (4, 2, 2)):
+            slot.in_flight = n
+        assert router._acquire(1, exclude=[]) is router.slots[1]  # 2 < 4; tie 2 vs 2 -> lower index
+        assert router._acquire(1, exclude=[]) is router.slots[2]  # slot 1 now has 3
+        router.slots[2].healthy = False
+        router.weight_version, router.slots[1].version = 5, 4  # slot 1 is stale
+        assert router._acquire(1, exclude=[]) is router.slots[0]
+        assert router._acquire(1, exclude=[router.slots[0]]) is None
+    finally:
+        router.close()
+
+
+def test_unhealthy_engine_is_skipped(start_server, make_router, make_engine):
+    a, b, c = start_server(), start_server(), start_server()
+    router = make_router([a, b, c], recheck_s=0.0)
+    HTTPEngineClient(a.url).request("POST", "/debug/fail", json={"mode": "crash"})
+    HTTPEngineClient(c.url).request("POST", "/debug/fail", json={"mode": "error"})
+    time.sleep(0.2)
+    assert router.check_health() == {a.url: False, b.url: True, c.url: False}
+    reqs = requests_for(5)
+    assert same_results(router.generate(reqs, seed=3), make_engine().generate(reqs, seed=3))
+    assert stats(b)[0] == 5 and stats(c)[0] == 0
+    HTTPEngineClient(c.url).request("POST", "/debug/fail", json={"mode": "none"})
+    assert router.health() and router.status()[2]["healthy"]  # rechecked (recheck_s=0) and back
+
+
+@pytest.mark.parametrize("mode", ["crash", "hang", "error"])
+def test_failed_in_flight_requests_are_retried_on_another_engine(start_server, make_router, make_engine, mode):
+    a, b = start_server(), start_server()
+    router = make_router([a, b], client_kwargs={"timeout_s": 1.0}, chunk_size=2)
+    HTTPEngineClient(a.url).request("POST", "/debug/fail", json={"mode": mode, "on": "generate"})
+    reqs = requests_for(6)
+    assert same_results(router.generate(reqs, seed=5), make_engine().generate(reqs, seed=5))
+    assert stats(b)[0] == 6 and stats(a)[0] == 0  # each request answered exactly once, by b
+    assert [s["healthy"] for s in router.status()] == [False, True]
+
+
+def test_no_healthy_engine_raises(start_server, make_router):
+    a = start_server()
+    router = make_router([a])
+    HTTPEngineClient(a.url).request("POST", "/debug/fail", json={"mode": "crash", "on": "generate"})
+    with pytest.raises(NoHealthyEngine, match="failed on 1 engine"):
+        router.generate(requests_for(2), seed=0)
+
+
+def test_weight_sync_reaches_every_engine_and_a_stale_engine_sits_out(start_server, make_router, make_engine, model_dir):
+    a, b = start_server(), start_server()
+    router = make_router([a, b], recheck_s=0.0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    sd = model.state_dict()
+    router.bucket_bytes = 30_000
+    sync_weights(sd.items(), [router], version=1, max_bytes=30_000)
+    assert a.server.stats["weight_buckets"] == b.server.stats["weight_buckets"] >= 3
+    reference = make_engine()
+    reference.model.load_state_dict(sd)
+    reference.set_weight_version(1)
+    reqs = requests_for(4)
+    assert same_results(router.generate(reqs, seed=0), reference.generate(reqs, seed=0))
+
+    HTTPEngineClient(b.url).request("POST", "/debug/fail", json={"mode": "error"})
+    sync_weights(sd.items(), [router], version=2, max_bytes=30_000)  # b misses version 2
+    HTTPEngineClient(b.url).request("POST", "/debug/fail", json={"mode": "none"})
+    assert router.check_health() == {a.url: True, b.url: True}
+    assert [s["eligible"] for s in router.status()] == [True, False] and router.engine_versions() == {a.url: 2, b.url: 1}
+    served_b = stats(b)[0]
+    router.generate(reqs, seed=0)
+    assert stats(b)[0] == served_b  # the stale engine got nothing
+    sync_weights(sd.items(), [router], version=3, max_bytes=30_000)
+    assert [s["eligible"] for s in router.status()] == [True, True]
+
+
+def test_killed_server_process_request_retried_elsewhere(server_process, start_server, make_router, make_engine):
+    proc = server_process.wait_ready()
+    assert "listening on " + proc.url in proc.log_tail()
+    b = start_server()
+    router = make_router([proc.url, b], chunk_size=4)
+    HTTPEngineClient(proc.url).request("POST", "/debug/fail", json={"mode": "hang", "on": "generate"})
+    reqs = requests_for(4)
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", router.generate(reqs, seed=9)))
+    t.start()
+    wait_until(lambda: router.status()[0]["in_flight"] == 4)
+    time.sleep(0.2)  # the request is inside the (hung) server
+    proc.kill()
+    t.join(20)
+    assert proc.proc.returncode == -9
+    assert same_results(out["r"], make_engine().generate(reqs, seed=9))
+    assert stats(b)[0] == 4 and [s["healthy"] for s in router.status()] == [False, True]

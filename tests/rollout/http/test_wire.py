@@ -1,0 +1,67 @@
+"""The SGLang wire format: request and response mapping, seeds, weight buckets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miles_core.rollout.http import wire
+from miles_core.rollout.protocol import GenerateRequest, GenerateResult, SamplingParams
+
+
+def test_request_body_round_trips_through_the_server_parser():
+    reqs = [GenerateRequest([1, 2], SamplingParams(0.7, 0.9, 20, 5, (3,), ("\n\n",))), GenerateRequest([4], SamplingParams())]
+    body = wire.generate_body(reqs, [11, 12])
+    assert body["sampling_params"][0] == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 5,
+                                          "stop": ["\n\n"], "stop_token_ids": [3], "sampling_seed": 11}
+    parsed, seeds, batched, top = wire.parse_generate(body, vocab_size=10)
+    assert parsed == reqs and seeds == [11, 12] and batched and top is None
+
+
+def test_single_request_shared_params_and_sglang_extras():
+    body = {"input_ids": [1, 2], "sampling_params": {"stop": "x", "skip_special_tokens": False, "n": 1}, "seed": 3}
+    [req], seeds, batched, top = wire.parse_generate(body, vocab_size=10)
+    assert req.params.stop == ("x",) and req.params.max_new_tokens == 128 and seeds == [None]
+    assert not batched and top == 3
+
+
+def test_parses_an_sglang_style_response():
+    # what SGLang returns: logprob entries carry (logprob, id, text-or-null); the matched stop
+    # token may be trimmed from output_ids; weight_version may be missing (older servers)
+    d = {"text": "hi", "output_ids": [7], "meta_info": {
+        "finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 3,
+        "output_token_logprobs": [[-0.5, 7, "hi"], [-0.25, 2, None]]}}
+    res = wire.result_from_json(d, prompt_len=3, default_version=4)
+    assert (res.output_ids, res.output_log_probs, res.finish_reason, res.weight_version) == ([7, 2], [-0.5, -0.25], "stop", 4)
+    d["meta_info"]["weight_version"] = "default"
+    assert wire.result_from_json(d, 3).weight_version == 0
+    with pytest.raises(wire.WireError, match="finish_reason"):
+        wire.result_from_json({"meta_info": {"output_token_logprobs": [], "finish_reason": {"type": "eos"}}}, 1)
+    with pytest.raises(wire.WireError, match="return_logprob"):
+        wire.result_from_json({"meta_info": {"finish_reason": {"type": "stop"}}}, 1)
+
+
+def test_result_json_round_trip():
+    res = GenerateResult([5, 6], [-1.0, -2.0], "length", 3, prompt_tokens=4)
+    d = wire.result_to_json(res, "ab", "rid", 0.1, return_logprob=True)
+    assert d["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+    back = wire.result_from_json(d, 4)
+    assert (back.output_ids, back.output_log_probs, back.finish_reason, back.weight_version, back.prompt_tokens) == ([5, 6], [-1.0, -2.0], "length", 3, 4)
+
+
+def test_buckets_round_trip_with_tied_tensors():
+    emb = torch.randn(4, 3)
+    named = [("embed.weight", emb), ("lm_head.weight", emb), ("norm", torch.ones(3, dtype=torch.bfloat16))]
+    back = wire.decode_bucket(wire.encode_bucket(named))
+    assert list(back) == ["embed.weight", "lm_head.weight", "norm"]
+    assert torch.equal(back["lm_head.weight"], emb) and back["norm"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="twice"):
+        wire.encode_bucket([("a", emb), ("a", emb)])
+    with pytest.raises(wire.WireError):
+        wire.decode_bucket(b"\x00" * 12)
+
+
+def test_versions():
+    assert wire.parse_version("7") == 7 and wire.parse_version(7) == 7 and wire.parse_version("default") == 0
+    with pytest.raises(wire.WireError, match="not an integer"):
+        wire.parse_version("v1")
