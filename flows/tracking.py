@@ -10,7 +10,7 @@ from miles_core.tracking.mlflow_tracker import param_str
 
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
-MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout"}
+MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run"}
 
 
 @dataclass
@@ -21,9 +21,14 @@ class RunTracker:
     marks: dict[str, int] = field(default_factory=dict)
 
     def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        if step <= self.marks.get(axis, -1):
-            return
-        self.mlflow.log_metrics({**metrics, axis: step}, step=step)
+        """Log metrics and the axis value at ``step``, unless a resumed run already has that step."""
+        if step > self.marks.get(axis, -1):
+            self.mlflow.log_metrics({**metrics, axis: step}, step=step)
+
+    def log_extra(self, metrics: dict[str, float], axis: str, step: int) -> None:
+        """More metrics at a step already logged by this process (timings of save and sync)."""
+        if step > self.marks.get(axis, -1):
+            self.mlflow.log_metrics(metrics, step=step)
 
 
 def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:

@@ -46,7 +46,8 @@ def train(config: TrainConfig) -> dict:
         meta = rt.restore()
         start = meta["rollout_id"] + 1 if meta else 0
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout, "num_rollout": n}
-        tracker = open_run(config, meta["mlflow_run_id"] if meta else None, derived)
+        reattach = meta["mlflow_run_id"] if meta and not config.tracking.mlflow_new_run else None
+        tracker = open_run(config, reattach, derived)
         _record_run(config, tracker)
         if not meta:
             update_weights(run_key)
@@ -71,10 +72,15 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
     k = config.num_steps_per_rollout
     for j, step in enumerate(steps):
         tracker.log(step, "train/step", i * k + j)
+    tracker.log(metrics, "rollout/step", i)  # before the save: a checkpoint never precedes its metrics
+    if config.tracking.log_samples and i > tracker.marks.get("rollout/step", -1):
+        rows = registry.get_runtime(run_key).sample_rows(i, config.tracking.log_samples)
+        tracker.mlflow.log_table(rows, f"samples/rollout_{i:05d}.json")
+    perf = {}
     if due(config.checkpoint.save_interval, i, n) or i == n - 1:
-        metrics |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe})
-    metrics |= update_weights(run_key)
-    tracker.log(metrics, "rollout/step", i)
+        perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe})
+    perf |= update_weights(run_key)
+    tracker.log_extra(perf, "rollout/step", i)
     if due(config.eval.eval_interval, i, n) and config.eval.eval_prompt_data:
         _eval(run_key, tracker, registry.get_runtime(run_key).weight_version)
     if due(config.checkpoint.export_interval, i, n):

@@ -11,4 +11,5 @@ class TrackingConfig(Group):
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default sqlite:///<run_dir>/mlflow.db).")
     mlflow_experiment_name: str = Field("miles", description="MLflow experiment.")
     mlflow_run_name: str | None = Field(None, description="MLflow run name (default the recipe name).")
+    mlflow_new_run: bool = Field(False, description="On resume, log into a new MLflow run instead of re-attaching to the checkpoint's run (needed when params changed).")
     log_samples: int = Field(8, ge=0, description="Sample completions logged per rollout as a table.")

@@ -125,6 +125,15 @@ class LocalRuntime:
         saved = torch.load(self.rollout_path(rollout_id), weights_only=False)
         return [Sample.from_dict(d) for d in saved["samples"]]
 
+    def sample_rows(self, rollout_id: int, n: int) -> list[dict]:
+        """The first n samples of a rollout as table rows (for the tracker)."""
+        return [
+            {"rollout_id": rollout_id, "group_index": s.group_index, "prompt": str(s.prompt), "response": s.response,
+             "label": str(s.label), "reward": reward_value(s.reward, self.cfg.rollout.reward_key), "status": s.status.value,
+             "weight_version": s.weight_versions[0]}
+            for s in self.load_rollout(rollout_id)[:n]
+        ]
+
     def train(self, rollout_id: int) -> tuple[dict[str, float], list[dict[str, float]]]:
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
@@ -169,7 +178,7 @@ class LocalRuntime:
         self.source.load_state_dict(meta["data_source"])
         self.trainer.steps_done = meta["steps_done"]
         self.weight_version = meta["weight_version"]
-        sync_weights(self.trainer.named_tensors(), [self.engine], self.weight_version, self.cfg.cluster.update_weight_buffer_size)
+        self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
 
     def export(self, rollout_id: int) -> Path:

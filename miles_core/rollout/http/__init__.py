@@ -16,7 +16,7 @@ import importlib
 
 _EXPORTS = {
     "EngineError": "client", "EngineHTTPError": "client", "EngineUnreachable": "client", "HTTPEngineClient": "client",
-    "EngineRouter": "router", "NoHealthyEngine": "router", "EngineServer": "server", "SERVER_NAME": "wire",
+    "EngineRouter": "router", "NoHealthyEngine": "router", "EngineServer": "server", "ServerOptions": "server", "SERVER_NAME": "wire",
     "SeededHFEngine": "engine", "load_engine": "engine", "request_seed": "engine",
     "ServerHandle": "launch", "ServerProcess": "launch", "launch_server_process": "launch", "serve_in_thread": "launch",
     "spawn_server_process": "launch",

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from .engine import SeededHFEngine
-from .server import EngineServer
+from .server import EngineServer, ServerOptions
 
 
 class ServerHandle:
@@ -55,14 +55,15 @@ class ServerHandle:
         self.stop()
 
 
-def serve_in_thread(engine: SeededHFEngine, host: str = "127.0.0.1", port: int = 0, **server_kwargs) -> ServerHandle:
-    """Serve ``engine`` on host:port (0 = any free port) from a daemon thread. -> a started handle."""
+def serve_in_thread(engine: SeededHFEngine, host: str = "127.0.0.1", port: int = 0, **options) -> ServerHandle:
+    """Serve ``engine`` on host:port (0 = any free port) from a daemon thread; ``options`` are
+    ServerOptions fields. -> a started handle."""
     loop = asyncio.new_event_loop()
     ready: Future = Future()
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        server = EngineServer(engine, **server_kwargs)
+        server = EngineServer(engine, ServerOptions(**options))
         try:
             bound = loop.run_until_complete(server.start(host, port))
         except BaseException as e:  # report the failure to the caller, then end the thread

@@ -50,6 +50,16 @@ FAULT_TRIGGERS = ("now", "generate")
 
 
 @dataclass(frozen=True)
+class ServerOptions:
+    model_path: str | None = None  # reported by /get_model_info
+    enable_fault_injection: bool = False  # serve POST /debug/fail
+    batch_wait_s: float = 0.002  # dynamic batching: wait this long for more requests
+    health_timeout_s: float = 20.0  # /health_generate: a decode step (busy) or a probe (idle) within this
+    exit_on_crash: bool = False  # fault "crash": exit the process (True) or drop every connection (a thread server)
+    max_body_bytes: int = 2**31 - 1  # the largest request body (a weight bucket)
+
+
+@dataclass(frozen=True)
 class Fault:
     mode: str  # crash | hang | error
     on: str  # now: every endpoint but /debug/fail; generate: when a /generate request arrives
@@ -63,16 +73,9 @@ def _error(status: int, message: str) -> web.Response:
 class EngineServer:
     """The HTTP front of one engine. start()/stop() on the event loop that serves it."""
 
-    def __init__(self, engine: SeededHFEngine, *, model_path: str | None = None, enable_fault_injection: bool = False,
-                 batch_wait_s: float = 0.002, health_timeout_s: float = 20.0, exit_on_crash: bool = False,
-                 max_body_bytes: int = 2**31 - 1):
+    def __init__(self, engine: SeededHFEngine, options: ServerOptions = ServerOptions()):
         self.engine = engine
-        self.model_path = model_path
-        self.enable_fault_injection = enable_fault_injection
-        self.health_timeout_s = health_timeout_s
-        self.exit_on_crash = exit_on_crash  # a subprocess server really dies; a thread server drops its connections
-        self.max_body_bytes = max_body_bytes
-        self.batch_wait_s = batch_wait_s
+        self.options = options
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="miles-engine")
         self.released: set[str] = set()
         self.fault: Fault | None = None
@@ -85,7 +88,7 @@ class EngineServer:
 
     # ---- lifecycle --------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._middleware])
+        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[self._middleware])
         r = app.router
         r.add_route("POST", "/generate", self.generate)
         r.add_route("PUT", "/generate", self.generate)
@@ -103,14 +106,14 @@ class EngineServer:
         r.add_route("*", "/resume_memory_occupation", self.resume_memory_occupation)
         r.add_get("/get_model_info", self.get_model_info)
         r.add_get("/get_server_info", self.get_server_info)
-        if self.enable_fault_injection:
+        if self.options.enable_fault_injection:
             r.add_post("/debug/fail", self.debug_fail)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Bind and serve; -> the bound port."""
         self._stopping = asyncio.Event()
-        self.batcher = Batcher(self.engine, self.executor, self.batch_wait_s)
+        self.batcher = Batcher(self.engine, self.executor, self.options.batch_wait_s)
         self.batcher.start()
         self.runner = web.AppRunner(self.app(), shutdown_timeout=1.0, access_log=None)
         await self.runner.setup()
@@ -128,7 +131,7 @@ class EngineServer:
 
     async def _crash(self) -> None:
         """Die (subprocess) or look dead (thread): stop listening and drop every connection."""
-        if self.exit_on_crash:
+        if self.options.exit_on_crash:
             sys.stdout.flush()
             os._exit(70)
         self.crashed = True
@@ -204,16 +207,16 @@ class EngineServer:
         if self.released:
             return _error(503, f"memory released {sorted(self.released)}")
         if self.batcher.running:
-            before, deadline = self.engine.progress, time.monotonic() + self.health_timeout_s
+            before, deadline = self.engine.progress, time.monotonic() + self.options.health_timeout_s
             while self.engine.progress == before and self.batcher.running and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
             ok = self.engine.progress != before or not self.batcher.running
-            return web.Response(status=200) if ok else _error(503, f"no decode step in {self.health_timeout_s}s")
+            return web.Response(status=200) if ok else _error(503, f"no decode step in {self.options.health_timeout_s}s")
         probe = GenerateRequest([self.engine.tokenizer.eos_token_id], SamplingParams(max_new_tokens=1))
         try:
-            await asyncio.wait_for(self.batcher.run(self.engine.generate_seeded, [probe], [0]), self.health_timeout_s)
+            await asyncio.wait_for(self.batcher.run(self.engine.generate_seeded, [probe], [0]), self.options.health_timeout_s)
         except asyncio.TimeoutError:
-            return _error(503, f"health probe took more than {self.health_timeout_s}s")
+            return _error(503, f"health probe took more than {self.options.health_timeout_s}s")
         return web.Response(status=200)
 
     async def abort_request(self, request: web.Request) -> web.Response:
@@ -315,16 +318,16 @@ class EngineServer:
 
     # ---- info and faults ------------------------------------------------------------------------
     async def get_model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.model_path, "is_generation": True,
+        return web.json_response({"model_path": self.options.model_path, "is_generation": True,
                                   "weight_version": str(self.engine.weight_version)})
 
     async def get_server_info(self, request: web.Request) -> web.Response:
         b = self.batcher
         return web.json_response({
-            "server": wire.SERVER_NAME, "model_path": self.model_path, "weight_version": str(self.engine.weight_version),
+            "server": wire.SERVER_NAME, "model_path": self.options.model_path, "weight_version": str(self.engine.weight_version),
             "batching": self.engine.batching, "max_batch_size": self.engine.max_batch_size,
             "paused": not b.resumed.is_set(), "released": sorted(self.released),
-            "fault_injection": self.enable_fault_injection, "fault": None if self.fault is None else self.fault.__dict__,
+            "fault_injection": self.options.enable_fault_injection, "fault": None if self.fault is None else self.fault.__dict__,
             "stats": {**self.stats, "requests_completed": b.completed, "running": len(b.running), "queued": len(b.pending)},
         })
 
@@ -382,8 +385,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def _serve(engine: SeededHFEngine, args: argparse.Namespace, model_path: str) -> None:
-    server = EngineServer(engine, model_path=model_path, enable_fault_injection=args.enable_fault_injection,
-                          batch_wait_s=args.batch_wait_ms / 1000, health_timeout_s=args.health_timeout, exit_on_crash=True)
+    options = ServerOptions(model_path, args.enable_fault_injection, args.batch_wait_ms / 1000, args.health_timeout, exit_on_crash=True)
+    server = EngineServer(engine, options)
     port = await server.start(args.host, args.port)
     url = f"http://{args.host}:{port}"
     if args.port_file:

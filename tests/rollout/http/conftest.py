@@ -1,8 +1,8 @@
 """A tiny random Qwen2 + locally trained tokenizer (built once per session, nothing downloaded) and
 factories for in-thread engine servers and clients on 127.0.0.1 (all stopped at teardown).
 
-Random weights rarely sample EOS, so generations run to max_new_tokens: long requests for the
-abort / pause / failover tests are just a large max_new_tokens.
+The model never samples EOS (see never_eos), so every generation runs to max_new_tokens: long
+requests for the abort / pause / failover tests are just a large max_new_tokens, deterministically.
 """
 
 from __future__ import annotations
@@ -23,13 +23,28 @@ if _HERE not in sys.path:  # for `from http_helpers import ...` under any import
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "2+2=4, 3*3=9, 10-7=3.", "hello world, the answer is 42"] * 4
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
-    """One intra-op thread: several engines share 2 CPUs; spinning thread pools slow everyone down."""
+    """One intra-op thread while these tests run (restored after each module): several engines
+    share 2 CPUs, and spinning intra-op thread pools slow everyone down."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def never_eos(model, eos_id: int) -> None:
+    """Residual dimension 0 is a constant 1 (every embedding has it; no layer writes it), and only
+    EOS's lm_head row reads it, with weight -20: after the final RMSNorm h[0] is ~3-5, so the EOS
+    logit is ~-60..-100 while the others stay ~0.1: EOS is never sampled (random weights alone
+    would sample it once in ~300 tokens, ending "long" requests at random)."""
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[eos_id, 0] = -20.0
 
 
 @pytest.fixture(scope="session")
@@ -40,11 +55,13 @@ def model_dir(tmp_path_factory):
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
+        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=False,
         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )
     path = tmp_path_factory.mktemp("tiny-random-qwen2")
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    model = Qwen2ForCausalLM(config)
+    never_eos(model, tok.eos_token_id)
+    model.save_pretrained(path)
     save_tokenizer(tok, path)
     return path
 

@@ -23,7 +23,7 @@ def perturbed_state_dict(model_dir, seed: int = 1) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.state_dict()  # tied: lm_head.weight and model.embed_tokens.weight share memory
+    return model.state_dict()
 
 
 def test_client_equals_in_process_engine_for_the_same_seed(start_server, make_client, make_engine):
