@@ -99,6 +99,21 @@ _show.__signature__ = inspect.Signature([inspect.signature(_show).parameters["re
 app.command("config", help="Print the resolved config of a recipe with flags applied.")(_show)
 
 
+@app.command("export")
+def export_cmd(
+    checkpoint: str = typer.Argument(..., help="A checkpoint dir, or a save dir (its latest complete checkpoint)."),
+    export_dir: str = typer.Option(..., "--export", help="Where the HF snapshot goes (<export>/<rollout_id>/)."),
+    mlflow_tracking_uri: Optional[str] = typer.Option(None, help="Log and register into the checkpoint's MLflow run."),
+    registered_model_name: Optional[str] = typer.Option(None, help="MLflow registered model name."),
+    champion_metric: Optional[str] = typer.Option(None, help="Eval metric whose improvement moves the champion alias."),
+) -> None:
+    """Export a saved checkpoint as an HF snapshot (safetensors + index + config + tokenizer + .complete)."""
+    from flows.export import export as export_flow
+
+    result = export_flow(checkpoint, export_dir, mlflow_tracking_uri, registered_model_name, champion_metric)
+    console.print(result)
+
+
 def main() -> None:
     app()
 

@@ -18,8 +18,11 @@ from prefect.context import get_run_context
 from miles_core.config import TrainConfig
 from miles_core.runtime import registry
 from miles_core.tracking import progress
+from miles_core.env import cache_dir
+from tasks.convert import convert
+from tasks.export import export_live, register
 from tasks.prepare import prepare
-from tasks.stages import evaluate, export, generate, save, train_step, update_weights
+from tasks.stages import evaluate, generate, save, train_step, update_weights
 
 from .tracking import RunTracker, open_run
 
@@ -39,6 +42,7 @@ def _on_failure(flow, flow_run, state) -> None:
 @flow(name="train", on_failure=[_on_failure], on_crashed=[_on_failure], validate_parameters=True)
 def train(config: TrainConfig) -> dict:
     run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
+    convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
     facts = prepare(run_key, config)
     rt = registry.get_runtime(run_key)
     n = facts["num_rollout"]
@@ -78,13 +82,16 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
         tracker.mlflow.log_table(rows, f"samples/rollout_{i:05d}.json")
     perf = {}
     if due(config.checkpoint.save_interval, i, n) or i == n - 1:
-        perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe})
+        perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe,
+                                  "tokenizer_dir": str(registry.get_runtime(run_key).model_path)})
     perf |= update_weights(run_key)
     tracker.log_extra(perf, "rollout/step", i)
     if due(config.eval.eval_interval, i, n) and config.eval.eval_prompt_data:
         _eval(run_key, tracker, registry.get_runtime(run_key).weight_version)
     if due(config.checkpoint.export_interval, i, n):
-        export(run_key, i)
+        path = export_live(run_key, i)
+        register(config.tracking_uri, tracker.mlflow.run_id, path, i, (i + 1) * config.num_steps_per_rollout,
+                 config.checkpoint.registered_model_name, config.checkpoint.champion_metric)
     return metrics
 
 

@@ -17,8 +17,10 @@ class FilterResult:
 
 
 def check_reward_nonzero_std(group: list[Sample], reward_of) -> FilterResult:
-    """Keep groups whose rewards differ (they carry a learning signal)."""
-    rewards = [reward_of(s) for s in group]
+    """Keep groups whose rewards differ (they carry a learning signal); a single sample has no spread.
+    Drop reason zero_std_<reward rounded to 1 decimal, as a float> (1 -> zero_std_1.0, the same
+    spelling as rollout/zero_std/count_<r>)."""
+    rewards = [float(reward_of(s)) for s in group]
     if len(rewards) > 1 and statistics.pstdev(rewards) > 0:
         return FilterResult(True)
     return FilterResult(False, f"zero_std_{round(rewards[0], 1)}")

@@ -1,0 +1,104 @@
+"""The PPO critic: value model construction, V_t positions, the critic update, critic-only rollouts,
+and the extra modules a checkpoint must save."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miles_core.algorithms import Reducer
+from miles_core.training.batch import make_batch
+from miles_core.training.critic import Critic, build_critic, response_values
+from miles_core.training.torch_trainer import TorchTrainer
+
+PAD = 0
+
+
+def test_build_critic_copies_the_body_and_starts_at_zero(lm, samples):
+    policy = lm()
+    critic = build_critic(policy)
+    body, policy_body = critic.model.state_dict(), policy.model.state_dict()
+    assert body.keys() == policy_body.keys()
+    assert all(torch.equal(body[k], policy_body[k]) for k in body)
+    assert critic.score.out_features == 1 and critic.dropout.p == 0.0
+    values = response_values(critic, make_batch(samples, PAD))  # zero head -> V = 0
+    assert values.shape == make_batch(samples, PAD).loss_mask.shape
+    assert torch.count_nonzero(values) == 0
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(critic.parameters(), policy.parameters()))  # a copy
+
+
+def test_values_are_read_at_the_state_before_each_response_token(lm, samples):
+    critic = build_critic(lm())
+    torch.nn.init.normal_(critic.score.weight)
+    batch = make_batch(samples, PAD)
+    values = response_values(critic, batch)  # [N, T], padded batch
+    for i, s in enumerate(samples):  # one unpadded sequence at a time
+        out = critic(input_ids=torch.tensor([s.tokens])).logits[0, :, 0]  # [L]
+        p, t = s.prompt_length, s.response_length
+        torch.testing.assert_close(values[i, :t], out[p - 1 : p - 1 + t], atol=1e-5, rtol=1e-5)
+
+
+def test_critic_step_fits_the_returns(lm, cfg, samples):
+    c = cfg(critic_lr=1e-2, value_clip=10.0)
+    critic = Critic(build_critic(lm()), c.algo, micro_batch_size=3)
+    batch = make_batch(samples, PAD)
+    returns = torch.tensor([s.reward for s in samples])[:, None] * batch.loss_mask  # [N, T]
+    reduce = Reducer(False, num_samples=len(samples), num_tokens=float(batch.loss_mask.sum()))
+    losses = []
+    for _ in range(10):
+        old = critic.values(batch)
+        metrics = critic.step(batch, old, returns, range(len(samples)), reduce, warmup=1.0)
+        losses.append(metrics["value_loss"])
+    assert set(metrics) == {"value_loss", "value_clipfrac", "critic_grad_norm"}
+    assert losses[0] == pytest.approx(0.5, abs=1e-6)  # V = 0, R = 0/1 alternating: mean of per-sample (0 or 1) = 0.5
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_value_clip_counts_moved_values(lm, cfg, samples):
+    critic = Critic(build_critic(lm()), cfg(value_clip=0.2).algo, micro_batch_size=8)
+    batch = make_batch(samples, PAD)
+    old = critic.values(batch) - 1.0  # every value moved by 1 > value_clip
+    reduce = Reducer(False, num_samples=len(samples), num_tokens=float(batch.loss_mask.sum()))
+    metrics = critic.step(batch, old, torch.zeros_like(old), range(len(samples)), reduce, warmup=1.0)
+    assert metrics["value_clipfrac"] == pytest.approx(1.0)
+    # clipped branch (old + 0.2 - 0)^2 = 0.64 vs unclipped 0: max = 0.64 on every token
+    assert metrics["value_loss"] == pytest.approx(0.64, abs=1e-5)
+
+
+def _params(module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def _changed(before, module) -> bool:
+    return any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_ppo_trainer_critic_only_rollouts_then_both(lm, cfg, samples):
+    c = cfg(advantage_estimator="ppo", num_critic_only_steps=1, num_steps_per_rollout=2)
+    trainer = TorchTrainer(lm(), c, pad_id=PAD)
+    rewards = [s.reward for s in samples]
+    actor, critic = _params(trainer.model), _params(trainer.critic.module)
+    rollout_metrics, steps = trainer.train_rollout(samples, rewards, rollout_id=0)
+    assert not _changed(actor, trainer.model) and _changed(critic, trainer.critic.module)
+    assert len(steps) == 2 and all("train/pg_loss" not in s and "train/value_loss" in s for s in steps)
+    assert rollout_metrics["rollout/values"] == 0.0  # zero head before the first critic step
+    assert "rollout/returns" in rollout_metrics
+    rollout_metrics, steps = trainer.train_rollout(samples, rewards, rollout_id=1)
+    assert _changed(actor, trainer.model)
+    assert {"train/pg_loss", "train/value_loss", "train/value_clipfrac", "train/grad_norm"} <= steps[0].keys()
+    assert rollout_metrics["rollout/values"] != 0.0
+    assert trainer.steps_done == 4
+
+
+def test_extra_modules_and_optimizers_for_checkpoints(lm, cfg):
+    ppo = TorchTrainer(lm(), cfg(advantage_estimator="ppo"), pad_id=PAD)
+    assert set(ppo.extra_modules()) == set(ppo.extra_optimizers()) == {"critic"}
+    assert ppo.extra_modules()["critic"] is ppo.critic.module
+    assert ppo.extra_optimizers()["critic"] is ppo.critic.optimizer
+    grpo = TorchTrainer(lm(), cfg(), pad_id=PAD)
+    assert grpo.critic is None and grpo.extra_modules() == {} and grpo.extra_optimizers() == {}
+
+
+def test_critic_lr_defaults_to_lr(lm, cfg):
+    assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", lr=3e-4), pad_id=PAD).critic.lr == 3e-4
+    assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", critic_lr=1e-2), pad_id=PAD).critic.lr == 1e-2
