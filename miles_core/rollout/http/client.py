@@ -99,6 +99,8 @@ class HTTPEngineClient:
 
     def generate_seeded(self, requests: list[GenerateRequest], seeds: list[int]) -> list[GenerateResult]:
         """One batched POST /generate; request i samples with seeds[i]."""
+        if len(seeds) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(seeds)} seeds")
         if not requests:
             return []
         data = self.request("POST", "/generate", json=wire.generate_body(requests, seeds)).json()

@@ -104,6 +104,8 @@ class EngineRouter:
         return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
 
     def generate_seeded(self, requests: list[GenerateRequest], seeds: list[int]) -> list[GenerateResult]:
+        if len(seeds) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(seeds)} seeds")
         self.recheck()
         n_healthy = max(1, sum(self._eligible(s) for s in self.slots))
         size = self.chunk_size or max(1, math.ceil(len(requests) / (4 * n_healthy)))

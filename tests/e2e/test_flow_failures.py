@@ -1,0 +1,51 @@
+"""Failure paths of the train flow: the MLflow run ends FAILED with a resume hint; a resume with
+changed params is refused unless a new run is asked for."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import flows  # noqa: F401
+from miles_core.config import ConfigError, load_config
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_failed_flow_marks_mlflow_run_failed(tmp_path, tiny_model_dir):
+    from flows.train import train
+
+    cfg = load_config("tiny", {
+        "run_dir": str(tmp_path / "run"), "num_rollout": 2, "rollout_batch_size": 2, "skip_eval_before_train": True,
+        "rm_type": "remote_rm", "rm_url": f"http://127.0.0.1:{_closed_port()}/score", "rm_max_retries": 0, "rm_timeout": 1,
+    })
+    with pytest.raises(Exception, match="127.0.0.1"):
+        train(cfg)
+    client = MlflowClient(cfg.tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("miles").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["miles.resume_from_rollout"] == "0"
+    assert "127.0.0.1" in run.data.tags["miles.failure"]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_resume_with_changed_params_is_refused_unless_new_run(tmp_path, tiny_model_dir):
+    from flows.train import train
+
+    base = {"run_dir": str(tmp_path / "run"), "rollout_batch_size": 2, "skip_eval_before_train": True, "eval_interval": 100}
+    first = train(load_config("tiny", {**base, "num_rollout": 1}))
+    with pytest.raises(ConfigError, match=r"changed params \['algo.lr'\]"):
+        train(load_config("tiny", {**base, "num_rollout": 2, "lr": 3e-4}))
+    extended = train(load_config("tiny", {**base, "num_rollout": 2}))  # only the length changed: same run
+    assert extended["mlflow_run_id"] == first["mlflow_run_id"] and extended["resumed_from"] == 1
+    fresh = train(load_config("tiny", {**base, "num_rollout": 3, "lr": 3e-4, "mlflow_new_run": True}))
+    assert fresh["mlflow_run_id"] != first["mlflow_run_id"] and fresh["resumed_from"] == 2
