@@ -114,6 +114,38 @@ def export_cmd(
     console.print(result)
 
 
+@app.command("convert")
+def convert_cmd(hf_checkpoint: str = typer.Argument(..., help="builtin://<name>, an HF directory, or a hub id.")) -> None:
+    """Resolve and validate a model for the torch backend (config, weights, tokenizer, tied embeddings)."""
+    from flows.convert import convert
+
+    console.print(convert(hf_checkpoint))
+
+
+@app.command("doctor")
+def doctor() -> None:
+    """Print versions, devices and where miles writes."""
+    import os
+    import platform
+
+    import mlflow
+    import prefect
+    import torch
+    import transformers
+
+    from miles_core.env import cache_dir
+
+    rows = {
+        "python": platform.python_version(), "torch": torch.__version__, "cuda available": torch.cuda.is_available(),
+        "transformers": transformers.__version__, "prefect": prefect.__version__, "mlflow": mlflow.__version__,
+        "cpu threads": torch.get_num_threads(), "cache dir": cache_dir(),
+        "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "(unset: ephemeral API)"), "PREFECT_HOME": os.environ["PREFECT_HOME"],
+        "HF_HUB_OFFLINE": os.environ["HF_HUB_OFFLINE"],
+    }
+    for k, v in rows.items():
+        console.print(f"{k:16} {v}")
+
+
 def main() -> None:
     app()
 

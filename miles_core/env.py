@@ -39,6 +39,7 @@ def configure_environment() -> None:
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         "PREFECT_LOGGING_TO_API_ENABLED": "true",
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
     }
     for key, value in defaults.items():

@@ -29,14 +29,14 @@ from .batch import TokenBatch, at_response, forward, forward_only
 
 
 def build_critic(policy: nn.Module) -> nn.Module:
-    """A value model with the policy's body weights and a zero value head (same dtype)."""
+    """A value model with the policy's body weights and a zero value head (same dtype and device)."""
     from transformers import AutoModelForTokenClassification
 
     config = policy.config.__class__.from_dict(policy.config.to_dict())
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    dtype = next(policy.parameters()).dtype
-    critic = AutoModelForTokenClassification.from_config(config, dtype=dtype)
+    param = next(policy.parameters())
+    critic = AutoModelForTokenClassification.from_config(config, dtype=param.dtype).to(param.device)
     body = getattr(critic, critic.base_model_prefix)
     body.load_state_dict(getattr(policy, policy.base_model_prefix).state_dict())
     with torch.no_grad():

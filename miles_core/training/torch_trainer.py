@@ -35,8 +35,9 @@ class TorchTrainer:
         self.ref_model = ref_model
         self.teacher = teacher
         self.algo = cfg.algo
-        # use_kl_loss with kl_loss_coef 0 loads no reference model (REFERENCE §3): the term is off.
-        self.loss_algo = cfg.algo if ref_model is not None or not cfg.algo.use_kl_loss else cfg.algo.model_copy(update={"use_kl_loss": False})
+        # use_kl_loss with kl_loss_coef 0 loads no reference model (REFERENCE §3), so the loss has no KL term
+        no_ref_kl = ref_model is None and cfg.algo.use_kl_loss
+        self.loss_algo = cfg.algo.model_copy(update={"use_kl_loss": False}) if no_ref_kl else cfg.algo
         self.temperature = cfg.rollout.rollout_temperature
         self.pad_id = pad_id
         self.shape = StepShape(cfg.global_batch_size, cfg.algo.micro_batch_size, cfg.num_steps_per_rollout)
@@ -58,13 +59,16 @@ class TorchTrainer:
         """REFERENCE §1.3: old (and ref, teacher, critic values when used) per-token tensors [N, T]."""
         old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(self.model, batch)
         ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
-        teacher = None
-        if self.teacher is not None:
-            teacher = self.teacher.log_probs(batch)
-        elif self.algo.use_opd:
-            teacher = per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1])
         values = self.critic.values(batch) if self.critic is not None else None
-        return {"old": old, "ref": ref, "teacher": teacher, "values": values}
+        return {"old": old, "ref": ref, "teacher": self._teacher_log_probs(batch, samples), "values": values}
+
+    def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
+        """OPD: from the teacher (model or engine), else from the samples' teacher_log_probs; None without OPD."""
+        if self.teacher is not None:
+            return self.teacher.log_probs(batch)
+        if self.algo.use_opd:
+            return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1])
+        return None
 
     # ---- one rollout of training ----------------------------------------------------------------
     def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> tuple[dict[str, float], list[dict[str, float]]]:

