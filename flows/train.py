@@ -22,7 +22,7 @@ from miles_core.env import cache_dir
 from tasks.convert import convert
 from tasks.export import export_live, register
 from tasks.prepare import prepare
-from tasks.stages import evaluate, generate, save, train_step, update_weights
+from tasks.stages import evaluate, generate, restore, save, train_step, update_weights
 
 from .tracking import RunTracker, open_run
 
@@ -47,7 +47,7 @@ def train(config: TrainConfig) -> dict:
     rt = registry.get_runtime(run_key)
     n = facts["num_rollout"]
     try:
-        meta = rt.restore()
+        meta = restore(run_key)
         start = meta["rollout_id"] + 1 if meta else 0
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout, "num_rollout": n}
         reattach = meta["mlflow_run_id"] if meta and not config.tracking.mlflow_new_run else None

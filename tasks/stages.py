@@ -41,3 +41,9 @@ def evaluate(run_key: str) -> tuple[dict[str, float], list[dict]]:
 @task(name="export", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
 def export(run_key: str, rollout_id: int) -> str:
     return str(get_runtime(run_key).export(rollout_id))
+
+
+@task(name="restore", cache_policy=NO_CACHE, retries=0)
+def restore(run_key: str) -> dict | None:
+    """Load the latest complete checkpoint (None: fresh start from hf_checkpoint)."""
+    return get_runtime(run_key).restore()

@@ -20,6 +20,9 @@ class EvalConfig(Group):
     eval_top_k: int | None = Field(None, description="Eval top-k (default rollout_top_k).")
     eval_max_response_len: int | None = Field(None, ge=1, description="Eval max new tokens (default rollout_max_response_len).")
     eval_function_path: str | None = Field(None, description="Dotted path of a custom eval function (may raise EvalSkip(reason)).")
+    eval_mode: Literal["inline", "snapshot"] = Field(
+        "inline", description="inline: evaluate the live engine between rollouts (training waits); snapshot: export an HF snapshot "
+        "at each eval point and evaluate it on its own engine in the background while training continues.")
     eval_max_in_flight: int = Field(2, ge=1, description="Snapshot evals running at once.")
     eval_overflow_policy: Literal["backpressure", "skip"] = Field("backpressure", description="When eval_max_in_flight is reached: wait, or skip the point.")
     eval_keep_snapshots: int | None = Field(None, ge=1, description="Snapshots kept for eval (oldest removed).")

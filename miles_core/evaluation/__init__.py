@@ -1,79 +1,24 @@
-"""Evaluation: eval datasets (name path pairs), sampling that inherits the rollout values, metrics
-of REFERENCE §5 at eval/step.
+"""Evaluation (REFERENCE §5): eval datasets, pass@k, inline and snapshot eval, skip reasons, and
+what the eval-only flow needs (points on disk, the MLflow run they belong to).
 
-Naming decision (docs/decisions.md): REFERENCE lists both ``eval/<ds>`` and ``eval/<ds>/response_len/mean``,
-which makes ``eval/<ds>`` a prefix "directory" of another key (§7 forbids that). We keep ``eval/<ds>``
-and join the sub-keys with '-' like ``eval/<ds>-truncated_ratio``: ``eval/<ds>-response_len/mean``,
-``eval/<ds>-weight_version/mean``, ``eval/<ds>-mixed_version_ratio``.
+    core.py       evaluate(engine, datasets, ...) -> §5 metrics + sample rows; EvalDataset; eval_params
+    spec.py       eval_prompt_data pairs + eval_config YAML (defaults + datasets) -> resolved settings
+    suite.py      build_suite(config, tokenizer) -> EvalSuite (tokenized datasets, rewards, eval fn)
+    point.py      run_on_engine / run_point: health, weight-version pin, eval -> PointResult or a skip
+    skip.py       EvalSkip(reason) and the built-in reasons -> eval/skipped_<reason>
+    snapshot.py   SnapshotEvaluator: export + background evals, eval_max_in_flight, overflow policy, retention
+    discover.py   the points under a checkpoint / save / export dir and their training run
+    ledger.py     the MLflow run eval logs into (or a linked run), idempotent logging, config from params
 """
 
-from __future__ import annotations
+from .core import EvalDataset, dataset_metrics, eval_params, evaluate
+from .point import EvalPoint, EvalRequest, EvalSuite, PointResult, default_eval, load_hf_engine, run_on_engine, run_point
+from .skip import BUILTIN_REASONS, EvalSkip, skip_key, skipped_reason
+from .snapshot import SnapshotEvaluator
+from .suite import build_suite
 
-import asyncio
-import statistics
-from dataclasses import dataclass, replace
-
-from miles_core.data.dataset import Prompt
-from miles_core.data.sample import Sample, Status
-from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
-from miles_core.rollout.generate import FINISH_STATUS
-from miles_core.rollout.metrics import pass_at_k
-from miles_core.rollout.protocol import GenerateRequest, SamplingParams
-
-
-@dataclass(frozen=True)
-class EvalDataset:
-    name: str
-    prompts: tuple[Prompt, ...]
-    n_samples: int
-    params: SamplingParams
-
-
-def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_key: str | None, seed: int, decode) -> tuple[dict[str, float], list[dict]]:
-    """-> (metrics without the step, sample rows for a table)."""
-    metrics: dict[str, float] = {}
-    rows: list[dict] = []
-    for ds in datasets:
-        reqs = [GenerateRequest(p.input_ids, ds.params) for p in ds.prompts for _ in range(ds.n_samples)]
-        results = engine.generate(reqs, seed=seed)
-        samples = []
-        for i, res in enumerate(results):
-            p = ds.prompts[i // ds.n_samples]
-            samples.append(
-                Sample(group_index=i // ds.n_samples, index=i, prompt=p.text, tokens=p.input_ids + res.output_ids,
-                       response=decode(res.output_ids), response_length=len(res.output_ids), label=p.label,
-                       weight_versions=[res.weight_version], status=FINISH_STATUS[res.finish_reason], metadata=dict(p.metadata))
-            )
-        scores = [reward_value(r, reward_key) for r in asyncio.run(batched_async_rm(samples, reward))]
-        metrics.update(_dataset_metrics(ds, samples, scores))
-        rows += [{"dataset": ds.name, "prompt": str(s.prompt), "response": s.response, "label": str(s.label), "reward": r}
-                 for s, r in list(zip(samples, scores))[:8]]
-    return metrics, rows
-
-
-def _dataset_metrics(ds: EvalDataset, samples: list[Sample], scores: list[float]) -> dict[str, float]:
-    n = ds.n_samples
-    versions = [s.weight_versions[0] for s in samples]
-    key = f"eval/{ds.name}"
-    m = {
-        key: statistics.fmean(scores),
-        f"{key}-truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
-        f"{key}-response_len/mean": statistics.fmean(s.response_length for s in samples),
-        f"{key}-weight_version/mean": statistics.fmean(versions),
-        f"{key}-mixed_version_ratio": float(len(set(versions)) > 1),
-    }
-    k = 1
-    while k <= n:
-        groups = [scores[i : i + n] for i in range(0, len(scores), n)]
-        m[f"{key}-pass@{k}"] = statistics.fmean(pass_at_k(n, sum(x > 0 for x in g), k) for g in groups)
-        k *= 2
-    return m
-
-
-def eval_params(rollout_params: SamplingParams, temperature, top_p, top_k, max_new_tokens) -> SamplingParams:
-    """Unset eval sampling fields inherit the rollout values."""
-    pick = lambda v, d: d if v is None else v  # noqa: E731
-    return replace(
-        rollout_params, temperature=pick(temperature, rollout_params.temperature), top_p=pick(top_p, rollout_params.top_p),
-        top_k=pick(top_k, rollout_params.top_k), max_new_tokens=pick(max_new_tokens, rollout_params.max_new_tokens),
-    )
+__all__ = [
+    "BUILTIN_REASONS", "EvalDataset", "EvalPoint", "EvalRequest", "EvalSkip", "EvalSuite", "PointResult", "SnapshotEvaluator",
+    "build_suite", "dataset_metrics", "default_eval", "eval_params", "evaluate", "load_hf_engine", "run_on_engine", "run_point",
+    "skip_key", "skipped_reason",
+]

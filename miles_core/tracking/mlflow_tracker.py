@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+from .catalog import check_keys
 from .keys import flatten, sanitize_key
 
 MAX_PARAM_LEN = 6000
@@ -45,6 +46,7 @@ class MlflowTracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
+        check_keys(metrics)  # every key must be in the metrics catalog (catalog.py; MILES_METRICS_CHECK)
         now = int(time.time() * 1000)
         items = [Metric(sanitize_key(k), float(v), now, int(step)) for k, v in metrics.items()]
         for i in range(0, len(items), 1000):

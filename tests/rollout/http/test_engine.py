@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from miles_core.rollout.hf_engine import HFEngine
+from collections import Counter
+
+import torch
+
 from miles_core.rollout.http.engine import request_seed
+from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 
 from http_helpers import requests_for, same_results
 
@@ -15,12 +19,20 @@ def test_request_seed_is_stable_and_spread():
     assert len(seeds) == 1000 and all(0 <= x < 2**62 for x in seeds)
 
 
-def test_exact_equals_hfengine_one_request_at_a_time(make_engine):
-    engine = make_engine("exact")
-    reqs = requests_for(5, top_k=20, top_p=0.9)
-    plain = HFEngine(engine.model, engine.tokenizer)
-    expected = [plain.generate([r], seed=request_seed(11, i))[0] for i, r in enumerate(reqs)]
-    assert same_results(engine.generate(reqs, seed=11), expected)
+def test_sampler_follows_the_filtered_distribution(make_engine):
+    engine = make_engine("dynamic")
+    prompt, n, temperature = [5, 6, 7], 4000, 0.5
+    out = engine.generate([GenerateRequest(prompt, SamplingParams(temperature, top_k=5, max_new_tokens=1))] * n, seed=0)
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / temperature  # [V]
+    top = torch.topk(logits, 5)
+    counts = Counter(r.output_ids[0] for r in out)
+    assert set(counts) <= set(top.indices.tolist())  # never outside the top-k
+    expected = torch.softmax(top.values, -1)
+    observed = torch.tensor([counts[t] / n for t in top.indices.tolist()])
+    assert (observed - expected).abs().sum() / 2 < 0.04  # total variation; ~0.013 expected at n=4000
+    logp = torch.log_softmax(logits, -1)  # log-probs: of the full tempered distribution, not the filtered one
+    assert all(abs(r.output_log_probs[0] - float(logp[r.output_ids[0]])) < 1e-5 for r in out[:50])
 
 
 def test_exact_results_do_not_depend_on_the_batch(make_engine):

@@ -1,0 +1,100 @@
+"""Evaluate one engine on eval datasets: metrics of REFERENCE §5 (without the step) and sample rows.
+
+Naming decision (docs/decisions.md): REFERENCE lists both ``eval/<ds>`` and ``eval/<ds>/response_len/mean``,
+which makes ``eval/<ds>`` a prefix "directory" of another key (§7 forbids that). We keep ``eval/<ds>``
+and join the sub-keys with '-' like ``eval/<ds>-truncated_ratio``: ``eval/<ds>-response_len/mean``,
+``eval/<ds>-weight_version/mean``, ``eval/<ds>-mixed_version_ratio``, ``eval/<ds>-pass@k``.
+
+pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) per prompt (n samples, c of them with a
+positive reward), averaged over prompts, for k = 1, 2, 4, ... <= n.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from dataclasses import dataclass, replace
+
+from miles_core.data.dataset import Prompt
+from miles_core.data.sample import Sample, Status
+from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
+from miles_core.rollout.generate import FINISH_STATUS
+from miles_core.rollout.metrics import pass_at_k
+from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+
+ROWS_PER_DATASET = 8
+
+
+@dataclass(frozen=True)
+class EvalDataset:
+    """One eval dataset, ready to generate: prompts (tokenized), G samples each, sampling params.
+    ``reward`` overrides the reward options ``evaluate`` is given (a per-dataset rm_type)."""
+
+    name: str
+    prompts: tuple[Prompt, ...]
+    n_samples: int
+    params: SamplingParams
+    reward: RewardOptions | None = None
+
+
+def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_key: str | None, seed: int, decode) -> tuple[dict[str, float], list[dict]]:
+    """-> (metrics without the step, sample rows for a table: the first rows of each dataset)."""
+    metrics: dict[str, float] = {}
+    rows: list[dict] = []
+    for ds in datasets:
+        samples = generate_samples(engine, ds, seed, decode)
+        raw = asyncio.run(batched_async_rm(samples, ds.reward or reward))
+        scores = [reward_value(r, reward_key) for r in raw]
+        metrics.update(dataset_metrics(ds.name, ds.n_samples, samples, scores))
+        rows += [
+            {"dataset": ds.name, "prompt": str(s.prompt), "response": s.response, "label": str(s.label), "reward": r,
+             "status": s.status.value, "weight_version": s.weight_versions[0]}
+            for s, r in list(zip(samples, scores))[:ROWS_PER_DATASET]
+        ]
+    return metrics, rows
+
+
+def generate_samples(engine, ds: EvalDataset, seed: int, decode) -> list[Sample]:
+    """G samples per prompt of ``ds``, in prompt order (group i = prompt i)."""
+    n = ds.n_samples
+    reqs = [GenerateRequest(p.input_ids, ds.params) for p in ds.prompts for _ in range(n)]
+    results = engine.generate(reqs, seed=seed)
+    samples = []
+    for i, res in enumerate(results):
+        p = ds.prompts[i // n]
+        samples.append(
+            Sample(group_index=i // n, index=i, prompt=p.text, tokens=p.input_ids + res.output_ids,
+                   response=decode(res.output_ids), response_length=len(res.output_ids), label=p.label,
+                   weight_versions=[res.weight_version], status=FINISH_STATUS[res.finish_reason], metadata=dict(p.metadata))
+        )
+    return samples
+
+
+def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float]) -> dict[str, float]:
+    """The §5 metrics of one dataset; ``samples`` in groups of ``n`` (one group per prompt)."""
+    versions = [s.weight_versions[0] for s in samples]
+    key = f"eval/{name}"
+    m = {
+        key: statistics.fmean(scores),
+        f"{key}-truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
+        f"{key}-response_len/mean": statistics.fmean(s.response_length for s in samples),
+        f"{key}-weight_version/mean": statistics.fmean(versions),
+        f"{key}-mixed_version_ratio": float(len(set(versions)) > 1),
+    }
+    groups = [scores[i : i + n] for i in range(0, len(scores), n)]  # [B][G]
+    k = 1
+    while k <= n:
+        m[f"{key}-pass@{k}"] = statistics.fmean(pass_at_k(n, sum(x > 0 for x in g), k) for g in groups)
+        k *= 2
+    return m
+
+
+def eval_params(rollout_params: SamplingParams, temperature, top_p, top_k, max_new_tokens, stop=None, stop_token_ids=None) -> SamplingParams:
+    """Unset (None) eval sampling fields inherit the rollout values; stop token ids add to the rollout's (EOS stays)."""
+    pick = lambda v, d: d if v is None else v  # noqa: E731
+    return replace(
+        rollout_params, temperature=pick(temperature, rollout_params.temperature), top_p=pick(top_p, rollout_params.top_p),
+        top_k=pick(top_k, rollout_params.top_k), max_new_tokens=pick(max_new_tokens, rollout_params.max_new_tokens),
+        stop=tuple(pick(stop, rollout_params.stop)),
+        stop_token_ids=tuple(dict.fromkeys(rollout_params.stop_token_ids + tuple(stop_token_ids or ()))),
+    )

@@ -1,0 +1,49 @@
+"""Build the EvalSuite of a run from its config and a tokenizer: datasets resolved by spec.py,
+tokenized, with per-dataset sampling params and reward options; the eval function resolved from
+``eval_function_path`` (a registry name first, else a dotted path)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from miles_core.config import TrainConfig
+from miles_core.data import PromptSpec, load_prompts
+
+from .core import EvalDataset, eval_params
+from .point import EvalSuite, default_eval
+from .spec import ResolvedDataset, resolve_datasets
+
+EVAL_FUNCTIONS = {"default": default_eval}
+
+
+def resolve_eval_fn(path: str | None):
+    if path is None or path in EVAL_FUNCTIONS:
+        return EVAL_FUNCTIONS[path or "default"]
+    from miles_core.rewards import load_function
+
+    return load_function(path)
+
+
+def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
+    """-> the suite of ``cfg``'s eval datasets (empty when it has none)."""
+    # the runtime's config -> engine/reward converters, imported here: the runtime imports this package
+    from miles_core.runtime.local import resolve_data_path, reward_options, sampling_params
+
+    base_params = sampling_params(cfg, tokenizer.eos_token_id)
+    base_reward = replace(reward_options(cfg), reward_key=cfg.rollout.eval_reward_key or cfg.rollout.reward_key)
+    datasets = []
+    for ds in resolve_datasets(cfg):
+        prompts, _ = load_prompts(resolve_data_path(ds.path), tokenizer, _prompt_spec(cfg, ds))
+        if ds.metadata_overrides:
+            prompts = [replace(p, metadata={**p.metadata, **ds.metadata_overrides}) for p in prompts]
+        params = eval_params(base_params, ds.temperature, ds.top_p, ds.top_k, ds.max_response_len, ds.stop, ds.stop_token_ids)
+        reward = None if ds.rm_type == base_reward.rm_type else replace(base_reward, rm_type=ds.rm_type)
+        datasets.append(EvalDataset(ds.name, tuple(prompts), ds.n_samples, params, reward))
+    return EvalSuite(tuple(datasets), base_reward, base_reward.reward_key, cfg.misc.seed,
+                     lambda ids: tokenizer.decode(ids, skip_special_tokens=True), resolve_eval_fn(cfg.eval.eval_function_path))
+
+
+def _prompt_spec(cfg: TrainConfig, ds: ResolvedDataset) -> PromptSpec:
+    d = cfg.data
+    return PromptSpec(ds.input_key, ds.label_key, ds.metadata_key, ds.tool_key, d.apply_chat_template,
+                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len)

@@ -1,0 +1,249 @@
+"""The metrics catalog: every metric name miles logs, its step axis, meaning and the option that emits it.
+
+One registry, used three ways:
+
+- the tracker checks every key it logs against it (``check_keys``; REFERENCE §7 names);
+- ``docs/reference/metrics.md`` is generated from it (``python -m tools.docs generate``);
+- a test scans the emitter modules and asserts the names they can emit equal the catalog.
+
+A name is literal, or a template with ``<placeholders>`` for the parts known only at run time
+(``rollout/dynamic_filter/drop_<reason>``, ``eval/<ds>-pass@<k>``); ``PLACEHOLDERS`` gives the
+regex of each. Keys are checked before sanitizing (``pass@4``, not ``pass_4``).
+
+Custom extension functions (a custom loss or TIS function) that return metrics of their own
+register them at import time with ``register(Metric(...))``. ``MILES_METRICS_CHECK`` selects what
+an uncatalogued key does: ``error`` (default) raises ``UncataloguedMetricError``, ``warn`` logs
+a warning once per key, ``off`` skips the check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable
+
+ROLLOUT, TRAIN, EVAL = "rollout/step", "train/step", "eval/step"
+AXES = (ROLLOUT, TRAIN, EVAL)
+CHECK_ENV = "MILES_METRICS_CHECK"
+PLACEHOLDERS: dict[str, str] = {
+    "r": r"-?\d+(?:\.\d+)?",  # a reward rounded to 1 decimal, as a float: 0.0, 1.0, -1.0
+    "k": r"\d+",  # pass@k: 1, 2, 4, ... up to the group size
+    "reason": r"[A-Za-z0-9_.\-]+",  # a dynamic-sampling drop reason
+    "ds": r"[A-Za-z0-9_.\-]+?",  # an eval dataset name (eval_prompt_data)
+}
+_PLACEHOLDER = re.compile(r"<([a-z_]+)>")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One catalogued metric. ``name`` is literal or a template with ``<placeholders>``."""
+
+    name: str
+    axis: str  # one of AXES
+    meaning: str
+    when: str  # the option or condition that makes the code emit it
+    source: str  # the module that emits it (repository path)
+
+    def __post_init__(self) -> None:
+        if self.axis not in AXES:
+            raise ValueError(f"metric {self.name!r}: axis {self.axis!r} is not one of {AXES}")
+        unknown = set(_PLACEHOLDER.findall(self.name)) - set(PLACEHOLDERS)
+        if unknown:
+            raise ValueError(f"metric {self.name!r}: unknown placeholders {sorted(unknown)}; known: {sorted(PLACEHOLDERS)}")
+
+    @property
+    def is_template(self) -> bool:
+        return "<" in self.name
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _compile(self.name)
+
+
+@lru_cache(maxsize=None)
+def _compile(template: str) -> re.Pattern[str]:
+    parts, pos = [], 0
+    for m in _PLACEHOLDER.finditer(template):
+        parts += [re.escape(template[pos : m.start()]), f"(?:{PLACEHOLDERS[m.group(1)]})"]
+        pos = m.end()
+    parts.append(re.escape(template[pos:]))
+    return re.compile("".join(parts) + r"\Z")
+
+
+_RM = "miles_core/rollout/metrics.py"
+_LOCAL = "miles_core/runtime/local.py"
+_TRAINER = "miles_core/training/torch_trainer.py"
+_ADV = "miles_core/algorithms/advantages"
+_LOSS = "miles_core/algorithms/losses.py"
+_CORR = "miles_core/algorithms/rollout_correction.py"
+_MIS = "miles_core/algorithms/mis.py"
+_MIS_ON = "custom_tis_function_path: mis"
+_EVAL = "miles_core/evaluation/__init__.py"
+
+CATALOG: tuple[Metric, ...] = (
+    # ---- step axes (logged as metrics too, so every chart can use them as x) ----------------------
+    Metric(ROLLOUT, ROLLOUT, "the rollout id (0-based)", "always", "flows/train.py"),
+    Metric(TRAIN, TRAIN, "optimizer step: rollout_id * num_steps_per_rollout + step", "always", "flows/train.py"),
+    Metric(EVAL, EVAL, "the engine weight version that was evaluated", "eval_prompt_data", "flows/train.py"),
+    # ---- rollout: generation and rewards ----------------------------------------------------------
+    Metric("rollout/raw_reward", ROLLOUT, "mean scalar reward of the rollout's samples", "always", _RM),
+    Metric("rollout/rewards", ROLLOUT, "mean reward (same value as raw_reward; reference name kept)", "always", _RM),
+    Metric("rollout/response_len/mean", ROLLOUT, "mean response length (tokens)", "always", _RM),
+    Metric("rollout/response_len/median", ROLLOUT, "median response length (tokens)", "always", _RM),
+    Metric("rollout/response_len/max", ROLLOUT, "longest response (tokens)", "always", _RM),
+    Metric("rollout/response_len/min", ROLLOUT, "shortest response (tokens)", "always", _RM),
+    Metric("rollout/truncated_ratio", ROLLOUT, "fraction of samples that hit the length limit", "always", _RM),
+    Metric("rollout/weight_version/mean", ROLLOUT, "mean engine weight version of the samples", "always", _RM),
+    Metric("rollout/zero_std/count_<r>", ROLLOUT, "groups whose rewards are all equal to r (rounded to 1 decimal)",
+           "n_samples_per_prompt > 1, when such groups occur", _RM),
+    Metric("passrate/pass@<k>", ROLLOUT, "unbiased pass@k over the groups (reward > 0 counts as a pass), k = 1, 2, 4, ... <= group size",
+           "always", _RM),
+    Metric("rollout/dynamic_filter/drop_<reason>", ROLLOUT, "groups dropped by the dynamic-sampling filter, by reason",
+           "dynamic_sampling_filter_path", "miles_core/rollout/generate.py"),
+    # ---- rollout: forward-only passes and advantages (trainer) ------------------------------------
+    Metric("rollout/log_probs", ROLLOUT, "token mean of the old-policy log-probs", "always", _TRAINER),
+    Metric("rollout/rollout_log_probs", ROLLOUT, "token mean of the engine's log-probs", "always", _TRAINER),
+    Metric("rollout/ref_log_probs", ROLLOUT, "token mean of the reference model's log-probs",
+           "use_kl_loss with kl_loss_coef > 0, or kl_coef > 0", _TRAINER),
+    Metric("rollout/advantages", ROLLOUT, "token mean of the final advantages", "always", f"{_ADV}/__init__.py"),
+    Metric("rollout/zero_std_groups", ROLLOUT, "groups not divided by their std (std 0 or a single sample)",
+           "advantage_estimator grpo, gspo or reinforce_plus_plus_baseline", f"{_ADV}/base.py"),
+    Metric("rollout/reward_kl", ROLLOUT, "token mean of the reward-level KL", "kl_coef > 0 (ppo, reinforce++)", f"{_ADV}/base.py"),
+    Metric("rollout/values", ROLLOUT, "token mean of the critic values V", "advantage_estimator: ppo", f"{_ADV}/ppo.py"),
+    Metric("rollout/returns", ROLLOUT, "token mean of the GAE returns (critic targets)", "advantage_estimator: ppo", f"{_ADV}/ppo.py"),
+    Metric("rollout/opd_reverse_kl", ROLLOUT, "token mean of logp_old - logp_teacher over the rollout", "use_opd",
+           "miles_core/algorithms/opd.py"),
+    # ---- perf (at rollout/step) -------------------------------------------------------------------
+    Metric("perf/rollout_time", ROLLOUT, "seconds to generate and score the rollout", "always", _LOCAL),
+    Metric("perf/tokens_per_gpu_per_sec", ROLLOUT, "prompt + response tokens per second of generation", "always", _LOCAL),
+    Metric("perf/actor_train_time", ROLLOUT, "seconds of the train stage (forward-only passes and optimizer steps)", "always", _TRAINER),
+    Metric("perf/actor_train_tok_per_s", ROLLOUT, "trained tokens per second (tokens * num_steps_per_rollout / time)", "always", _TRAINER),
+    Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
+    Metric("perf/update_weights_time", ROLLOUT, "seconds of the weight sync trainer -> engines", "always",
+           "miles_core/weights/sync.py"),
+    # ---- train: actor loss (summed over micro-batches of one optimizer step) ----------------------
+    Metric("train/loss", TRAIN, "the total loss", "always", _LOSS),
+    Metric("train/pg_loss", TRAIN, "policy-gradient loss R'(pg)", "loss_type: policy_loss", _LOSS),
+    Metric("train/pg_clipfrac", TRAIN, "fraction of tokens on the clipped branch", "loss_type: policy_loss",
+           "miles_core/algorithms/policy_loss.py"),
+    Metric("train/ppo_kl", TRAIN, "R'(logp_old - logp) (sequence-level with gspo)", "loss_type: policy_loss",
+           "miles_core/algorithms/policy_loss.py"),
+    Metric("train/entropy_loss", TRAIN, "R'(entropy) of the current policy", "always (the trainer passes the entropy)", _LOSS),
+    Metric("train/kl_loss", TRAIN, "R'(kl(logp, logp_ref)) with kl_loss_type", "use_kl_loss with kl_loss_coef > 0", _LOSS),
+    Metric("train/opd_reverse_kl", TRAIN, "R'(logp - logp_teacher) with the current policy", "use_opd", _LOSS),
+    Metric("train/grad_norm", TRAIN, "global gradient norm before clipping", "always", _TRAINER),
+    Metric("train/lr-pg_0", TRAIN, "actor learning rate of the step", "always", _TRAINER),
+    # ---- train: rollout/train mismatch and corrections --------------------------------------------
+    Metric("train/train_rollout_logprob_abs_diff", TRAIN, "R(|logp_old - logp_roll|)", "always", _CORR),
+    Metric("train/train_rollout_kl", TRAIN, "R(low_var_kl(logp_roll vs logp_old))", "always", _CORR),
+    Metric("train/ess_ratio", TRAIN, "effective sample size ratio of the raw IS weights", "always", _CORR),
+    Metric("train/ois", TRAIN, "R(exp(logp - logp_old)), the PPO ratio", "use_tis or custom_tis_function_path", _LOSS),
+    Metric("train/tis", TRAIN, "R(w) of the TIS weights before the clamp", "use_tis", "miles_core/algorithms/tis.py"),
+    Metric("train/tis_clipfrac", TRAIN, "fraction of TIS weights outside [tis_clip_low, tis_clip]", "use_tis",
+           "miles_core/algorithms/tis.py"),
+    Metric("train/tis_abs", TRAIN, "R(|w - 1|) of the TIS weights", "use_tis", "miles_core/algorithms/tis.py"),
+    Metric("train/mis_tis_weight_before_bound", TRAIN, "R(w) at tis_level", _MIS_ON, _MIS),
+    Metric("train/mis_tis_weight_after_bound", TRAIN, "R(w) after the bound", _MIS_ON, _MIS),
+    Metric("train/mis_tis_truncate_fraction", TRAIN, "R([w > upper])", f"{_MIS_ON}, tis_mode truncate", _MIS),
+    Metric("train/mis_tis_clip_fraction_low", TRAIN, "R([w < lower])", f"{_MIS_ON}, tis_mode clip", _MIS),
+    Metric("train/mis_tis_clip_fraction_high", TRAIN, "R([w > upper])", f"{_MIS_ON}, tis_mode clip", _MIS),
+    Metric("train/mis_tis_mask_fraction_low", TRAIN, "R([w < lower])", f"{_MIS_ON}, tis_mode mask", _MIS),
+    Metric("train/mis_tis_mask_fraction_high", TRAIN, "R([w > upper])", f"{_MIS_ON}, tis_mode mask", _MIS),
+    Metric("train/mis_rs_mask_fraction_low", TRAIN, "R([w_rs < rs_lower])", f"{_MIS_ON}, use_rs", _MIS),
+    Metric("train/mis_rs_mask_fraction_high", TRAIN, "R([w_rs > rs_upper])", f"{_MIS_ON}, use_rs", _MIS),
+    Metric("train/mis_rs_catastrophic_token_fraction", TRAIN, "R([d_t < log rs_veto_threshold])", f"{_MIS_ON}, veto on", _MIS),
+    Metric("train/mis_rs_catastrophic_seq_fraction", TRAIN, "fraction of samples with a catastrophic token", f"{_MIS_ON}, veto on", _MIS),
+    Metric("train/mis_is_ratio_mean_after_tis_rs", TRAIN, "R(w * kept) before batch normalization", _MIS_ON, _MIS),
+    Metric("train/mis_batch_norm_factor", TRAIN, "micro-batch mean weight times its share", f"{_MIS_ON}, tis_batch_normalize", _MIS),
+    Metric("train/mis_is_ratio_mean_final", TRAIN, "R(final w * kept)", _MIS_ON, _MIS),
+    Metric("train/mis_is_ratio_min_final", TRAIN, "mean over samples of the smallest final weight", _MIS_ON, _MIS),
+    Metric("train/mis_is_ratio_max_final", TRAIN, "mean over samples of the largest final weight", _MIS_ON, _MIS),
+    Metric("train/mis_training_log_ppl", TRAIN, "per-sample -mean logp_old", _MIS_ON, _MIS),
+    Metric("train/mis_training_ppl", TRAIN, "per-sample exp(training log ppl)", _MIS_ON, _MIS),
+    Metric("train/mis_rollout_log_ppl", TRAIN, "per-sample -mean logp_roll", _MIS_ON, _MIS),
+    Metric("train/mis_rollout_ppl", TRAIN, "per-sample exp(rollout log ppl)", _MIS_ON, _MIS),
+    Metric("train/mis_log_ppl_diff", TRAIN, "per-sample mean logp_roll - mean logp_old", _MIS_ON, _MIS),
+    Metric("train/mis_log_ppl_abs_diff", TRAIN, "|mis_log_ppl_diff|", _MIS_ON, _MIS),
+    Metric("train/mis_ppl_ratio", TRAIN, "per-sample exp(log_ppl_diff)", _MIS_ON, _MIS),
+    Metric("train/mis_kl", TRAIN, "R(logp_roll - logp_old), k1 of KL(pi_roll || pi_old)", _MIS_ON, _MIS),
+    Metric("train/mis_k3_kl", TRAIN, "k3 estimate of KL(pi_roll || pi_old)", _MIS_ON, _MIS),
+    Metric("train/mis_chi2_token", TRAIN, "per-sample mean_t w_t^2 - 1", _MIS_ON, _MIS),
+    Metric("train/mis_chi2_seq", TRAIN, "per-sample exp(2 sum_t d_t) - 1", _MIS_ON, _MIS),
+    # ---- train: critic (ppo) ----------------------------------------------------------------------
+    Metric("train/value_loss", TRAIN, "clipped critic loss", "advantage_estimator: ppo", "miles_core/algorithms/value_loss.py"),
+    Metric("train/value_clipfrac", TRAIN, "fraction of tokens whose value moved more than value_clip", "advantage_estimator: ppo",
+           "miles_core/algorithms/value_loss.py"),
+    Metric("train/critic_grad_norm", TRAIN, "critic gradient norm before clipping", "advantage_estimator: ppo",
+           "miles_core/training/critic.py"),
+    # ---- eval ---------------------------------------------------------------------------------------
+    Metric("eval/duration_seconds", EVAL, "seconds of the whole eval", "eval_prompt_data", _LOCAL),
+    Metric("eval/<ds>-truncated_ratio", EVAL, "fraction of eval samples that hit the length limit", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>-response_len/mean", EVAL, "mean eval response length", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>-weight_version/mean", EVAL, "mean engine weight version of the eval samples (== eval/step when good)",
+           "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>-mixed_version_ratio", EVAL, "1 if the eval samples came from more than one weight version", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>-pass@<k>", EVAL, "unbiased pass@k, k = 1, 2, 4, ... <= n_samples_per_eval_prompt", "eval_prompt_data", _EVAL),
+    Metric("eval/skipped_<reason>", EVAL, "1 at a point that did not run: busy, export_failed, ckpt_missing, crashed, unhealthy, "
+           "pin_violation, or the reason a custom eval function raised with EvalSkip(reason)", "eval_prompt_data",
+           "miles_core/evaluation/skip.py"),
+    Metric("eval/lag_steps", EVAL, "how many weight versions training was ahead when the eval point was logged", "eval_prompt_data",
+           "miles_core/evaluation/ledger.py"),
+    Metric("eval/export_time_seconds", EVAL, "seconds to write the HF snapshot that a snapshot eval reads", "eval_prompt_data",
+           "miles_core/evaluation/point.py"),
+    Metric("eval/<ds>", EVAL, "mean eval reward of dataset ds (eval_reward_key)", "eval_prompt_data", _EVAL),
+)
+
+_extra: list[Metric] = []
+
+
+class UncataloguedMetricError(ValueError):
+    """A metric key that matches no catalog entry."""
+
+
+def register(*metrics: Metric) -> None:
+    """Add metrics of a custom extension (a custom loss or TIS function) to the catalog."""
+    taken = {m.name for m in entries()}
+    _extra.extend(m for m in metrics if m.name not in taken)
+
+
+def entries() -> tuple[Metric, ...]:
+    """Built-in entries, then registered ones."""
+    return CATALOG + tuple(_extra)
+
+
+def match(key: str) -> Metric | None:
+    """The catalog entry a raw key belongs to: literal names first, then templates in catalog order."""
+    for m in entries():
+        if not m.is_template and m.name == key:
+            return m
+    for m in entries():
+        if m.is_template and m.regex.match(key):
+            return m
+    return None
+
+
+_warned: set[str] = set()
+
+
+def check_keys(keys: Iterable[str]) -> None:
+    """Raise (or warn, per MILES_METRICS_CHECK) for keys that match no catalog entry."""
+    mode = os.environ.get(CHECK_ENV, "error").lower()
+    if mode == "off":
+        return
+    if mode not in ("error", "warn"):
+        raise ValueError(f"{CHECK_ENV}={mode!r}: expected error, warn or off")
+    bad = sorted(k for k in keys if match(k) is None)
+    if not bad:
+        return
+    msg = (f"metric keys not in the catalog: {bad}. Add them to miles_core/tracking/catalog.py (CATALOG), or "
+           f"register(Metric(...)) them from a custom extension; set {CHECK_ENV}=warn to only warn")
+    if mode == "error":
+        raise UncataloguedMetricError(msg)
+    for k in bad:
+        if k not in _warned:
+            _warned.add(k)
+            log.warning("%s", msg)
