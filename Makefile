@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean serve stop deployments docs
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,6 +20,22 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# A local Prefect server + process worker on 127.0.0.1 with deployments/prefect.yaml applied
+# (prints the UI URL; pids and logs in .cache/serve), and stopping them (SIGINT: the worker ignores SIGTERM).
+serve: $(STAMP)
+	$(BIN)/miles serve
+
+stop: $(STAMP)
+	$(BIN)/miles stop
+
+# Regenerate deployments/prefect.yaml from deployments/recipes/*.yaml.
+deployments: $(STAMP)
+	$(BIN)/python -m flows.serve
+
+# docs/reference/*.md from the code, the docs check (fast runnable blocks included), mkdocs build --strict
+docs: $(STAMP)
+	$(BIN)/python -m tools.docs all
 
 clean:
 	rm -rf runs .cache

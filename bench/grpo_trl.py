@@ -87,8 +87,19 @@ class MilesSide:
         self.rt.sync_weights()  # version 1 before rollout 0 (REFERENCE §1)
         self.i = 0
         self.trace = Trace()
+        self._engine_s = 0.0
+        engine_generate = self.rt.engine.generate
+
+        def timed(*args, **kwargs):  # the engine's share of the generate stage (the rest: reward, rollout file)
+            t = time.perf_counter()
+            out = engine_generate(*args, **kwargs)
+            self._engine_s += time.perf_counter() - t
+            return out
+
+        self.rt.engine.generate = timed
 
     def step(self) -> None:
+        self._engine_s = 0.0
         t0 = time.perf_counter()
         m = self.rt.generate(self.i)
         t1 = time.perf_counter()
@@ -99,7 +110,7 @@ class MilesSide:
         self.trace.seconds.append(t3 - t0)
         self.trace.reward.append(m["rollout/raw_reward"])
         self.trace.completion_len.append(m["rollout/response_len/mean"])
-        self.trace.add_parts(generate_reward=t1 - t0, train=t2 - t1, sync=t3 - t2)
+        self.trace.add_parts(generate_reward=t1 - t0, engine=self._engine_s, train=t2 - t1, sync=t3 - t2)
         self.i += 1
 
 
@@ -158,6 +169,8 @@ def _trl_callback(trl: Trace, on_pair):
 
         def on_step_end(self, args, state, control, **kw):
             trl.seconds.append(time.perf_counter() - self.mark)
+            gen = trl.parts.get("generate_reward", [0.0])[-1]
+            trl.add_parts(train=trl.seconds[-1] - gen)
             on_pair()
             self.mark = time.perf_counter()
 
@@ -165,8 +178,17 @@ def _trl_callback(trl: Trace, on_pair):
 
 
 def _trl_reward_tracker(trainer, trl: Trace) -> None:
-    """Record each generation batch's mean reward and completion length as TRL computes them."""
+    """Record each generation batch's mean reward, completion length and generate+score time as TRL computes them."""
     original = trainer._calculate_rewards
+    generate_and_score = trainer._generate_and_score_completions
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = generate_and_score(*args, **kwargs)
+        trl.add_parts(generate_reward=time.perf_counter() - t0)
+        return out
+
+    trainer._generate_and_score_completions = timed
 
     def wrapped(inputs, prompts, completions, completion_ids_list):
         out = original(inputs, prompts, completions, completion_ids_list)
@@ -204,6 +226,10 @@ def _side_figures(t: Trace, shape: Shape, warmup: int, tail: int) -> dict:
     }
 
 
+def _round(d: dict) -> dict:
+    return {k: round(v, 4) for k, v in d.items()}
+
+
 def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, miles_extra: dict | None = None,
           name: str = "grpo_vs_trl") -> Result:
     res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail,
@@ -229,7 +255,7 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
                      f"{fm['completion_len_mean']:.1f} / {ft['completion_len_mean']:.1f}"])
         print(f"[grpo-trl] {shape}: miles {fm['seconds_per_step']['median']:.3f} s/step, TRL {ft['seconds_per_step']['median']:.3f} s/step, "
               f"throughput miles/TRL {ratio['median']:.2f}x; reward last-{tail} miles {fm['reward_last']:.3f} TRL {ft['reward_last']:.3f}", flush=True)
-        print(f"[grpo-trl]   miles parts (median s): {fm['parts_median_s']}", flush=True)
+        print(f"[grpo-trl]   parts (median s): miles {_round(fm['parts_median_s'])} TRL {_round(ft['parts_median_s'])}", flush=True)
     res.tables.append(table(
         ["B x G x T", "miles s/step (IQR)", "TRL s/step (IQR)", "miles samples/s", "TRL samples/s",
          "throughput miles/TRL (paired, IQR)", f"miles reward first/last {tail}", f"TRL reward first/last {tail}",

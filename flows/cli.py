@@ -86,17 +86,53 @@ def recipes() -> None:
         console.print(name)
 
 
-def _show(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
+AS_PARAMS = typer.Option(False, "--as-params", help="Print {\"config\": ...} as JSON: the parameters of a train deployment "
+                         "(prefect deployment run train/<recipe> --params \"$(miles config RECIPE --as-params)\").")
+
+
+def _show(recipe_file: str = RECIPE_ARG, as_params: bool = AS_PARAMS, **flags: Any) -> None:
     try:
         cfg = load_config(recipe_file, parse_overrides(flags))
     except ConfigError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
+    if as_params:
+        import json
+
+        typer.echo(json.dumps({"config": cfg.model_dump(mode="json")}))
+        return
     console.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
 
-_show.__signature__ = inspect.Signature([inspect.signature(_show).parameters["recipe_file"], *config_options()])  # type: ignore[attr-defined]
+_show.__signature__ = inspect.Signature([*list(inspect.signature(_show).parameters.values())[:2], *config_options()])  # type: ignore[attr-defined]
 app.command("config", help="Print the resolved config of a recipe with flags applied.")(_show)
+
+EVAL_TARGET = typer.Argument(..., metavar="TARGET", help="A checkpoint dir, a save dir, an HF export dir or one HF snapshot.")
+EVAL_ALL = typer.Option(False, "--all", help="Every checkpoint/snapshot under TARGET not evaluated yet (default: the latest).")
+
+
+def _eval(target: str = EVAL_TARGET, all_points: bool = EVAL_ALL, **flags: Any) -> None:
+    from flows.evaluate import evaluate
+    from flows.run import _quiet_libraries
+
+    _quiet_libraries()
+    try:
+        s = evaluate(target, "all" if all_points else "latest", parse_overrides(flags))
+    except (ConfigError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    console.print(f"MLflow run        : {s['mlflow_run_id']}{'  (linked: the training run is gone)' if s['linked_run'] else ''}")
+    console.print(f"evaluated         : eval/step {s['evaluated'] or 'none'}")
+    console.print(f"already evaluated : eval/step {s['already_evaluated'] or 'none'}")
+    if s["skipped"]:
+        console.print(f"[yellow]skipped[/yellow]           : {s['skipped']}")
+
+
+_eval.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [*list(inspect.signature(_eval).parameters.values())[:2], *config_options()]
+)
+app.command("eval", help="Evaluate checkpoints or HF snapshots into their training run's MLflow run at eval/step; "
+            "any config field is a flag over the run's own config.")(_eval)
 
 
 @app.command("export")
@@ -120,6 +156,36 @@ def convert_cmd(hf_checkpoint: str = typer.Argument(..., help="builtin://<name>,
     from flows.convert import convert
 
     console.print(convert(hf_checkpoint))
+
+
+@app.command("serve")
+def serve_cmd(
+    port: int = typer.Option(4200, help="Port of the Prefect server (and UI) on 127.0.0.1."),
+    directory: Optional[str] = typer.Option(None, "--dir", help="Where pids, logs and state go (default .cache/serve)."),
+    deploy: bool = typer.Option(True, help="Apply deployments/prefect.yaml (train/<recipe>, eval/nightly)."),
+) -> None:
+    """Start a local Prefect server and a process worker on 127.0.0.1, deploy, print the UI URL."""
+    from flows.serve import serve
+
+    try:
+        info = serve(port, directory, with_deploy=deploy)
+    except (RuntimeError, TimeoutError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(f"Prefect UI      : [bold]{info['ui']}[/bold]")
+    console.print(f"API             : export PREFECT_API_URL={info['url']}")
+    console.print(f"work pool       : miles (process), worker pid {info['worker_pid']}, server pid {info['server_pid']}")
+    console.print(f"logs and pids   : {info['dir']}")
+    console.print("launch          : prefect deployment run train/tiny   (stop with `miles stop`)")
+
+
+@app.command("stop")
+def stop_cmd(directory: Optional[str] = typer.Option(None, "--dir", help="The dir `miles serve` used (default .cache/serve).")) -> None:
+    """Stop the worker, then the server, that `miles serve` started (SIGINT, then SIGKILL after 30 s)."""
+    from flows.serve import stop
+
+    stopped = stop(directory)
+    console.print("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
 
 
 @app.command("doctor")

@@ -22,8 +22,9 @@ from miles_core.env import cache_dir
 from tasks.convert import convert
 from tasks.export import export_live, register
 from tasks.prepare import prepare
-from tasks.stages import evaluate, generate, restore, save, train_step, update_weights
+from tasks.stages import generate, restore, save, train_step, update_weights
 
+from .evaluate import eval_at, finish_evals
 from .tracking import RunTracker, open_run
 
 
@@ -49,20 +50,22 @@ def train(config: TrainConfig) -> dict:
     try:
         meta = restore(run_key)
         start = meta["rollout_id"] + 1 if meta else 0
-        derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout, "num_rollout": n}
+        derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout,
+                   "num_rollout": n, "num_prompts": facts["num_prompts"], "dropped_prompts": facts["dropped_prompts"]}
         reattach = meta["mlflow_run_id"] if meta and not config.tracking.mlflow_new_run else None
         tracker = open_run(config, reattach, derived)
         _record_run(config, tracker)
         if not meta:
             update_weights(run_key)
-        if config.eval.eval_prompt_data and not config.eval.skip_eval_before_train and start == 0:
-            _eval(run_key, tracker, rt.weight_version)
+        if config.eval.enabled and not config.eval.skip_eval_before_train and start == 0:
+            eval_at(run_key, tracker, rt.weight_version)
         artifact = create_progress_artifact(progress=100.0 * start / n, key="train-progress", description=f"rollouts of {config.misc.recipe}")
         rewards = []
         for i in range(start, n):
             rewards.append(_one_rollout(run_key, i, n, config, tracker))
             update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
             progress.emit(i, n, rewards[-1])
+        finish_evals(run_key, tracker)  # background evals of eval_mode snapshot land before the run ends
         tracker.mlflow.end("FINISHED")
         return _summary(config, tracker, rewards, start, n)
     finally:
@@ -86,20 +89,13 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
                                   "tokenizer_dir": str(registry.get_runtime(run_key).model_path)})
     perf |= update_weights(run_key)
     tracker.log_extra(perf, "rollout/step", i)
-    if due(config.eval.eval_interval, i, n) and config.eval.eval_prompt_data:
-        _eval(run_key, tracker, registry.get_runtime(run_key).weight_version)
+    if due(config.eval.eval_interval, i, n) and config.eval.enabled:
+        eval_at(run_key, tracker, registry.get_runtime(run_key).weight_version)
     if due(config.checkpoint.export_interval, i, n):
         path = export_live(run_key, i)
         register(config.tracking_uri, tracker.mlflow.run_id, path, i, (i + 1) * config.num_steps_per_rollout,
                  config.checkpoint.registered_model_name, config.checkpoint.champion_metric)
     return metrics
-
-
-def _eval(run_key: str, tracker: RunTracker, step: int) -> None:
-    metrics, rows = evaluate(run_key)
-    tracker.log(metrics, "eval/step", step)
-    if step > tracker.marks.get("eval/step", -1):
-        tracker.mlflow.log_table(rows, f"eval/samples_step_{step}.json")
 
 
 def _record_run(config: TrainConfig, tracker: RunTracker) -> None:

@@ -15,7 +15,12 @@ def prepare(run_key: str, config: TrainConfig) -> dict:
     """Build the live runtime of this run in this process. -> dataset and model facts."""
     from miles_core.checkpoint import validate_hf_dir
 
-    runtime = LocalRuntime(config)
+    if config.cluster.runtime == "ray":
+        from miles_core.runtime.ray_runtime import RayRuntime  # ray loads only for runtime ray
+
+        runtime = RayRuntime(config)
+    else:
+        runtime = LocalRuntime(config)
     summary = validate_hf_dir(runtime.model_path)
     registry.register(run_key, runtime)
     return {"model_path": str(runtime.model_path), "num_prompts": runtime.num_prompts,

@@ -20,5 +20,6 @@ class ClusterConfig(Group):
     rollout_num_gpus_per_engine: int = Field(1, ge=1, description="GPUs per rollout engine (tensor parallel size).")
     colocate: bool = Field(False, description="Share devices between training and rollout, offloading between phases.")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Device for the local runtime.")
+    balance_data: bool = Field(False, description="Ray runtime: split each global batch over the train ranks by token count (else in contiguous blocks).")
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1, description="Bytes per weight-sync bucket.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads for the local runtime (None = torch default).")

@@ -26,3 +26,8 @@ class EvalConfig(Group):
     eval_max_in_flight: int = Field(2, ge=1, description="Snapshot evals running at once.")
     eval_overflow_policy: Literal["backpressure", "skip"] = Field("backpressure", description="When eval_max_in_flight is reached: wait, or skip the point.")
     eval_keep_snapshots: int | None = Field(None, ge=1, description="Snapshots kept for eval (oldest removed).")
+
+    @property
+    def enabled(self) -> bool:
+        """Eval datasets are configured: eval_prompt_data pairs or an eval_config file."""
+        return bool(self.eval_prompt_data or self.eval_config)

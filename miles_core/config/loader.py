@@ -2,6 +2,9 @@
 
 A recipe is a flat mapping of field names (``rollout_batch_size: 8``); the grouped form
 (``rollout: {rollout_batch_size: 8}``) is accepted too. Overrides use the same names.
+``extends: <recipe>`` (a recipe name, or a YAML path relative to the file) starts from that
+recipe's values and sets this file's on top: how a scale variant (``glm4-5-debug``) shares its
+recipe's settings (docs/operating.md).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def recipe_path(recipe: str) -> Path:
     return p
 
 
-def read_recipe(recipe: str) -> dict[str, Any]:
+def read_recipe(recipe: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = recipe_path(recipe)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -50,7 +53,16 @@ def read_recipe(recipe: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path}: expected a mapping of field names, got {type(data).__name__}")
     data.setdefault("recipe", path.stem)
-    return _flatten(data, source=str(path))
+    base = data.pop("extends", None)
+    values = _flatten(data, source=str(path))
+    if base is None:
+        return values
+    if path.resolve() in _chain:
+        raise ConfigError(f"recipe {path}: extends cycle {' -> '.join(p.stem for p in (*_chain, path.resolve()))}")
+    relative = path.parent / str(base)
+    parent = read_recipe(str(relative) if relative.suffix in (".yaml", ".yml") and relative.exists() else str(base),
+                         (*_chain, path.resolve()))
+    return {**parent, **values}
 
 
 def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:

@@ -26,8 +26,10 @@ from .point import EvalPoint, EvalSuite, LoadEngine, PointResult, run_point
 
 class SnapshotEvaluator:
     def __init__(self, suite: EvalSuite, root: Path, export_live: Callable[[Path, int], Path], load_engine: LoadEngine,
-                 max_in_flight: int = 2, policy: Literal["backpressure", "skip"] = "backpressure", keep: int | None = None):
+                 max_in_flight: int = 2, policy: Literal["backpressure", "skip"] = "backpressure", keep: int | None = None,
+                 version_now: Callable[[], int] | None = None):
         self.suite, self.root, self.export_live, self.load_engine = suite, Path(root), export_live, load_engine
+        self.version_now = version_now  # the trainer's weight version, read when an eval finishes (eval/lag_steps)
         self.max_in_flight, self.policy, self.keep = max_in_flight, policy, keep
         self._pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="miles-snapshot-eval")
         self._running: dict[int, tuple[Future, float]] = {}  # step -> (eval, export seconds)
@@ -49,8 +51,14 @@ class SnapshotEvaluator:
         except Exception as e:
             return PointResult.skip(step, "export_failed", f"{type(e).__name__}: {e}")
         seconds = time.perf_counter() - t0
-        self._running[step] = (self._pool.submit(run_point, EvalPoint(step, Path(path)), self.suite, self.load_engine), seconds)
+        self._running[step] = (self._pool.submit(self._run, EvalPoint(step, Path(path))), seconds)
         return None
+
+    def _run(self, point: EvalPoint) -> PointResult:
+        result = run_point(point, self.suite, self.load_engine)
+        if self.version_now is not None and not result.skipped:
+            result.metrics["eval/lag_steps"] = float(self.version_now() - point.step)
+        return result
 
     def collect(self, wait_all: bool = False) -> list[PointResult]:
         if wait_all:

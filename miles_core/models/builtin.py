@@ -104,11 +104,13 @@ def sft_warmup(model, tok, rows: list[dict], spec: TinySpec) -> None:
 
 
 def builtin_model_path(name: str, cache_dir: Path) -> Path:
-    if name not in BUILTIN_MODELS:
-        raise ValueError(f"unknown builtin model {name!r}; valid: {sorted(BUILTIN_MODELS)}")
-    spec = BUILTIN_MODELS[name]
+    from miles_core.models.glm import GLM_MODELS, build_glm_debug  # GLM-4.5-architecture debug models
+
+    if name not in BUILTIN_MODELS and name not in GLM_MODELS:
+        raise ValueError(f"unknown builtin model {name!r}; valid: {sorted({**BUILTIN_MODELS, **GLM_MODELS})}")
+    spec = BUILTIN_MODELS.get(name) or GLM_MODELS[name]
     out = cache_dir / "models" / f"{name}-{spec.fingerprint()}"
     if not (out / "config.json").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        build_tiny(spec, out)
+        (build_tiny if name in BUILTIN_MODELS else build_glm_debug)(spec, out)
     return out

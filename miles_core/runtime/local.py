@@ -17,7 +17,7 @@ from miles_core.config import TrainConfig
 from miles_core.data import DataSource, PromptSpec, Sample, load_prompts
 from miles_core.data.tasks import materialize_builtin
 from miles_core.env import cache_dir
-from miles_core.evaluation import EvalDataset, eval_params, evaluate
+from miles_core.evaluation import SnapshotEvaluator, build_suite, load_hf_engine, run_on_engine
 from miles_core.models import resolve_model_path
 from miles_core.rewards import RewardOptions, reward_value
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
@@ -69,6 +69,8 @@ class LocalRuntime:
         prompts, self.dropped_prompts = load_prompts(resolve_data_path(cfg.data.prompt_data), self.tokenizer, prompt_spec(cfg))
         self.num_prompts = len(prompts)
         self.source = DataSource(prompts, shuffle=cfg.data.rollout_shuffle, seed=cfg.data.rollout_seed)
+        self.eval_suite = build_suite(cfg, self.tokenizer)  # bad eval data or eval_config fails here, before any model loads
+        self._snapshot_evals: SnapshotEvaluator | None = None
         torch.manual_seed(cfg.misc.seed)
         dtype = getattr(torch, cfg.misc.dtype)
         policy = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
@@ -82,7 +84,6 @@ class LocalRuntime:
         self.params = sampling_params(cfg, self.tokenizer.eos_token_id)
         self.rewards = reward_options(cfg)
         self.weight_version = 0
-        self.eval_datasets = self._eval_datasets()
 
     @property
     def num_rollout(self) -> int:
@@ -143,22 +144,22 @@ class LocalRuntime:
         self.weight_version += 1
         return sync_weights(self.trainer.named_tensors(), [self.engine], self.weight_version, self.cfg.cluster.update_weight_buffer_size)
 
-    def _eval_datasets(self) -> list[EvalDataset]:
-        e = self.cfg.eval
-        items = e.eval_prompt_data or []
-        params = eval_params(self.params, e.eval_temperature, e.eval_top_p, e.eval_top_k, e.eval_max_response_len)
-        out = []
-        for name, spec in zip(items[::2], items[1::2]):
-            prompts, _ = load_prompts(resolve_data_path(spec), self.tokenizer, prompt_spec(self.cfg))
-            out.append(EvalDataset(name, tuple(prompts), e.n_samples_per_eval_prompt, params))
-        return out
-
     def evaluate(self) -> tuple[dict[str, float], list[dict]]:
-        t0 = time.perf_counter()
-        key = self.cfg.rollout.eval_reward_key or self.cfg.rollout.reward_key
-        metrics, rows = evaluate(self.engine, self.eval_datasets, self.rewards, key, self.cfg.misc.seed, self.decode)
-        metrics["eval/duration_seconds"] = time.perf_counter() - t0
-        return metrics, rows
+        """Inline eval of the live engine, pinned to the current weight version (a point that cannot run
+        gives eval/skipped_<reason>)."""
+        result = run_on_engine(self.engine, self.eval_suite, self.weight_version)
+        return result.metrics, result.rows
+
+    def snapshot_evals(self) -> SnapshotEvaluator:
+        """eval_mode snapshot: background evals of HF snapshots in <run_dir>/eval_snapshots/<weight version>/."""
+        if self._snapshot_evals is None:
+            e = self.cfg.eval
+            export = lambda root, version: ckpt.export_hf(self.trainer.model, self.tokenizer, root, version)  # noqa: E731
+            load = lambda path, version: load_hf_engine(path, version, self.cfg.misc.dtype)  # noqa: E731
+            self._snapshot_evals = SnapshotEvaluator(self.eval_suite, self.cfg.run_dir / "eval_snapshots", export, load,
+                                                     e.eval_max_in_flight, e.eval_overflow_policy, e.eval_keep_snapshots,
+                                                     version_now=lambda: self.weight_version)
+        return self._snapshot_evals
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self, rollout_id: int, state: dict) -> dict[str, float]:

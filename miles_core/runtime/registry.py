@@ -19,4 +19,8 @@ def get_runtime(key: str) -> LocalRuntime:
 
 
 def release(key: str) -> None:
-    _RUNTIMES.pop(key, None)
+    """Forget the runtime; one that holds processes (RayRuntime: actors, engine servers) closes them."""
+    runtime = _RUNTIMES.pop(key, None)
+    close = getattr(runtime, "close", None)
+    if close is not None:
+        close()

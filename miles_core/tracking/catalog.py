@@ -82,13 +82,14 @@ _LOSS = "miles_core/algorithms/losses.py"
 _CORR = "miles_core/algorithms/rollout_correction.py"
 _MIS = "miles_core/algorithms/mis.py"
 _MIS_ON = "custom_tis_function_path: mis"
-_EVAL = "miles_core/evaluation/__init__.py"
+_EVAL = "miles_core/evaluation/core.py"
+_POINT = "miles_core/evaluation/point.py"
 
 CATALOG: tuple[Metric, ...] = (
     # ---- step axes (logged as metrics too, so every chart can use them as x) ----------------------
     Metric(ROLLOUT, ROLLOUT, "the rollout id (0-based)", "always", "flows/train.py"),
     Metric(TRAIN, TRAIN, "optimizer step: rollout_id * num_steps_per_rollout + step", "always", "flows/train.py"),
-    Metric(EVAL, EVAL, "the engine weight version that was evaluated", "eval_prompt_data", "flows/train.py"),
+    Metric(EVAL, EVAL, "the engine weight version that was evaluated", "eval_prompt_data", "flows/tracking.py"),
     # ---- rollout: generation and rewards ----------------------------------------------------------
     Metric("rollout/raw_reward", ROLLOUT, "mean scalar reward of the rollout's samples", "always", _RM),
     Metric("rollout/rewards", ROLLOUT, "mean reward (same value as raw_reward; reference name kept)", "always", _RM),
@@ -180,20 +181,20 @@ CATALOG: tuple[Metric, ...] = (
     Metric("train/critic_grad_norm", TRAIN, "critic gradient norm before clipping", "advantage_estimator: ppo",
            "miles_core/training/critic.py"),
     # ---- eval ---------------------------------------------------------------------------------------
-    Metric("eval/duration_seconds", EVAL, "seconds of the whole eval", "eval_prompt_data", _LOCAL),
+    Metric("eval/duration_seconds", EVAL, "seconds of the whole eval", "eval_prompt_data", _POINT),
+    Metric("eval/export_time_seconds", EVAL, "seconds to write the HF snapshot that was evaluated",
+           "eval_mode: snapshot, or the eval flow on a checkpoint", _POINT),
+    Metric("eval/lag_steps", EVAL, "weight versions the trainer (or the newest checkpoint) is ahead of the evaluated one when "
+           "the eval lands", "eval_mode: snapshot, or the eval flow", "miles_core/evaluation/ledger.py"),
+    Metric("eval/skipped_<reason>", EVAL, "1 at an eval point that did not run: busy, export_failed, ckpt_missing, crashed, "
+           "unhealthy, pin_violation, or an EvalSkip(reason) of eval_function_path", "eval_prompt_data or eval_config",
+           "miles_core/evaluation/skip.py"),
     Metric("eval/<ds>-truncated_ratio", EVAL, "fraction of eval samples that hit the length limit", "eval_prompt_data", _EVAL),
     Metric("eval/<ds>-response_len/mean", EVAL, "mean eval response length", "eval_prompt_data", _EVAL),
     Metric("eval/<ds>-weight_version/mean", EVAL, "mean engine weight version of the eval samples (== eval/step when good)",
            "eval_prompt_data", _EVAL),
     Metric("eval/<ds>-mixed_version_ratio", EVAL, "1 if the eval samples came from more than one weight version", "eval_prompt_data", _EVAL),
     Metric("eval/<ds>-pass@<k>", EVAL, "unbiased pass@k, k = 1, 2, 4, ... <= n_samples_per_eval_prompt", "eval_prompt_data", _EVAL),
-    Metric("eval/skipped_<reason>", EVAL, "1 at a point that did not run: busy, export_failed, ckpt_missing, crashed, unhealthy, "
-           "pin_violation, or the reason a custom eval function raised with EvalSkip(reason)", "eval_prompt_data",
-           "miles_core/evaluation/skip.py"),
-    Metric("eval/lag_steps", EVAL, "how many weight versions training was ahead when the eval point was logged", "eval_prompt_data",
-           "miles_core/evaluation/ledger.py"),
-    Metric("eval/export_time_seconds", EVAL, "seconds to write the HF snapshot that a snapshot eval reads", "eval_prompt_data",
-           "miles_core/evaluation/point.py"),
     Metric("eval/<ds>", EVAL, "mean eval reward of dataset ds (eval_reward_key)", "eval_prompt_data", _EVAL),
 )
 
@@ -226,6 +227,9 @@ def match(key: str) -> Metric | None:
     return None
 
 
+_seen: set[str] = set()  # keys already found in the catalog (entries are only ever added): the hot path is a set lookup
+
+
 _warned: set[str] = set()
 
 
@@ -236,7 +240,9 @@ def check_keys(keys: Iterable[str]) -> None:
         return
     if mode not in ("error", "warn"):
         raise ValueError(f"{CHECK_ENV}={mode!r}: expected error, warn or off")
-    bad = sorted(k for k in keys if match(k) is None)
+    new = [k for k in keys if k not in _seen]
+    bad = sorted(k for k in new if match(k) is None)
+    _seen.update(k for k in new if k not in bad)
     if not bad:
         return
     msg = (f"metric keys not in the catalog: {bad}. Add them to miles_core/tracking/catalog.py (CATALOG), or "

@@ -33,6 +33,14 @@ class TokenBatch:
             self.loss_mask[start:end, :T], self.rollout_log_probs[start:end, :T],
         )
 
+    def take(self, rows: list[int]) -> "TokenBatch":
+        """Rows by index (in that order), trimmed like slice; take(list(range(a, b))) == slice(a, b)."""
+        if rows == list(range(rows[0], rows[-1] + 1)):
+            return self.slice(rows[0], rows[-1] + 1)
+        idx = torch.tensor(rows)
+        return TokenBatch(*(t[idx] for t in (self.input_ids, self.attention_mask, self.resp_index, self.resp_tokens,
+                                             self.loss_mask, self.rollout_log_probs))).slice(0, len(rows))
+
 
 def make_batch(samples: list[Sample], pad_id: int) -> TokenBatch:
     N = len(samples)

@@ -47,6 +47,7 @@ class TorchTrainer:
         )
         self.critic = Critic(build_critic(model), a, a.micro_batch_size) if a.advantage_estimator == "ppo" else None
         self.steps_done = 0
+        self.dp = None  # data parallel (runtime/ray/train_group.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
 
     # ---- forward-only passes ------------------------------------------------------------------
     def compute_log_probs(self, model, batch: TokenBatch) -> torch.Tensor:
@@ -115,10 +116,12 @@ class TorchTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        for s in range(rows.start, rows.stop, mb):
-            piece = batch.slice(s, min(s + mb, rows.stop))
+        mine = self.dp.shard(batch, rows) if self.dp is not None else list(rows)  # every row of the step unless data parallel
+        for s in range(0, len(mine), mb):
+            idx = mine[s : s + mb]
+            piece = batch.take(idx)
             T = piece.loss_mask.shape[1]
-            cut = lambda x: None if x is None else x[s : s + len(piece), :T]  # noqa: E731
+            cut = lambda x: None if x is None else x[idx, :T]  # noqa: E731
             logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True)
             inputs = LossInputs(
                 log_probs=logp, old_log_probs=cut(tensors["old"]), advantages=cut(tensors["adv"]), loss_mask=piece.loss_mask,
@@ -129,6 +132,8 @@ class TorchTrainer:
             loss.backward()
             for name, v in metrics.items():
                 totals[name] = totals.get(name, 0.0) + float(v)
+        if self.dp is not None:  # sum gradients and metric totals over ranks (the Reducer's denominators are global)
+            totals = self.dp.all_reduce(self.model, totals)
         lr = self._set_lr()
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)

@@ -20,7 +20,6 @@ from . import ROOT
 
 CODE_PACKAGES = ("miles_core", "flows", "tasks")  # the shipped code
 SCAN_DIRS = CODE_PACKAGES + ("bench", "tools", "tests")  # where identifiers may come from
-_MISSING = object()
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -30,7 +29,7 @@ class ConfigField:
     group: str
     flag: str
     type: str  # rendered for people
-    default: Any  # the Python default; _MISSING-free: required fields have required=True and default None
+    default: Any  # the Python default (None for a required field, which has required=True)
     required: bool
     description: str
     choices: tuple[str, ...] | None
@@ -207,6 +206,10 @@ def _top_level_names(tree: ast.Module | ast.ClassDef) -> set[str]:
             sub = ast.Module(body=node.body + getattr(node, "orelse", []) + [s for h in getattr(node, "handlers", []) for s in h.body],
                              type_ignores=[])
             names |= _top_level_names(sub)
+    if isinstance(tree, ast.Module) and "__getattr__" in names:  # lazy exports: the names its tables list
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
     return names
 
 
@@ -253,10 +256,15 @@ def py_files(dirs: tuple[str, ...] = SCAN_DIRS) -> list[Path]:
 
 @lru_cache(maxsize=1)
 def identifiers() -> frozenset[str]:
-    """Every name the code defines or uses (functions, classes, args, attributes, keywords, string keys),
-    plus config fields and recipe keys."""
+    """Every name the code defines or uses (functions, classes, args, attributes, keywords, words of short strings),
+    plus config fields and recipe keys. From tests/, only the functions and classes they define."""
     names: set[str] = set(config_fields())
     for path in py_files():
+        rel = path.relative_to(ROOT).parts
+        if rel[0] == "tests":  # tests: only what they define (fixtures, helpers); never their strings
+            if rel[:2] != ("tests", "docs"):  # the docs tests plant absent names on purpose
+                names |= {n.name for n in ast.walk(_parse(path)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+            continue
         for node in ast.walk(_parse(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
@@ -362,6 +370,37 @@ def env_vars() -> dict[str, EnvVar]:
             reads.setdefault(name, []).append(str(path.relative_to(ROOT)))
     names = list(defaults) + sorted(n for n in reads if n not in defaults)
     return {n: EnvVar(n, defaults.get(n), tuple(reads.get(n, ()))) for n in names}
+
+
+# ---- Prefect flows and tasks --------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefectUnit:
+    kind: str  # "flow" | "task"
+    name: str  # the Prefect name
+    function: str  # module.function
+    options: dict[str, str]  # decorator keywords other than name, as source text
+    doc: str  # first line of the docstring
+
+
+def prefect_units() -> list[PrefectUnit]:
+    """Every @flow in flows/ and @task in tasks/, read from the decorators (no Prefect import)."""
+    out = []
+    for path in py_files(("flows", "tasks")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in _parse(path).body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for dec in node.decorator_list:
+                call = dec if isinstance(dec, ast.Call) else None
+                fn = call.func if call else dec
+                kind = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
+                if kind not in ("flow", "task"):
+                    continue
+                kw = {k.arg: ast.unparse(k.value) for k in (call.keywords if call else []) if k.arg}
+                name = ast.literal_eval(kw.pop("name")) if "name" in kw else node.name
+                doc = (ast.get_docstring(node) or "").strip().splitlines()
+                out.append(PrefectUnit(kind, name, f"{module}.{node.name}", kw, doc[0] if doc else ""))
+    return out
 
 
 # ---- recipes --------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,7 +85,7 @@ class ServerProcess:
     """A server subprocess (spawn_server_process); ``url`` is known once wait_ready() returned."""
 
     def __init__(self, proc: subprocess.Popen, cmd: list[str], port_file: Path, log_path: Path):
-        self.proc, self.cmd, self.port_file, self.log_path = proc, cmd, port_file, log_path
+        self.proc, self.cmd, self.port_file, self.log_path = proc, cmd, port_file, log_path  # both in a temp dir
         self.url: str | None = None
 
     @property
@@ -112,13 +113,14 @@ class ServerProcess:
         self.proc.wait(10)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``."""
+        """SIGTERM, then SIGKILL after ``timeout``; removes the temp dir (port file, log)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+        shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
     def __enter__(self) -> "ServerProcess":
         return self

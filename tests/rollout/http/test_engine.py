@@ -21,7 +21,7 @@ def test_request_seed_is_stable_and_spread():
 
 def test_sampler_follows_the_filtered_distribution(make_engine):
     engine = make_engine("dynamic")
-    prompt, n, temperature = [5, 6, 7], 4000, 0.5
+    prompt, n, temperature = [5, 6, 7], 4000, 0.02  # low temperature: top-5 probabilities 0.29 .. 0.15
     out = engine.generate([GenerateRequest(prompt, SamplingParams(temperature, top_k=5, max_new_tokens=1))] * n, seed=0)
     with torch.no_grad():
         logits = engine.model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / temperature  # [V]
@@ -30,7 +30,7 @@ def test_sampler_follows_the_filtered_distribution(make_engine):
     assert set(counts) <= set(top.indices.tolist())  # never outside the top-k
     expected = torch.softmax(top.values, -1)
     observed = torch.tensor([counts[t] / n for t in top.indices.tolist()])
-    assert (observed - expected).abs().sum() / 2 < 0.04  # total variation; ~0.013 expected at n=4000
+    assert (observed - expected).abs().sum() / 2 < 0.04  # total variation (seed 0: 0.009)
     logp = torch.log_softmax(logits, -1)  # log-probs: of the full tempered distribution, not the filtered one
     assert all(abs(r.output_log_probs[0] - float(logp[r.output_ids[0]])) < 1e-5 for r in out[:50])
 

@@ -1,0 +1,141 @@
+"""Orchestration overhead: the tiny recipe through the Prefect train flow vs the same library calls in a
+plain Python loop (no Prefect), alternating flow run / loop run in one process.
+
+The loop does what ``flows/train.py`` does, stage for stage, minus Prefect: build the LocalRuntime,
+open the MLflow run (``flows.tracking.open_run``, Prefect-free), sync weights, eval before training,
+then per rollout generate -> train -> log train steps -> save when due -> sync -> log rollout metrics
+-> eval when due. So the difference is Prefect's: flow/task runs, state tracking, the API, artifacts.
+
+Figures: wall time of a whole run (flow: from the call to its return; loop: from building the runtime
+to the end), and the steady per-rollout time (median gap between consecutive rollout ends, from the
+progress events both emit), whose difference is the per-rollout overhead at this step size. The first
+flow run of the process also starts Prefect's ephemeral API; it is timed apart and not counted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+
+from .common import TMP, Result, fmt_stat, summarize, table
+
+
+def _config(tag: str, rollouts: int):
+    from miles_core.config import load_config
+
+    run_dir = TMP / "orchestration" / tag
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return load_config("tiny", {"run_dir": str(run_dir), "num_rollout": rollouts})
+
+
+def _marks() -> tuple[list[float], callable]:
+    from miles_core.tracking import progress
+
+    marks: list[float] = []
+    return marks, progress.subscribe(lambda i, n, m: marks.append(time.perf_counter()))
+
+
+def run_flow(rollouts: int, tag: str) -> dict:
+    from flows.train import train
+
+    cfg = _config(tag, rollouts)
+    marks, unsubscribe = _marks()
+    t0 = time.perf_counter()
+    try:
+        summary = train(cfg)
+    finally:
+        unsubscribe()
+    return {"total_s": time.perf_counter() - t0, "gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
+
+
+def run_loop(rollouts: int, tag: str) -> dict:
+    """flows/train.py's sequence of library calls, without Prefect."""
+    from flows.tracking import open_run
+    from flows.train import due
+    from miles_core.checkpoint import validate_hf_dir
+    from miles_core.runtime.local import LocalRuntime
+    from miles_core.tracking import progress
+
+    cfg = _config(tag, rollouts)
+    marks, unsubscribe = _marks()
+    t0 = time.perf_counter()
+    try:
+        rt = LocalRuntime(cfg)
+        validate_hf_dir(rt.model_path)
+        n = rt.num_rollout
+        derived = {"global_batch_size": cfg.global_batch_size, "num_steps_per_rollout": cfg.num_steps_per_rollout, "num_rollout": n}
+        tracker = open_run(cfg, None, derived)
+        rt.sync_weights()
+        if cfg.eval.eval_prompt_data and not cfg.eval.skip_eval_before_train:
+            tracker.log(rt.evaluate()[0], "eval/step", rt.weight_version)
+        k = cfg.num_steps_per_rollout
+        for i in range(n):
+            metrics = rt.generate(i)
+            rollout_metrics, steps = rt.train(i)
+            metrics |= rollout_metrics
+            for j, step in enumerate(steps):
+                tracker.log(step, "train/step", i * k + j)
+            if due(cfg.checkpoint.save_interval, i, n) or i == n - 1:
+                metrics |= rt.save(i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": cfg.misc.recipe})
+            metrics |= rt.sync_weights()
+            tracker.log(metrics, "rollout/step", i)
+            if due(cfg.eval.eval_interval, i, n) and cfg.eval.eval_prompt_data:
+                tracker.log(rt.evaluate()[0], "eval/step", rt.weight_version)
+            progress.emit(i, n, metrics)
+        tracker.mlflow.end("FINISHED")
+    finally:
+        unsubscribe()
+    return {"total_s": time.perf_counter() - t0, "gaps_s": _gaps(marks), "last_reward": metrics["rollout/raw_reward"]}
+
+
+def _gaps(marks: list[float]) -> list[float]:
+    return [b - a for a, b in zip(marks, marks[1:])]
+
+
+def bench(rollouts: int, repeats: int) -> Result:
+    import logging
+
+    for name in ("prefect", "mlflow", "alembic", "httpx", "uvicorn"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    t0 = time.perf_counter()
+    run_flow(1, "flow-warmup")  # starts the ephemeral Prefect API (when PREFECT_API_URL is unset)
+    warm_s = time.perf_counter() - t0
+    runs: dict[str, list[dict]] = {"flow": [], "loop": []}
+    for r in range(repeats):
+        order = ("flow", "loop") if r % 2 == 0 else ("loop", "flow")
+        for kind in order:
+            out = (run_flow if kind == "flow" else run_loop)(rollouts, f"{kind}-{r}")
+            runs[kind].append(out)
+            print(f"[orchestration] {kind} run {r}: {out['total_s']:.2f} s, per rollout {statistics.median(out['gaps_s']):.3f} s", flush=True)
+    total = {k: summarize([o["total_s"] for o in v]) for k, v in runs.items()}
+    # steady state: rollouts without eval after them (eval_interval makes some gaps longer on both sides)
+    gaps = {k: summarize([g for o in v for g in o["gaps_s"]]) for k, v in runs.items()}
+    pairs = [f["total_s"] / lp["total_s"] - 1 for f, lp in zip(runs["flow"], runs["loop"])]
+    per_rollout = gaps["flow"]["median"] - gaps["loop"]["median"]
+    res = Result("orchestration", {"recipe": "tiny", "rollouts": rollouts, "repeats": repeats,
+                                   "prefect_api": "ephemeral (PREFECT_API_URL unset)" if not _api_url() else _api_url()})
+    res.figures = {"total_s": total, "per_rollout_s": gaps, "first_flow_with_api_start_s": warm_s,
+                   "raw": {k: [{"total_s": o["total_s"], "gaps_s": o["gaps_s"]} for o in v] for k, v in runs.items()}}
+    res.ratios = {"run_overhead_pct": 100 * statistics.median(pairs),
+                  "per_rollout_overhead_s": per_rollout, "per_rollout_overhead_pct": 100 * per_rollout / gaps["loop"]["median"]}
+    res.noise = {"run_overhead_pct_per_pair": [100 * p for p in pairs], "loop_total_rel_iqr": total["loop"]["rel_iqr"]}
+    res.tables.append(table(
+        ["", "whole run (s)", "per rollout (s)"],
+        [["Prefect flow", fmt_stat(total["flow"]), fmt_stat(gaps["flow"])],
+         ["plain loop", fmt_stat(total["loop"]), fmt_stat(gaps["loop"])],
+         ["overhead", f"{res.ratios['run_overhead_pct']:+.1f}%", f"{per_rollout * 1000:+.0f} ms ({res.ratios['per_rollout_overhead_pct']:+.1f}%)"]]))
+    res.notes += [
+        f"tiny recipe, {rollouts} rollouts per run (eval before training and at eval_interval, checkpoint at the end), "
+        f"{repeats} flow runs and {repeats} loop runs alternating; medians (IQR).",
+        f"first flow run of the process (starts the ephemeral Prefect API): {warm_s:.1f} s, not counted.",
+        "whole-run overhead includes the flow's fixed cost (flow run, prepare task, artifacts); per-rollout overhead is the "
+        "steady cost of the 3-4 task runs per rollout.",
+    ]
+    return res
+
+
+def _api_url() -> str | None:
+    import os
+
+    return os.environ.get("PREFECT_API_URL")

@@ -1,0 +1,72 @@
+"""Placement: which bundle each train worker and each engine uses.
+
+Train workers: ``actor_num_nodes * actor_num_gpus_per_node`` bundles, one worker each. Engines:
+``rollout_num_gpus / rollout_num_gpus_per_engine`` of them; an engine takes
+``rollout_num_gpus_per_engine`` bundles (it runs on the first). Colocated: the engines' bundles
+are the train bundles (each resource is shared: train worker and engine ask for half of it);
+disaggregated: the engines get bundles of their own after the train bundles.
+
+A bundle is ``{"GPU": 1, "CPU": 1}`` on a cluster with GPUs, ``{"CPU": 1}`` without.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles_core.config.cluster import ClusterConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    bundles: list[dict[str, float]]
+    train_bundles: list[int]  # bundle index of train rank r
+    engine_bundles: list[int]  # bundle index of engine j (its first bundle)
+    share: float  # fraction of its bundle each actor asks for (0.5 colocated, 1 disaggregated)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_bundles)
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.engine_bundles)
+
+    def actor_resources(self) -> dict[str, float]:
+        """What one actor asks of its bundle: {"num_cpus": .., "num_gpus": ..}."""
+        b = self.bundles[0]
+        return {"num_cpus": b.get("CPU", 0) * self.share, "num_gpus": b.get("GPU", 0) * self.share}
+
+
+def plan_placement(cluster: ClusterConfig, use_gpu: bool) -> Placement:
+    n_train = cluster.actor_num_nodes * cluster.actor_num_gpus_per_node
+    n_rollout = cluster.rollout_num_gpus or n_train
+    per_engine = cluster.rollout_num_gpus_per_engine
+    if n_rollout % per_engine:
+        raise ValueError(f"rollout_num_gpus ({n_rollout}) must be a multiple of rollout_num_gpus_per_engine ({per_engine})")
+    if cluster.colocate and n_rollout > n_train:
+        raise ValueError(f"colocate shares the train bundles: rollout_num_gpus ({n_rollout}) must be <= actor total ({n_train})")
+    bundle = {"CPU": 1.0, "GPU": 1.0} if use_gpu else {"CPU": 1.0}
+    first = 0 if cluster.colocate else n_train
+    n_bundles = n_train if cluster.colocate else n_train + n_rollout
+    return Placement(bundles=[dict(bundle) for _ in range(n_bundles)], train_bundles=list(range(n_train)),
+                     engine_bundles=list(range(first, first + n_rollout, per_engine)), share=0.5 if cluster.colocate else 1.0)
+
+
+def create_placement_group(plan: Placement, timeout_s: float = 120.0):
+    """Reserve the bundles (PACK: one node when they fit). Raises with the plan if Ray cannot place them."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    pg = placement_group(plan.bundles, strategy="PACK")
+    if not pg.wait(timeout_s):
+        ray.util.remove_placement_group(pg)
+        raise RuntimeError(f"Ray could not place {len(plan.bundles)} bundles {plan.bundles[0]} within {timeout_s}s "
+                           f"(cluster resources: {ray.cluster_resources()})")
+    return pg
+
+
+def in_bundle(pg, index: int) -> dict:
+    """.options(**in_bundle(pg, i)) schedules an actor on bundle i."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)}

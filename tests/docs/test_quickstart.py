@@ -1,0 +1,31 @@
+"""The quick start of docs/getting-started.md, run exactly as written (the `<!-- runnable: slow -->` blocks),
+then a runtime check: every metric it logged to MLflow is in the catalog."""
+
+from __future__ import annotations
+
+import re
+
+from tools.docs import ROOT
+from tools.docs.check import Code, PageCheck, metric_known, runnable_blocks
+from tools.docs.markdown import parse
+
+
+def test_the_quick_start_runs_as_written():
+    blocks = [(rel, b) for rel, b in runnable_blocks() if b.run == "slow"]
+    assert [rel for rel, _ in blocks] == ["docs/getting-started.md"], blocks
+    rel, block = blocks[0]
+    checker = PageCheck(parse(rel, ""), Code(), {"slow"})
+    checker.run_block(block)
+    assert checker.problems == [], "\n".join(map(str, checker.problems))
+
+    run_dir = re.search(r"--run-dir (\S+)", block.text).group(1)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{ROOT / run_dir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("miles")
+    run = client.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time DESC"])[0]
+    keys = set(run.data.metrics)
+    assert {"rollout/raw_reward", "train/loss", "eval/arith", "passrate/pass_1", "perf/update_weights_time"} <= keys, keys
+    assert [k for k in keys if not metric_known(k)] == []
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/step")] == [0, 1]

@@ -1,0 +1,200 @@
+"""Operating miles by deployment, end to end on loopback: `miles serve`'s server, work pool, `prefect
+deploy` of deployments/prefect.yaml and process worker (a temporary PREFECT_HOME); `prefect
+deployment run train/tiny` to Completed with its MLflow run; `eval/nightly` over that save dir
+landing eval/step metrics in the same run; the cron schedule producing scheduled runs;
+`train/glm4-5` run at debug scale with the recipe's algorithm settings as MLflow params; a failed
+run retried with `prefect flow-run retry` resuming from its last checkpoint.
+
+Runs are launched together (the worker runs them in parallel) to keep the file near 3 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+import flows  # noqa: F401  (environment first)
+from flows.serve import PREFECT_YAML, render_prefect_yaml
+from miles_core.config import TrainConfig, list_recipes, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"num_rollout": 2, "rollout_batch_size": 2, "save_interval": 1, "eval_interval": 100, "skip_eval_before_train": True,
+        "eval_prompt_data": ["arith", "builtin://arith-test@[0:8]"], "num_threads": 1, "log_samples": 2}
+FLAKY_RM = '''
+import os
+from pathlib import Path
+
+from miles_core.rewards import score
+
+
+def reward(sample):
+    """Fails rollout 1 while the arm file exists: a reward service that is down for a while."""
+    if sample.rollout_id == 1 and Path(os.environ["MILES_TEST_FLAKY_ARM"]).exists():
+        raise RuntimeError("flaky reward service is down")
+    return score("math", sample.response, sample.label)
+'''
+
+
+# ---- the checked-in file ---------------------------------------------------------------------------
+def test_prefect_yaml_is_in_sync_with_the_recipes():
+    assert PREFECT_YAML.read_text() == render_prefect_yaml(), "stale deployments/prefect.yaml: run `make deployments`"
+
+
+def test_every_recipe_is_a_deployment_whose_parameters_validate():
+    doc = yaml.safe_load(PREFECT_YAML.read_text())
+    train = {d["name"]: d for d in doc["deployments"] if d["entrypoint"] == "flows/train.py:train"}
+    assert sorted(train) == list_recipes() and {"glm4-5", "glm4-5-debug", "tiny"} <= set(train)
+    for name, d in train.items():
+        cfg = TrainConfig.model_validate(d["parameters"]["config"])
+        assert cfg == load_config(name) and d["work_pool"]["name"] == "miles" and d["enforce_parameter_schema"]
+    (nightly,) = [d for d in doc["deployments"] if d["name"] == "nightly"]
+    assert nightly["entrypoint"] == "flows/evaluate.py:evaluate" and nightly["schedules"][0]["cron"] == "0 3 * * *"
+
+
+# ---- a real server and worker -------------------------------------------------------------------------
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from flows.serve import serve, stop
+
+    tmp = tmp_path_factory.mktemp("served")
+    (tmp / "flaky_rm.py").write_text(FLAKY_RM)
+    env = {"PREFECT_HOME": str(tmp / "prefect"), "PYTHONPATH": os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]),
+           "MILES_TEST_FLAKY_ARM": str(tmp / "armed"), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}
+    info = serve(_free_port(), tmp / "serve", env=env, poll_seconds=1)
+    try:
+        yield {**info, "tmp": tmp, "env": {**os.environ, **env, "PREFECT_API_URL": info["url"]}}
+    finally:
+        stop(tmp / "serve")
+
+
+def _client(url: str):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    class _Ctx:
+        def __enter__(self):
+            self._settings = temporary_settings({PREFECT_API_URL: url})
+            self._settings.__enter__()
+            self._client = get_client(sync_client=True).__enter__()
+            return self._client
+
+        def __exit__(self, *exc):
+            self._client.__exit__(*exc)
+            self._settings.__exit__(*exc)
+
+    return _Ctx()
+
+
+def _wait(client, run_id, timeout_s: float = 600):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = client.read_flow_run(run_id)
+        if run.state and run.state.is_final():
+            return run
+        time.sleep(1)
+    raise TimeoutError(f"flow run {run_id} not final after {timeout_s}s: {run.state}")
+
+
+def _run(client, name: str, parameters: dict):
+    d = client.read_deployment_by_name(name)
+    return client.create_flow_run_from_deployment(d.id, parameters=parameters).id
+
+
+def _mlflow(run_dir: Path) -> tuple[MlflowClient, str]:
+    marker = json.loads((run_dir / "mlflow_run.json").read_text())
+    return MlflowClient(marker["tracking_uri"]), marker["run_id"]
+
+
+def test_launch_evaluate_schedule_and_retry_by_deployment(served):
+    tmp = served["tmp"]
+    tiny = load_config("tiny", {**TINY, "run_dir": str(tmp / "tiny")})
+    glm = load_config("glm4-5-debug", {"run_dir": str(tmp / "glm"), "num_threads": 1})
+    flaky = load_config("tiny", {**TINY, "run_dir": str(tmp / "flaky"), "num_rollout": 3, "custom_rm_path": "flaky_rm:reward"})
+    (tmp / "armed").touch()
+    cli = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "train/tiny",
+                          "--params", json.dumps({"config": tiny.model_dump(mode="json")})],
+                         cwd=ROOT, env=served["env"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    tiny_run = re.search(r"flow-run/([0-9a-f-]{36})", cli.stdout).group(1)
+
+    with _client(served["url"]) as client:
+        # train/glm4-5 at debug scale: the glm4-5 deployment with the debug-scale config as its parameters
+        glm_run = _run(client, "train/glm4-5", {"config": glm.model_dump(mode="json")})
+        flaky_run = _run(client, "train/tiny", {"config": flaky.model_dump(mode="json")})
+
+        # the cron schedule is accepted and the scheduler creates its runs (no waiting for 03:00)
+        nightly = client.read_deployment_by_name("eval/nightly")
+        assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"] and nightly.schedules[0].active
+        scheduled = _scheduled_runs(client, nightly.id)
+        assert scheduled and all(r.expected_start_time.hour == 3 and r.expected_start_time.minute == 0 for r in scheduled)
+
+        # train/tiny completes; its MLflow run is finished with every rollout
+        assert _wait(client, tiny_run).state.is_completed()
+        mlflow, run_id = _mlflow(tiny.run_dir)
+        run = mlflow.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.params["rollout.rollout_batch_size"] == "2"
+        assert [m.step for m in mlflow.get_metric_history(run_id, "rollout/raw_reward")] == [0, 1]
+        assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [3]  # the last rollout only
+
+        # eval/nightly over its save dir: the checkpoint of rollout 0 (weight version 2) lands in the same run
+        eval_run = _run(client, "eval/nightly", {"target": str(tiny.save_dir), "which": "all"})
+        assert _wait(client, eval_run).state.is_completed()
+        assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [2, 3]
+        assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith-weight_version/mean")} == {2: 2.0, 3: 3.0}
+
+        # a failed run, retried from the CLI, resumes from its last checkpoint
+        failed = _wait(client, flaky_run)
+        assert failed.state.is_failed(), failed.state
+        fmlflow, frun_id = _mlflow(flaky.run_dir)
+        assert fmlflow.get_run(frun_id).data.tags["miles.resume_from_rollout"] == "1"
+        first_rollout = (flaky.run_dir / "rollouts" / "0.pt").stat().st_mtime_ns
+        (tmp / "armed").unlink()
+        retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", str(flaky_run)], cwd=ROOT, env=served["env"],
+                               capture_output=True, text=True, timeout=300)
+        assert retry.returncode == 0, retry.stdout + retry.stderr
+        assert _wait(client, flaky_run).state.is_completed()
+        frun = fmlflow.get_run(frun_id)
+        assert frun.info.status == "FINISHED"
+        assert [m.step for m in fmlflow.get_metric_history(frun_id, "rollout/raw_reward")] == [0, 1, 2]  # none twice
+        assert (flaky.run_dir / "rollouts" / "0.pt").stat().st_mtime_ns == first_rollout  # rollout 0 was not redone
+
+        # train/glm4-5 at debug scale completed; its MLflow run carries the recipe's algorithm settings
+        assert _wait(client, glm_run).state.is_completed()
+        gmlflow, grun_id = _mlflow(glm.run_dir)
+        params = gmlflow.get_run(grun_id).data.params
+        want = {"algo.advantage_estimator": "gspo", "algo.use_tis": "true", "algo.eps_clip": "0.0001", "algo.eps_clip_high": "0.0002",
+                "algo.kl_loss_type": "low_var_kl", "algo.lr": "1e-06", "algo.weight_decay": "0.1", "algo.num_steps_per_rollout": "4",
+                "rollout.rm_type": "deepscaler", "rollout.rollout_temperature": "0.8", "checkpoint.hf_checkpoint": "builtin://glm4-5-debug",
+                "misc.recipe": "glm4-5-debug"}
+        assert {k: params.get(k) for k in want} == want
+        assert [m.step for m in gmlflow.get_metric_history(grun_id, "rollout/raw_reward")] == [0, 1]
+
+
+def _scheduled_runs(client, deployment_id, timeout_s: float = 60):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        scheduled = [r for r in runs if r.state and r.state.is_scheduled()]
+        if scheduled or time.monotonic() > deadline:
+            return scheduled
+        time.sleep(1)

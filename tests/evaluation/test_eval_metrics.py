@@ -1,0 +1,53 @@
+"""The §5 metrics of one dataset, exact; inline eval of a live engine pinned to its weight version."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_core.data.sample import Sample, Status
+from miles_core.evaluation import dataset_metrics, run_on_engine
+
+
+def _s(status=Status.COMPLETED, length=3, version=7):
+    return Sample(response_length=length, status=status, weight_versions=[version])
+
+
+def test_dataset_metrics_exact():
+    # 2 prompts x G=4: prompt 0 has c=1 pass, prompt 1 has c=3 passes
+    samples = [_s(), _s(Status.TRUNCATED, 5), _s(), _s(), _s(length=1), _s(), _s(), _s(Status.TRUNCATED, 5)]
+    scores = [1, 0, 0, 0, 1, 1, 1, 0]
+    m = dataset_metrics("ds", 4, samples, scores)
+    assert m["eval/ds"] == 0.5  # 4 / 8
+    assert m["eval/ds-truncated_ratio"] == 0.25  # 2 / 8
+    assert m["eval/ds-response_len/mean"] == 3.25  # (3+5+3+3+1+3+3+5) / 8 = 26 / 8
+    assert m["eval/ds-weight_version/mean"] == 7 and m["eval/ds-mixed_version_ratio"] == 0.0
+    # pass@1 = c/n per prompt: (1/4 + 3/4) / 2 = 0.5
+    # pass@2 = 1 - C(n-c,2)/C(4,2): prompt 0: 1 - 3/6 = 0.5; prompt 1: 1 - 0/6 = 1 -> 0.75
+    # pass@4: both prompts have a pass -> 1
+    assert (m["eval/ds-pass@1"], m["eval/ds-pass@2"], m["eval/ds-pass@4"]) == (0.5, 0.75, 1.0)
+    assert "eval/ds-pass@8" not in m
+
+
+def test_mixed_versions_are_flagged():
+    m = dataset_metrics("ds", 1, [_s(version=3), _s(version=4)], [0, 1])
+    assert m["eval/ds-weight_version/mean"] == 3.5 and m["eval/ds-mixed_version_ratio"] == 1.0
+
+
+@pytest.fixture()
+def engine(tiny_model, tiny_tokenizer):
+    from miles_core.rollout.hf_engine import HFEngine
+
+    e = HFEngine(tiny_model, tiny_tokenizer)
+    e.set_weight_version(3)
+    return e
+
+
+def test_inline_eval_of_live_engine(engine, suite):
+    r = run_on_engine(engine, suite, 3)
+    assert not r.skipped, r.detail
+    assert r.metrics["eval/arith-weight_version/mean"] == 3 and r.metrics["eval/arith-mixed_version_ratio"] == 0
+    assert 0 <= r.metrics["eval/arith"] <= 1 and r.metrics["eval/duration_seconds"] > 0
+    assert {"eval/arith-pass@1", "eval/arith-pass@2"} <= set(r.metrics)
+    assert len(r.rows) == 8 and {"prompt", "response", "reward", "weight_version"} <= set(r.rows[0])
+    # the same engine asked for another version: the eval does not run
+    assert run_on_engine(engine, suite, 4).reason == "pin_violation"

@@ -1,0 +1,66 @@
+"""Eval datasets from name path pairs and an eval config file: defaults, per-dataset overrides, and
+everything unset inherited from the run (eval_* flags, then the rollout values)."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_core.config import ConfigError, load_config
+from miles_core.evaluation.spec import read_eval_file, resolve_datasets
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "eval.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_pairs_inherit_eval_flags_then_rollout_values():
+    cfg = load_config("tiny", {"eval_prompt_data": ["a", "p1", "b", "p2"], "eval_top_p": 0.5, "n_samples_per_eval_prompt": 4})
+    a, b = resolve_datasets(cfg)
+    assert (a.name, a.path, b.name, b.path) == ("a", "p1", "b", "p2")
+    assert a.top_p == 0.5 and a.n_samples == 4  # eval flags
+    assert a.temperature == 1.0 and a.max_response_len == 12 and a.rm_type == "math"  # rollout values of the tiny recipe
+    assert a.input_key == "input" and a.label_key == "label"
+
+
+def test_eval_config_dataset_beats_defaults_beats_run(tmp_path):
+    path = _write(tmp_path, """
+eval:
+  defaults:
+    n_samples_per_eval_prompt: 4
+    temperature: 0.6
+    max_response_len: 32
+  datasets:
+    - name: aime
+      path: /data/aime.jsonl
+      rm_type: deepscaler
+      prompt_key: prompt
+      n_samples_per_eval_prompt: 16
+      metadata_overrides: {split: test}
+    - name: arith
+      path: builtin://arith-test@[0:8]
+""")
+    cfg = load_config("tiny", {"eval_prompt_data": None, "eval_config": path, "eval_top_k": 5})
+    aime, arith = resolve_datasets(cfg)
+    assert (aime.n_samples, aime.temperature, aime.max_response_len) == (16, 0.6, 32)
+    assert (aime.rm_type, aime.input_key, aime.metadata_overrides) == ("deepscaler", "prompt", {"split": "test"})
+    assert aime.top_k == 5 and aime.top_p == 1.0  # eval flag, then the rollout value
+    assert (arith.n_samples, arith.rm_type, arith.input_key) == (4, "math", "input")
+
+
+def test_mapping_form_and_pairs_together(tmp_path):
+    path = _write(tmp_path, "datasets:\n  hard: {path: h.jsonl, top_p: 0.9}\n")
+    names = [d.name for d in resolve_datasets(load_config("tiny", {"eval_config": path}))]
+    assert names == ["arith", "hard"]  # tiny's pair first
+
+
+def test_duplicate_name_and_bad_fields_are_clear_errors(tmp_path):
+    dup = _write(tmp_path, "datasets: [{name: arith, path: x.jsonl}]\n")
+    with pytest.raises(ConfigError, match="'arith' is defined twice"):
+        resolve_datasets(load_config("tiny", {"eval_config": dup}))
+    bad = _write(tmp_path, "datasets: [{name: a, path: x.jsonl, temprature: 0.5}]\n")
+    with pytest.raises(ConfigError, match=r"datasets\.0\.temprature"):
+        read_eval_file(bad)
+    with pytest.raises(ConfigError, match="no such file"):
+        read_eval_file(tmp_path / "missing.yaml")

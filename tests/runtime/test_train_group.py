@@ -1,0 +1,62 @@
+"""Two Ray train workers (gloo, data parallel) take the same step as one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miles_core.config import load_config
+from miles_core.data.sample import Sample
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+
+def _samples(tok, n_groups=2, group=4):
+    out = []
+    for g in range(n_groups):
+        prompt = tok(f"{g}+1=")["input_ids"]
+        for k in range(group):
+            resp = tok("\\boxed{" + str(g + 1 + (k % 2)) + "}")["input_ids"][: 3 + k % 3]  # uneven lengths
+            out.append(Sample(group_index=g, index=g * group + k, tokens=prompt + resp, response_length=len(resp),
+                              loss_mask=[1] * len(resp), rollout_log_probs=[-1.0] * len(resp)))
+    return out
+
+
+@pytest.mark.parametrize("balance", [True])  # contiguous shares: the same code path with another split
+def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
+    import ray
+
+    from miles_core.runtime.ray.placement import create_placement_group, plan_placement
+    from miles_core.runtime.ray.train_group import TrainGroup, build_trainer
+
+    # adam_eps 1: the update is ~linear in the gradient (see tests/training/test_torch_trainer.py); 2 steps per rollout
+    over = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "lr": 1e-3, "adam_eps": 1.0,
+            "micro_batch_size": 1, "actor_num_gpus_per_node": 2, "rollout_num_gpus": 1, "balance_data": balance}
+    cfg = load_config("tiny", over)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+
+    one = build_trainer(cfg, str(tiny_model_dir), tiny_tokenizer)
+    flat = lambda: torch.cat([t.detach().flatten().clone() for _, t in one.named_tensors()])  # noqa: E731
+    w0 = flat()
+    roll1, steps1 = one.train_rollout(samples, rewards)
+    w1 = flat()
+
+    plan = plan_placement(cfg.cluster, use_gpu=False)
+    pg = create_placement_group(plan)
+    group = TrainGroup(cfg, str(tiny_model_dir), pg, plan.train_bundles, plan.actor_resources())
+    try:
+        roll2, steps2 = group.call("train_rollout", samples, rewards, 0)
+        ranks = ray.get([w.named_tensors.remote() for w in group.workers])
+    finally:
+        group.shutdown()
+        ray.util.remove_placement_group(pg)
+    w_ranks = [torch.cat([t.flatten() for _, t in named]) for named in ranks]
+    moved = (w1 - w0).abs().max()
+    assert moved > 1e-6
+    assert torch.equal(w_ranks[0], w_ranks[1])  # the replicas apply the same update
+    assert (w_ranks[0] - w1).abs().max() < 1e-3 * moved, ((w_ranks[0] - w1).abs().max(), moved)
+    assert len(steps2) == 2
+    for a, b in zip(steps1, steps2):
+        for key in ("train/loss", "train/pg_loss", "train/entropy_loss", "train/grad_norm", "train/pg_clipfrac"):
+            assert abs(a[key] - b[key]) < 1e-5 * max(1.0, abs(a[key])), (key, a[key], b[key])
+    assert abs(roll1["rollout/advantages"] - roll2["rollout/advantages"]) < 1e-6

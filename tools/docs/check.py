@@ -1,0 +1,556 @@
+"""The docs check: every flag, config key, default, env var, path, module path, metric name and command
+that a page names must exist in (or agree with) the code. Runnable shell blocks are run.
+
+What is checked where (a "code span" is `inline code`; "code" is a span or a code block):
+
+| kind | rule |
+|---|---|
+| flag | every `--flag` anywhere is a flag of `miles`, of a `python -m` entry point of this repository, or an EXTERNAL_FLAGS entry; on a `miles <cmd>` command line it must be a flag of that command |
+| command | `miles <cmd>` names a command and, for train/config, a recipe that exists; `python -m <module>` of this repository exists; `make <target>` exists |
+| config | keys of a ```yaml block are config fields with valid values (or the block validates against the pydantic model named by a `# schema: pkg.mod.Model` first line); `` `key: value` `` of a config field has a valid value |
+| default | "`field` (default X)", "`field` defaults to X", "`field` default X" agree with the field's default |
+| planned | "`field` (planned)" of a config field: no code reads the field yet |
+| name | a snake_case code span (`compute_advantages`, `group_index`) is a name the code defines or uses |
+| env | an UPPER_CASE code span with `_` is an env var miles sets or reads (or a Python constant); `VAR=x cmd` sets a known variable |
+| path | a repository path in code (`miles_core/x.py`, `deployments/recipes/tiny.yaml`, `path.py::Symbol`) exists (and defines Symbol) |
+| module | a dotted module path in code (`miles_core.x.y[.Symbol]`, `from miles_core.x import y`) exists |
+| metric | a metric name in code (`rollout/...`, `train/...`, `perf/...`, `eval/...`, `passrate/...`) is in the catalog; `<x>` parts and `*` match any text |
+| stale | a generated page equals a fresh render |
+| link | a relative link in README.md points at a file that exists (mkdocs --strict checks the links inside docs/) |
+| run | a block marked `<!-- runnable -->` (or `<!-- runnable: slow -->`) exits 0; `<!-- runnable: gpu -->` blocks only parse (bash -n) |
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import DOCS, ROOT, facts
+from .generate import PAGES, render_all, stale
+from .markdown import Block, Page, parse
+
+# Flags of tools that are not ours, which pages may name (mlflow, pip, pytest, mkdocs, sglang, ...).
+EXTERNAL_FLAGS = {
+    "--backend-store-uri", "--port", "--host",  # mlflow ui / server
+    "--strict", "--config-file", "--site-dir",  # mkdocs build
+    "--no-deps", "--editable", "--upgrade", "--quiet", "--disable-pip-version-check", "--requirement",  # pip
+    "--maxfail", "--durations", "--timeout", "--collect-only", "--import-mode", "--deselect",  # pytest
+    "--model-path", "--enable-deterministic-inference", "--tp", "--mem-fraction-static",  # sglang.launch_server
+    "--pool", "--cron", "--name", "--params", "--type", "--work-queue",  # prefect CLI
+    "--address", "--head", "--num-cpus", "--num-gpus",  # ray start
+}
+# Names from libraries or protocols that pages may put in code spans without the code using them.
+EXTERNAL_NAMES = {
+    "input_token_logprobs", "sampling_seed", "output_token_logprobs", "serialized_named_tensors", "launch_server",
+    "prefect_test_harness", "num_labels", "pass_at_k", "log_ratio",
+}
+EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "NO_MKDOCS_2_WARNING", "CI", "PATH", "HOME", "PYTHONPATH", "OMP_NUM_THREADS"}
+METRIC_PREFIXES = ("rollout/", "train/", "perf/", "eval/", "passrate/")
+REPO_DIRS = ("miles_core", "flows", "tasks", "deployments", "docs", "tests", "bench", "docker", "tools", ".ci")
+REPO_FILES = ("README.md", "Makefile", "pyproject.toml", "requirements.lock", "mkdocs.yml")
+FILE_EXT = re.compile(r"\.(py|ya?ml|md|json|toml|lock|txt|cfg|sh)$")
+BARE_FILE = re.compile(r"\.(py|md)$")  # a bare `name.py` is a repository file; `meta.json` is a file miles writes
+HISTORY_PAGES = {"docs/decisions.md"}  # dated history: names there may be gone from the code on purpose
+# At the end of a line: it names something deliberately absent (a reference name we do not use, an example of a user's own name).
+OPT_OUT = ("<!-- not-in-code -->", "# not-in-code")
+MODULE = re.compile(r"^(?:miles_core|flows|tasks|tools|bench)(?:\.[A-Za-z_]\w*)+$")
+SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+ENV_TOKEN = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
+FLAG = re.compile(r"(?<![\w/.\-`])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+DEFAULT_CLAIM = re.compile(
+    r"`(?P<name>--?[a-z][a-z0-9-]*|[a-z][a-z0-9_]*)`(?:\s*(?:and|,)\s*`(?P<name2>[a-z][a-z0-9_-]*)`)?"
+    r"\s*(?:\(|,|—|–|-)?\s*(?:the\s+)?defaults?(?:\s+(?:to|is|of))?\s*[:=]?\s*(?P<value>`[^`]+`|[^\s,;)]+)")
+PLANNED_CLAIM = re.compile(r"`(?P<name>--?[a-z][a-z0-9-]*|[a-z][a-z0-9_]*)`\s*\(planned\)")
+KEY_VALUE = re.compile(r"^(?P<key>[a-z][a-z0-9_]*):\s+(?P<value>\S.*)$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    page: str
+    line: int
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}: [{self.kind}] {self.message}"
+
+
+# ---- the code side (cached) ------------------------------------------------------------------------
+def _all_argparse_flags() -> set[str]:
+    out: set[str] = set()
+    for path in facts.py_files(("miles_core", "flows", "tasks", "bench", "tools")):
+        for node in ast.walk(facts._parse(path)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+                out |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
+    return out
+
+
+class Code:
+    """What the code offers, computed once per check."""
+
+    def __init__(self) -> None:
+        self.fields = facts.config_fields()
+        self.commands = facts.cli_commands()
+        self.miles_flags = set().union(*(c.flags for c in self.commands.values()))
+        self.all_flags = self.miles_flags | _all_argparse_flags() | EXTERNAL_FLAGS
+        self.env = set(facts.env_vars())
+        self.names = facts.identifiers() | EXTERNAL_NAMES
+        self.recipes = set(facts.recipes())
+        self.unused = facts.unused_config_fields()
+        self.make_targets = set(re.findall(r"^([a-zA-Z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+        self.flag_field = {f.flag: f for f in self.fields.values()} | {"--no-" + f.flag[2:]: f for f in self.fields.values() if f.is_bool}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def parse_value(text: str) -> Any:
+    """A value as written in docs: JSON / YAML-ish literals, None; else the text itself."""
+    t = text.strip().strip("`").rstrip(".")
+    if t in ("None", "none", "null", "~"):
+        return None
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    try:
+        return json.loads(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        return t.strip("'\"")
+
+
+def same_value(claim: Any, actual: Any) -> bool:
+    if isinstance(actual, bool) or isinstance(claim, bool):
+        return claim is actual
+    if isinstance(actual, (int, float)) and isinstance(claim, (int, float)):
+        return abs(float(claim) - float(actual)) <= 1e-12 * max(1.0, abs(float(actual)))
+    return claim == actual
+
+
+def _is_literal(text: str) -> bool:
+    v = parse_value(text)
+    return v is None or isinstance(v, (bool, int, float)) or text.strip().startswith(("`\"", "\"", "`'"))
+
+
+def metric_known(name: str) -> bool:
+    """A literal key or a docs pattern (`<x>` parts, `*`) that matches the catalog."""
+    from miles_core.tracking import catalog
+
+    name = name.rstrip(".,;:")
+    name = re.sub(r"@k\b", "@<k>", name)
+    if "<" not in name and "*" not in name:
+        if catalog.match(name) is not None:
+            return True
+        return catalog.match(re.sub(r"pass_(\d+)$", r"pass@\1", name)) is not None  # the sanitized spelling
+    pattern = re.compile("".join(".+" if p.startswith("<") else ".*" if p == "*" else re.escape(p)
+                                 for p in re.split(r"(<[^<>]*>|\*)", name) if p) + r"\Z")
+    return any(pattern.match(m.name) for m in catalog.entries())
+
+
+def repo_path_problem(token: str) -> str | None:
+    """None if a repository path (optionally path::Symbol, or a glob) exists; else why not."""
+    path, _, symbol = token.partition("::")
+    path = path.rstrip("/")
+    if any(ch in path for ch in "*?["):
+        return None if list(ROOT.glob(path)) or _suffix_matches(path, glob=True) else f"no file matches {path}"
+    full = ROOT / path
+    if not full.exists():
+        if "/" not in path or path.split("/")[0] not in REPO_DIRS:
+            matches = _suffix_matches(path)
+            if not matches:
+                return f"no file {path} in the repository"
+            full = matches[0]
+        else:
+            return f"no file {path} in the repository"
+    if symbol and full.suffix == ".py" and not facts.symbol_in_file(full, symbol.rstrip("()")):
+        return f"{path} defines no {symbol}"
+    return None
+
+
+def _suffix_matches(path: str, glob: bool = False) -> list[Path]:
+    out = []
+    for d in REPO_DIRS:
+        for p in (ROOT / d).rglob("*"):
+            rel = p.relative_to(ROOT).as_posix()
+            if "__pycache__" in rel:
+                continue
+            if (fnmatch.fnmatch(rel, f"*/{path}") or fnmatch.fnmatch(rel, path)) if glob else (rel.endswith("/" + path) or rel == path):
+                out.append(p)
+    return out
+
+
+def _is_rm_type(name: str) -> bool:
+    from miles_core.rewards import validate_rm_type
+
+    try:
+        validate_rm_type(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _looks_like_repo_path(token: str) -> bool:
+    if "<" in token or token.startswith(("/", "http", "~", "sqlite:", "file:", "builtin:", "ray:", "s3:")) or " " in token:
+        return False
+    head = token.split("/")[0]
+    base = token.partition("::")[0]
+    return head in REPO_DIRS or base in REPO_FILES or ("/" not in base and bool(BARE_FILE.search(base)) and base.count(".") == 1
+                                                       and not base.startswith("."))
+
+
+# ---- the checks on one page ------------------------------------------------------------------------
+class PageCheck:
+    def __init__(self, page: Page, code: Code, run: set[str]):
+        self.page, self.code, self.run = page, code, run
+        self.problems: list[Problem] = []
+
+    def add(self, line: int, kind: str, message: str) -> None:
+        lines = self.page.text.splitlines()
+        if kind != "run" and (self.page.rel in HISTORY_PAGES or (0 < line <= len(lines) and lines[line - 1].rstrip().endswith(OPT_OUT))):
+            return
+        self.problems.append(Problem(self.page.rel, line, kind, message))
+
+    def check(self) -> list[Problem]:
+        p = self.page
+        for line, text in p.prose:
+            self.flags(line, text)
+            self.claims(line, text)
+        for line, text in p.indented:
+            self.flags(line, text)
+            if re.match(r"^(\$ )?(\S*/)?(miles|python3?|make)\s", text):
+                self.command_line(line, text)
+        for line, span in p.spans:
+            self.span(line, span)
+        for block in p.blocks:
+            self.block(block)
+        for line, target in p.links:
+            self.link(line, target)
+        return self.problems
+
+    # flags anywhere
+    def flags(self, line: int, text: str) -> None:
+        text = re.sub(r"https?://\S+", "", text)
+        for flag in FLAG.findall(text):
+            if flag not in self.code.all_flags:
+                self.add(line, "flag", f"{flag} is not a flag of miles, of a `python -m` entry point here, or of a known tool")
+
+    # "`x` (default y)", "`x` (planned)"
+    def claims(self, line: int, text: str) -> None:
+        for m in DEFAULT_CLAIM.finditer(text):
+            for name in filter(None, (m.group("name"), m.group("name2"))):
+                field = self.code.flag_field.get(name) or self.code.fields.get(name)
+                value = m.group("value")
+                if field is None or field.required or not _is_literal(value):
+                    continue
+                claim = parse_value(value)
+                if not same_value(claim, field.default):
+                    self.add(line, "default", f"{name}: the page says default {value.strip('`')}, the code's default is "
+                                              f"{field.default_text}")
+        for m in PLANNED_CLAIM.finditer(text):
+            name = m.group("name")
+            field = self.code.flag_field.get(name) or self.code.fields.get(name)
+            if field is not None and field.name not in self.code.unused:  # (a planned value or feature is not checked)
+                self.add(line, "planned", f"{field.name} is marked planned, but the code reads it now: update the page")
+
+    # one inline code span
+    def span(self, line: int, span: str) -> None:
+        token = span.strip().rstrip(".,;:")
+        if re.match(r"^(\$ )?(\S*/)?(miles|python3?|make)\s", token):
+            self.command_line(line, token)
+            return
+        kv = KEY_VALUE.match(token)
+        if kv and " " not in kv.group("key"):
+            self.key_value(line, kv.group("key"), kv.group("value"))
+            return
+        if " " in token:
+            self.code_words(line, token)
+            return
+        self.token(line, token, names=True)
+
+    def token(self, line: int, token: str, names: bool) -> None:
+        bare = re.sub(r"\(.*\)$", "", token)  # compute_advantages() -> compute_advantages
+        if bare in METRIC_PREFIXES:  # a prefix, not a name
+            return
+        if bare.startswith(METRIC_PREFIXES) and not FILE_EXT.search(bare) and "/" in bare:
+            if not metric_known(bare):
+                self.add(line, "metric", f"{bare} is not in the metrics catalog (miles_core/tracking/catalog.py)")
+            return
+        if MODULE.match(bare):
+            why = facts.resolve_module_path(bare)
+            if why:
+                self.add(line, "module", f"{bare}: {why}")
+            return
+        if _looks_like_repo_path(bare):
+            why = repo_path_problem(bare)
+            if why:
+                self.add(line, "path", why)
+            return
+        if ENV_TOKEN.match(bare):
+            if bare not in self.code.env and bare not in EXTERNAL_ENV and bare not in self.code.names:
+                self.add(line, "env", f"{bare} is not an env var miles sets or reads (miles_core/env.py), nor a name in the code")
+            return
+        if names and SNAKE.match(bare) and bare not in self.code.names and not _is_rm_type(bare):
+            near = [f for f in self.code.fields if f.startswith(bare[:6])][:3]
+            hint = f" (config fields: {', '.join(near)})" if near else ""
+            self.add(line, "name", f"{bare} is not a config field or a name in the code{hint}")
+        if names and "." in bare and not bare.startswith(".") and re.match(r"^[A-Za-z_][\w.]*$", bare) and bare.split(".")[0] in self.code.names:
+            for part in bare.split("."):
+                if SNAKE.match(part) and part not in self.code.names:
+                    self.add(line, "name", f"{bare}: {part} is not a name in the code")
+
+    def code_words(self, line: int, text: str) -> None:
+        """Tokens of code text (a multi-word span or a code block line): metrics, modules, paths."""
+        for tok in re.findall(r"[A-Za-z0-9_@<>*./:\-]+", text):
+            tok = tok.strip(".:,")
+            if tok.startswith(METRIC_PREFIXES) or MODULE.match(tok) or (_looks_like_repo_path(tok) and "/" in tok):
+                self.token(line, tok, names=False)
+
+    def key_value(self, line: int, key: str, value: str) -> None:
+        field = self.code.fields.get(key)
+        if field is None:
+            if key not in self.code.names:
+                self.add(line, "config", f"{key}: not a config field (nor a name in the code)")
+            return
+        v = parse_value(value)
+        if field.choices and "<" not in value and str(v) not in field.choices:
+            self.add(line, "config", f"{key}: {value} is not one of {', '.join(field.choices)}")
+        elif field.is_bool and not isinstance(v, bool):
+            self.add(line, "config", f"{key}: {value} is not true/false")
+
+    # fenced blocks
+    def block(self, b: Block) -> None:
+        if b.is_shell:
+            for offset, cmd in _shell_lines(b.text):
+                self.flags(b.line + offset, cmd)
+                self.command_line(b.line + offset, cmd)
+            if b.run == "gpu":
+                r = subprocess.run(["bash", "-n"], input=b.text, text=True, capture_output=True)
+                if r.returncode:
+                    self.add(b.line, "run", f"shell block does not parse: {r.stderr.strip()}")
+            elif b.run and b.run in self.run:
+                self.run_block(b)
+        elif b.run:
+            self.add(b.line, "run", f"a runnable marker on a {b.lang or 'plain'} block; only shell blocks run")
+        if b.lang in ("yaml", "yml"):
+            self.yaml_block(b)
+        elif b.lang == "python":
+            self.python_block(b)
+        if not b.is_shell:
+            for i, text in enumerate(b.text.splitlines()):
+                self.code_words(b.line + i, text)
+                if text.startswith("$ "):  # a transcript: the command after the prompt
+                    self.flags(b.line + i, text[2:])
+                    self.command_line(b.line + i, text[2:])
+
+    def yaml_block(self, b: Block) -> None:
+        import yaml
+
+        try:
+            data = yaml.safe_load(b.text)
+        except yaml.YAMLError as e:
+            self.add(b.line, "config", f"yaml block does not parse: {e}")
+            return
+        first = b.text.lstrip().splitlines()[0] if b.text.strip() else ""
+        schema = re.match(r"#\s*schema:\s*(\S+)", first)
+        if not isinstance(data, dict):
+            return
+        if schema:
+            self.schema_block(b.line, schema.group(1), data)
+            return
+        from miles_core.config import GROUPS
+
+        allowed = set(self.code.fields) | set(GROUPS)
+        data = {**{k: v for k, v in data.items() if k not in GROUPS or not isinstance(v, dict)},
+                **{k: v for g in GROUPS if isinstance(data.get(g), dict) for k, v in data[g].items()}}
+        for key in data:
+            if key not in allowed:
+                line = b.line + next((n for n, t in enumerate(b.text.splitlines()) if t.strip().startswith(f"{key}:")), 0)
+                self.add(line, "config", f"{key}: not a config field")
+            elif key in self.code.fields:
+                self.key_value(b.line, key, json.dumps(data[key]) if not isinstance(data[key], str) else data[key])
+
+    def schema_block(self, line: int, dotted: str, data: dict) -> None:
+        """Validate a YAML block with the pydantic model its `# schema:` line names."""
+        why = facts.resolve_module_path(dotted)
+        if why:
+            self.add(line, "module", f"schema {dotted}: {why}")
+            return
+        import importlib
+
+        from pydantic import ValidationError
+
+        mod, _, attr = dotted.rpartition(".")
+        try:
+            getattr(importlib.import_module(mod), attr).model_validate(data)
+        except ValidationError as e:
+            errs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            self.add(line, "config", f"yaml block is not a valid {attr}: {errs}")
+
+    def python_block(self, b: Block) -> None:
+        try:
+            tree = ast.parse(b.text)
+        except SyntaxError:
+            return  # a sketch with "..." is fine; its tokens are still checked as code words
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and MODULE.match(node.module + ".x"):
+                for alias in node.names:
+                    dotted = f"{node.module}.{alias.name}"
+                    why = facts.resolve_module_path(dotted) if facts.module_file(dotted) is None else None
+                    if why:
+                        self.add(b.line + node.lineno - 1, "module", f"{dotted}: {why}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if MODULE.match(alias.name + ".x") and facts.module_file(alias.name) is None:
+                        self.add(b.line + node.lineno - 1, "module", f"{alias.name}: no such module in this repository")
+
+    # commands
+    def command_line(self, line: int, text: str) -> None:
+        try:
+            words = shlex.split(text, comments=True)
+        except ValueError:
+            return
+        for argv in _split_commands(words):
+            if argv and argv[0] == "!":  # an expected failure
+                argv = argv[1:]
+            while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):
+                var = argv.pop(0).split("=")[0]
+                if var not in self.code.env and var not in EXTERNAL_ENV:
+                    self.add(line, "env", f"{var} is not an env var miles sets or reads (miles_core/env.py)")
+            if argv:
+                self.argv(line, argv)
+
+    def argv(self, line: int, argv: list[str]) -> None:
+        prog = argv[0].rsplit("/", 1)[-1]
+        if prog == "miles":
+            self.miles_argv(line, argv[1:])
+        elif prog.startswith("python") and len(argv) > 2 and argv[1] == "-m":
+            module = argv[2]
+            if module.split(".")[0] in ("miles_core", "flows", "tasks", "tools", "bench"):
+                flags = facts.argparse_flags(module)
+                if flags is None:
+                    self.add(line, "command", f"python -m {module}: no such module in this repository")
+                    return
+                if module.startswith("tools.docs"):
+                    return
+                for a in argv[3:]:
+                    f = a.split("=")[0]
+                    if f.startswith("--") and f not in flags:
+                        self.add(line, "flag", f"{f} is not a flag of python -m {module}")
+        elif prog == "make" and len(argv) > 1 and not argv[1].startswith("-"):
+            for target in argv[1:]:
+                if "=" not in target and "<" not in target and target not in self.code.make_targets:
+                    self.add(line, "command", f"make {target}: no such target in the Makefile")
+
+    def miles_argv(self, line: int, args: list[str]) -> None:
+        if not args or args[0].startswith("-"):
+            return
+        name = args[0]
+        cmd = self.code.commands.get(name)
+        if cmd is None:
+            if not name.startswith("<"):
+                self.add(line, "command", f"miles {name}: no such command (miles {', '.join(self.code.commands)})")
+            return
+        positional = [a for i, a in enumerate(args[1:]) if not a.startswith("-") and (i == 0 or not args[i].startswith("--") or "=" in args[i]
+                                                                                       or self._is_switch(args[i]))]
+        if name in ("train", "config") and positional:
+            recipe = positional[0]
+            if not (recipe.startswith(("<", "$")) or recipe.isupper() or recipe in self.code.recipes or (ROOT / recipe).is_file()
+                    or recipe.endswith((".yaml", ".yml"))):
+                self.add(line, "command", f"miles {name} {recipe}: no such recipe ({', '.join(sorted(self.code.recipes))}) or YAML file")
+        for a in args[1:]:
+            f = a.split("=")[0]
+            if f.startswith("--") and f not in cmd.flags:
+                self.add(line, "flag", f"{f} is not a flag of miles {name}")
+
+    def _is_switch(self, flag: str) -> bool:
+        f = self.code.flag_field.get(flag)
+        return f is not None and f.is_bool
+
+    # links (README: mkdocs checks the ones inside docs/)
+    def link(self, line: int, target: str) -> None:
+        if self.page.rel.startswith("docs/") or re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            return
+        path = target.split("#")[0]
+        if path and not (ROOT / path).exists():
+            self.add(line, "link", f"link target {path} does not exist")
+
+    def run_block(self, b: Block) -> None:
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
+        timeout = 300 if b.run == "slow" else 120
+        try:
+            r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", b.text], cwd=ROOT, env=env, text=True,
+                               capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.add(b.line, "run", f"runnable block timed out after {timeout} s")
+            return
+        if r.returncode:
+            tail = (r.stdout + r.stderr).strip().splitlines()[-8:]
+            self.add(b.line, "run", f"runnable block exited {r.returncode}:\n    " + "\n    ".join(tail))
+
+
+def _shell_lines(text: str) -> Iterable[tuple[int, str]]:
+    """(offset, logical line) with backslash continuations joined and prompts stripped."""
+    buf, start = "", 0
+    for i, raw in enumerate(text.splitlines()):
+        if not buf:
+            start = i
+        line = raw.rstrip()
+        if line.startswith("$ "):
+            line = line[2:]
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        if buf.strip() and not buf.strip().startswith("#"):
+            yield start, buf.strip()
+        buf = ""
+    if buf.strip():
+        yield start, buf.strip()
+
+
+def _split_commands(words: list[str]) -> list[list[str]]:
+    out, cur = [], []
+    for w in words:
+        if w in ("&&", "||", ";", "|", "&"):
+            out.append(cur)
+            cur = []
+        else:
+            cur.append(w)
+    out.append(cur)
+    return [c for c in out if c]
+
+
+# ---- the whole site ---------------------------------------------------------------------------------
+def pages(docs: Path = DOCS, readme: Path | None = ROOT / "README.md") -> list[Page]:
+    generated = {(docs / rel).resolve() for rel in PAGES}
+    out = []
+    for path in sorted(docs.rglob("*.md")):
+        if path.resolve() in generated:
+            continue  # correct by construction; the staleness check covers them
+        out.append(parse(path.relative_to(docs.parent).as_posix(), path.read_text(encoding="utf-8")))
+    if readme is not None and readme.is_file():
+        out.append(parse(readme.name, readme.read_text(encoding="utf-8")))
+    return out
+
+
+def check(docs: Path = DOCS, readme: Path | None = ROOT / "README.md", run: Iterable[str] = ("fast",)) -> list[Problem]:
+    """Every problem of the docs under ``docs`` (and README.md). ``run``: which runnable blocks to run ("fast", "slow")."""
+    code = Code()
+    problems = [Problem(f"docs/{rel}", 1, "stale", f"generated page is stale: run `python -m tools.docs generate` (or make docs)")
+                for rel in stale(docs, render_all())]
+    for page in pages(docs, readme):
+        problems += PageCheck(page, code, set(run)).check()
+    return problems
+
+
+def runnable_blocks(docs: Path = DOCS, readme: Path | None = ROOT / "README.md") -> list[tuple[str, Block]]:
+    return [(p.rel, b) for p in pages(docs, readme) for b in p.blocks if b.run]
