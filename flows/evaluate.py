@@ -52,7 +52,8 @@ def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides:
         key = f"eval:{get_run_context().flow_run.id}"
         tokenizer_dir = _tokenizer_dir(todo, ref, config)
         prepare_eval(key, config, tokenizer_dir)
-        export_root = (ref.run_dir or Path(target).absolute().parent) / "eval_snapshots"
+        # converted checkpoints, apart from the train flow's snapshots (eval_mode snapshot) of the same run
+        export_root = (ref.run_dir or Path(target).absolute().parent) / "eval_snapshots" / "eval-flow"
         trainer_version = _trainer_version(ledger, points)
         try:
             for point in todo:

@@ -37,7 +37,8 @@ class EvalDataset:
     reward: RewardOptions | None = None
 
 
-def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_key: str | None, seed: int, decode) -> tuple[dict[str, float], list[dict]]:
+def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_key: str | None, seed: int,
+             decode) -> tuple[dict[str, float], list[dict]]:
     """-> (metrics without the step, sample rows for a table: the first rows of each dataset)."""
     metrics: dict[str, float] = {}
     rows: list[dict] = []
@@ -89,7 +90,8 @@ def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float
     return m
 
 
-def eval_params(rollout_params: SamplingParams, temperature, top_p, top_k, max_new_tokens, stop=None, stop_token_ids=None) -> SamplingParams:
+def eval_params(rollout_params: SamplingParams, temperature, top_p, top_k, max_new_tokens, stop=None,
+                stop_token_ids=None) -> SamplingParams:
     """Unset (None) eval sampling fields inherit the rollout values; stop token ids add to the rollout's (EOS stays)."""
     pick = lambda v, d: d if v is None else v  # noqa: E731
     return replace(

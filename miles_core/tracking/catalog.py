@@ -124,6 +124,8 @@ CATALOG: tuple[Metric, ...] = (
     Metric("perf/actor_train_time", ROLLOUT, "seconds of the train stage (forward-only passes and optimizer steps)", "always", _TRAINER),
     Metric("perf/actor_train_tok_per_s", ROLLOUT, "trained tokens per second (tokens * num_steps_per_rollout / time)", "always", _TRAINER),
     Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
+    Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far (found dead before a weight sync), cumulative",
+           "runtime: ray", "miles_core/runtime/ray_runtime.py"),
     Metric("perf/update_weights_time", ROLLOUT, "seconds of the weight sync trainer -> engines", "always",
            "miles_core/weights/sync.py"),
     # ---- train: actor loss (summed over micro-batches of one optimizer step) ----------------------

@@ -76,7 +76,7 @@ def served(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("served")
     (tmp / "flaky_rm.py").write_text(FLAKY_RM)
-    env = {"PREFECT_HOME": str(tmp / "prefect"), "PYTHONPATH": os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]),
+    env = {"PREFECT_HOME": str(tmp / "prefect"), "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")])),
            "MILES_TEST_FLAKY_ARM": str(tmp / "armed"), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}
     info = serve(_free_port(), tmp / "serve", env=env, poll_seconds=1)
     try:

@@ -55,7 +55,7 @@ def test_eval_over_save_dir_lands_in_the_training_run_once(trained):
     assert _steps(client, run_id, "eval/export_time_seconds") == [2, 3]
     artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
     assert {"eval/samples_step_2.json", "eval/samples_step_3.json"} <= artifacts
-    assert not list((cfg.run_dir / "eval_snapshots").iterdir())  # converted checkpoints are removed after their eval
+    assert not list((cfg.run_dir / "eval_snapshots" / "eval-flow").iterdir())  # converted checkpoints are removed after their eval
 
     again = evaluate(str(cfg.save_dir), "all")
     assert again["evaluated"] == [] and again["already_evaluated"] == [2, 3, 4]

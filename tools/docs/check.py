@@ -45,7 +45,7 @@ EXTERNAL_FLAGS = {
     "--no-deps", "--editable", "--upgrade", "--quiet", "--disable-pip-version-check", "--requirement",  # pip
     "--maxfail", "--durations", "--timeout", "--collect-only", "--import-mode", "--deselect",  # pytest
     "--model-path", "--enable-deterministic-inference", "--tp", "--mem-fraction-static",  # sglang.launch_server
-    "--pool", "--cron", "--name", "--params", "--type", "--work-queue",  # prefect CLI
+    "--pool", "--cron", "--name", "--params", "--param", "--type", "--work-queue", "--prefect-file",  # prefect CLI
     "--address", "--head", "--num-cpus", "--num-gpus",  # ray start
 }
 # Names from libraries or protocols that pages may put in code spans without the code using them.
