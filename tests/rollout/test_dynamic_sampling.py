@@ -85,14 +85,6 @@ def test_surplus_kept_groups_are_not_used_beyond_rollout_batch_size(engine, sour
     assert source.cursor.offset == 6  # the whole round was drawn
 
 
-STOP_AT_FULL = pytest.mark.xfail(
-    strict=True,
-    reason="generate_rollout still runs the filter on groups after rollout_batch_size are kept and counts them as drops; "
-    "REFERENCE §2: stop at rollout_batch_size kept groups, abort (not filter) the rest",
-)
-
-
-@STOP_AT_FULL
 def test_groups_after_the_batch_is_full_are_not_counted_as_drops(engine, source, tiny_tokenizer):
     spec = _spec(tiny_tokenizer, want=1, over=6, filter_path="check_reward_nonzero_std")
     rollout = _run(engine, source, spec, tiny_tokenizer)  # prompts 0 (ones), 1 (zeros) dropped, 2 kept: full

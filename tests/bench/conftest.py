@@ -1,0 +1,10 @@
+"""bench/ is a top-level package of the repository, not installed: make it importable from any runner."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

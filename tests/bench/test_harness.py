@@ -1,0 +1,82 @@
+"""The benchmark harness: statistics, the result files, the FLOP accounting, and one tiny step of each
+side of the TRL comparison (TRL's only where it is installed: the bench venv, not the main one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from bench.common import Result, paired_ratio, summarize, table
+from bench.flops import forward_flops_per_token, matmul_params, train_flops
+from bench.grpo_trl import Shape
+
+
+def test_summarize_gives_median_quartiles_and_spread():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 100.0 and s["n"] == 5
+    # statistics.quantiles (exclusive): p25 = 1.5, p75 = 52.0 -> IQR / median = 50.5 / 3
+    assert s["p25"] == 1.5 and s["p75"] == 52.0 and s["rel_iqr"] == pytest.approx(50.5 / 3)
+
+
+def test_paired_ratio_is_the_median_of_per_pair_ratios():
+    # pairs: 2/1, 6/2, 4/4 -> ratios 2, 3, 1 -> median 2
+    assert paired_ratio([2.0, 6.0, 4.0], [1.0, 2.0, 4.0])["median"] == 2.0
+
+
+def test_shape_parses_and_caps_micro_batch():
+    s = Shape.parse("16x8x128")
+    assert (s.prompts, s.samples, s.new_tokens, s.n, s.micro_batch_size) == (16, 8, 128, 128, 32)
+    assert Shape.parse("2x2x4").micro_batch_size == 4 and str(Shape.parse("8x4x32")) == "8x4x32"
+
+
+def test_result_writes_json_and_markdown(tmp_path):
+    r = Result("demo", {"k": 1}, figures={"x": 1.5}, ratios={"r": 2.0}, tables=[table(["a", "b"], [[1, 0.25]])], notes=["n"])
+    path = r.write(tmp_path)
+    data = json.loads(path.read_text())
+    assert {"bench", "created_at", "machine", "versions", "config", "figures", "ratios", "noise", "notes"} <= set(data)
+    assert data["machine"]["cpus"] >= 1 and "torch" in data["versions"] and len(data["machine"]["load_avg_end"]) == 3
+    md = path.with_suffix(".md").read_text()
+    assert md.startswith("# bench: demo") and "| 1 | 0.25 |" in md and "- n" in md
+
+
+def test_flop_accounting_on_a_small_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    # per layer: q 16x16 + k 16x8 + v 16x8 + o 16x16 + gate/up/down 3 x 16x32 = 256+128+128+256+1536 = 2304;
+    # 2 layers = 4608, + LM head 100x16 = 1600 (tied, still a matmul) -> 6208
+    assert matmul_params(model) == 6208
+    # forward per token at mean context 5: 2*6208 + 4 * 2 layers * 16 * 5 = 12416 + 640
+    assert forward_flops_per_token(model, 5) == 12416 + 640
+    # one sequence of 10 tokens (mean context 5), forward + backward = 3 forwards; + 1 with an old-log-prob pass
+    assert train_flops(model, [10], old_pass=False) == 3 * 10 * (12416 + 640)
+    assert train_flops(model, [10], old_pass=True) == 4 * 10 * (12416 + 640)
+
+
+def test_miles_side_runs_one_step_through_the_library(tmp_path, monkeypatch, tiny_model_dir):
+    import bench.common
+    import bench.grpo_trl as g
+
+    monkeypatch.setattr(g, "TMP", tmp_path)
+    torch.manual_seed(0)
+    side = g.MilesSide(Shape.parse("2x2x4"), seed=1, tag="t")
+    side.step()
+    t = side.trace
+    assert len(t.seconds) == 1 and 0.0 <= t.reward[0] <= 1.0 and 1 <= t.completion_len[0] <= 4
+    assert set(t.parts) == {"generate_reward", "engine", "train", "sync"} and t.parts["engine"][0] <= t.parts["generate_reward"][0]
+    assert bench.common.TMP != tmp_path  # the patch is local to grpo_trl
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl not installed (bench venv only: make bench-install)")
+def test_trl_and_miles_alternate_in_one_invocation(tmp_path, monkeypatch, tiny_model_dir):
+    import bench.grpo_trl as g
+
+    monkeypatch.setattr(g, "TMP", tmp_path)
+    miles, trl, settings = g.run_pair(Shape.parse("2x2x4"), steps=2, warmup=0, seed=1)
+    assert len(miles.seconds) == len(trl.seconds) == 2 and len(trl.reward) == 2 and len(miles.reward) == 2
+    assert settings["micro_batch_size"] == 4 and trl.parts["generate_reward"] and trl.parts["train"]
