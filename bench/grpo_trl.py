@@ -25,6 +25,7 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -226,6 +227,13 @@ def _side_figures(t: Trace, shape: Shape, warmup: int, tail: int) -> dict:
     }
 
 
+def _miles_core_dir() -> str:
+    """Which miles_core ran (the repository's, or a patched copy being measured)."""
+    import miles_core
+
+    return str(Path(miles_core.__file__).resolve().parent)
+
+
 def _round(d: dict) -> dict:
     return {k: round(v, 4) for k, v in d.items()}
 
@@ -233,7 +241,8 @@ def _round(d: dict) -> dict:
 def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, miles_extra: dict | None = None,
           name: str = "grpo_vs_trl") -> Result:
     res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail,
-                        "model": "builtin://tiny-qwen2", "prompts": "builtin://arith", "reward": "math"},
+                        "model": "builtin://tiny-qwen2", "prompts": "builtin://arith", "reward": "math",
+                        "miles_core": _miles_core_dir()},
                  extra_packages=("trl", "accelerate", "datasets"))
     rows = []
     for spec in shapes:

@@ -1,10 +1,10 @@
 """Orchestration overhead: the tiny recipe through the Prefect train flow vs the same library calls in a
 plain Python loop (no Prefect), alternating flow run / loop run in one process.
 
-The loop does what ``flows/train.py`` does, stage for stage, minus Prefect: build the LocalRuntime,
-open the MLflow run (``flows.tracking.open_run``, Prefect-free), sync weights, eval before training,
-then per rollout generate -> train -> log train steps -> save when due -> sync -> log rollout metrics
--> eval when due. So the difference is Prefect's: flow/task runs, state tracking, the API, artifacts.
+The loop is the flow's own body (``train.fn``) with every Prefect task it calls replaced by the task's
+undecorated function, artifacts by no-ops and the run context by a fixed id (``without_prefect``): the
+same library calls in the same order, MLflow included. So the difference is Prefect's: the flow run,
+task runs and their state transitions through the API, result handling, artifacts.
 
 Figures: wall time of a whole run (flow: from the call to its return; loop: from building the runtime
 to the end), and the steady per-rollout time (median gap between consecutive rollout ends, from the
@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from contextlib import contextmanager
 
 from .common import TMP, Result, fmt_stat, summarize, table
 
@@ -49,44 +50,53 @@ def run_flow(rollouts: int, tag: str) -> dict:
     return {"total_s": time.perf_counter() - t0, "gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
 
 
-def run_loop(rollouts: int, tag: str) -> dict:
-    """flows/train.py's sequence of library calls, without Prefect."""
-    from flows.tracking import open_run
-    from flows.train import due
-    from miles_core.checkpoint import validate_hf_dir
-    from miles_core.runtime.local import LocalRuntime
-    from miles_core.tracking import progress
+@contextmanager
+def without_prefect():
+    """The train flow's own body as plain Python: in flows.train and flows.evaluate every Prefect task or
+    flow is replaced by its undecorated function, the run context by a fixed flow-run id, artifacts by
+    no-ops and the run logger by a standard logger. Everything else (library calls, MLflow) is unchanged,
+    so the loop follows the flow as it evolves."""
+    import logging
+    import uuid
+    from types import SimpleNamespace
 
+    from prefect import Flow, Task
+
+    import flows.evaluate
+    import flows.train
+
+    context = SimpleNamespace(flow_run=SimpleNamespace(id=uuid.uuid4()))
+    fakes = {"get_run_context": lambda: context, "get_run_logger": lambda: logging.getLogger("bench.orchestration")}
+    fakes |= {name: (lambda *a, **k: None) for name in
+              ("create_markdown_artifact", "create_progress_artifact", "update_progress_artifact", "create_table_artifact")}
+    saved = []
+    for mod in (flows.train, flows.evaluate):
+        for name, obj in list(vars(mod).items()):
+            repl = obj.fn if isinstance(obj, (Task, Flow)) else fakes.get(name)
+            if repl is not None:
+                saved.append((mod, name, obj))
+                setattr(mod, name, repl)
+    try:
+        yield
+    finally:
+        for mod, name, obj in saved:
+            setattr(mod, name, obj)
+
+
+def run_loop(rollouts: int, tag: str) -> dict:
+    """flows/train.py's body, the same library calls in the same order, without Prefect."""
+    import flows.train
+
+    train_fn = flows.train.train.fn
     cfg = _config(tag, rollouts)
     marks, unsubscribe = _marks()
     t0 = time.perf_counter()
     try:
-        rt = LocalRuntime(cfg)
-        validate_hf_dir(rt.model_path)
-        n = rt.num_rollout
-        derived = {"global_batch_size": cfg.global_batch_size, "num_steps_per_rollout": cfg.num_steps_per_rollout, "num_rollout": n}
-        tracker = open_run(cfg, None, derived)
-        rt.sync_weights()
-        if cfg.eval.eval_prompt_data and not cfg.eval.skip_eval_before_train:
-            tracker.log(rt.evaluate()[0], "eval/step", rt.weight_version)
-        k = cfg.num_steps_per_rollout
-        for i in range(n):
-            metrics = rt.generate(i)
-            rollout_metrics, steps = rt.train(i)
-            metrics |= rollout_metrics
-            for j, step in enumerate(steps):
-                tracker.log(step, "train/step", i * k + j)
-            if due(cfg.checkpoint.save_interval, i, n) or i == n - 1:
-                metrics |= rt.save(i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": cfg.misc.recipe})
-            metrics |= rt.sync_weights()
-            tracker.log(metrics, "rollout/step", i)
-            if due(cfg.eval.eval_interval, i, n) and cfg.eval.eval_prompt_data:
-                tracker.log(rt.evaluate()[0], "eval/step", rt.weight_version)
-            progress.emit(i, n, metrics)
-        tracker.mlflow.end("FINISHED")
+        with without_prefect():
+            summary = train_fn(cfg)
     finally:
         unsubscribe()
-    return {"total_s": time.perf_counter() - t0, "gaps_s": _gaps(marks), "last_reward": metrics["rollout/raw_reward"]}
+    return {"total_s": time.perf_counter() - t0, "gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
 
 
 def _gaps(marks: list[float]) -> list[float]:

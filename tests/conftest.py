@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MILES_CACHE_DIR", str(ROOT / ".cache" / "miles"))
+os.environ.setdefault("MILES_METRICS_CHECK", "error")  # an uncatalogued metric name fails the suite
 
 from miles_core.env import cache_dir, configure_environment  # noqa: E402
 

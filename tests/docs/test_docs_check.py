@@ -43,9 +43,11 @@ def test_the_scratch_copy_is_clean(scratch):
 
 # ---- the five kinds of the acceptance criteria -----------------------------------------------------
 def test_a_removed_flag_is_caught(scratch):
-    plant(scratch, "getting-started.md", "--num-rollout 2", "--num-rollouts 2")
+    plant(scratch, "getting-started.md", "--num-rollout 2", "--num-rollouts 2")  # in a shell block
+    plant(scratch, "getting-started.md", "(unless `--skip-eval-before-train`)", "(unless `--no-eval-before-train`)")  # in prose
     found = problems_of(scratch, "flag")
     assert any("--num-rollouts" in p and "getting-started.md" in p for p in found), found
+    assert any("--no-eval-before-train" in p for p in found), found
 
 
 def test_a_wrong_default_is_caught(scratch):
@@ -192,3 +194,12 @@ def test_markdown_parser_finds_markers_spans_and_indented_commands():
     assert [(b.lang, b.run) for b in page.blocks] == [("bash", "fast"), ("yaml", None)]
     assert [s for _, s in page.spans] == ["a_span", "--flag"]
     assert [t for _, t in page.indented] == ["miles train tiny --num-rollout 2"]
+
+
+def test_default_claims_in_their_forms():
+    from tools.docs.check import Code, PageCheck
+
+    text = ("`update_weight_buffer_size` (default 512 MiB), `--lr` (default 1e-6), `eps_clip_high` defaults to `eps_clip`, "
+            "`gamma` and `lambd` default to 1.\n`rollout_top_k` (default 5) and `--num-epoch` defaults to 2.")
+    found = [str(p) for p in PageCheck(parse("docs/x.md", text), Code(), set()).check()]
+    assert len(found) == 2 and "rollout_top_k" in found[0] and "--num-epoch" in found[1], found

@@ -127,7 +127,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
     tmp = served["tmp"]
     tiny = load_config("tiny", {**TINY, "run_dir": str(tmp / "tiny")})
     glm = load_config("glm4-5-debug", {"run_dir": str(tmp / "glm"), "num_threads": 1})
-    flaky = load_config("tiny", {**TINY, "run_dir": str(tmp / "flaky"), "num_rollout": 3, "custom_rm_path": "flaky_rm:reward"})
+    flaky = load_config("tiny", {**TINY, "run_dir": str(tmp / "flaky"), "custom_rm_path": "flaky_rm:reward"})
     (tmp / "armed").touch()
     cli = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "train/tiny",
                           "--params", json.dumps({"config": tiny.model_dump(mode="json")})],
@@ -173,7 +173,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         assert _wait(client, flaky_run).state.is_completed()
         frun = fmlflow.get_run(frun_id)
         assert frun.info.status == "FINISHED"
-        assert [m.step for m in fmlflow.get_metric_history(frun_id, "rollout/raw_reward")] == [0, 1, 2]  # none twice
+        assert [m.step for m in fmlflow.get_metric_history(frun_id, "rollout/raw_reward")] == [0, 1]  # none twice
         assert (flaky.run_dir / "rollouts" / "0.pt").stat().st_mtime_ns == first_rollout  # rollout 0 was not redone
 
         # train/glm4-5 at debug scale completed; its MLflow run carries the recipe's algorithm settings
@@ -186,6 +186,15 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
                 "misc.recipe": "glm4-5-debug"}
         assert {k: params.get(k) for k in want} == want
         assert [m.step for m in gmlflow.get_metric_history(grun_id, "rollout/raw_reward")] == [0, 1]
+
+
+def test_stop_ends_worker_and_server(served):
+    from flows.serve import _alive, running, stop
+
+    stopped = stop(served["dir"])
+    assert [s.split()[0] for s in stopped] == ["worker", "server"]
+    assert not running(served["dir"]) and not _alive(served["worker_pid"]) and not _alive(served["server_pid"])
+    assert stop(served["dir"]) == []  # nothing left to stop
 
 
 def _scheduled_runs(client, deployment_id, timeout_s: float = 60):

@@ -65,10 +65,12 @@ OPT_OUT = ("<!-- not-in-code -->", "# not-in-code")
 MODULE = re.compile(r"^(?:miles_core|flows|tasks|tools|bench)(?:\.[A-Za-z_]\w*)+$")
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 ENV_TOKEN = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
-FLAG = re.compile(r"(?<![\w/.\-`])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+FLAG = re.compile(r"(?<![\w/.\-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 DEFAULT_CLAIM = re.compile(
     r"`(?P<name>--?[a-z][a-z0-9-]*|[a-z][a-z0-9_]*)`(?:\s*(?:and|,)\s*`(?P<name2>[a-z][a-z0-9_-]*)`)?"
-    r"\s*(?:\(|,|—|–|-)?\s*(?:the\s+)?defaults?(?:\s+(?:to|is|of))?\s*[:=]?\s*(?P<value>`[^`]+`|[^\s,;)]+)")
+    r"\s*(?:\(|,|—|–|-)?\s*(?:the\s+)?defaults?(?:\s+(?:to|is|of))?\s*[:=]?\s*(?P<value>`[^`]+`|[^\s,;)]+)"
+    r"(?:\s+(?P<unit>KiB|MiB|GiB))?")
+UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 PLANNED_CLAIM = re.compile(r"`(?P<name>--?[a-z][a-z0-9-]*|[a-z][a-z0-9_]*)`\s*\(planned\)")
 KEY_VALUE = re.compile(r"^(?P<key>[a-z][a-z0-9_]*):\s+(?P<value>\S.*)$")
 
@@ -252,8 +254,11 @@ class PageCheck:
                 if field is None or field.required or not _is_literal(value):
                     continue
                 claim = parse_value(value)
+                if m.group("unit") and isinstance(claim, (int, float)):
+                    claim = claim * UNITS[m.group("unit")]
                 if not same_value(claim, field.default):
-                    self.add(line, "default", f"{name}: the page says default {value.strip('`')}, the code's default is "
+                    unit = f" {m.group('unit')}" if m.group("unit") else ""
+                    self.add(line, "default", f"{name}: the page says default {value.strip('`').rstrip('.')}{unit}, the code's default is "
                                               f"{field.default_text}")
         for m in PLANNED_CLAIM.finditer(text):
             name = m.group("name")

@@ -42,7 +42,7 @@ ENV_NOTES: dict[str, str] = {
     "MILES_ALLOW_HUB": "`1` lets transformers download from the Hugging Face Hub (sets `HF_HUB_OFFLINE=0`).",
     "MILES_CACHE_DIR": "The miles cache (built tiny models, generated datasets); its parent holds the other homes. "
                        "Default `.cache/miles` in the working directory.",
-    "MILES_METRICS_CHECK": "What an uncatalogued metric key does when logged: `error` (default), `warn` or `off` "
+    "MILES_METRICS_CHECK": "What an uncatalogued metric key does when logged: `warn` (default), `error` (set by the test suite) or `off` "
                            "(see the [metrics reference](metrics.md)).",
     "MLFLOW_TRACKING_URI": "MLflow store of a snapshot eval when neither a flag nor the run dir's marker names one.",
     "PREFECT_API_URL": "Prefect API to report to; unset = an ephemeral API started in process. `miles doctor` prints it.",
@@ -144,7 +144,7 @@ def render_metrics() -> str:
     out = [HEADER.format(source="the metrics catalog, miles_core/tracking/catalog.py"), "# Metrics reference\n\n",
            "Every metric name miles logs to MLflow, from one registry in the code (`CATALOG` in\n",
            "`miles_core/tracking/catalog.py`). The tracker checks every key it logs against it\n",
-           "(`MILES_METRICS_CHECK`: `error` by default), and a test checks that the names the code can emit\n",
+           "(`MILES_METRICS_CHECK`: `warn` by default, `error` in the test suite), and a test checks that the names the code can emit\n",
            "equal this list. `<placeholder>` parts are known at run time:\n\n",
            "| placeholder | matches |\n|---|---|\n"]
     out += [f"| `<{k}>` | {_code(v)} |\n" for k, v in catalog.PLACEHOLDERS.items()]
