@@ -19,6 +19,7 @@ from typing import Any
 
 from miles_core.config import GROUPS
 from miles_core.tracking import MlflowTracker
+from miles_core.tracking.mlflow_tracker import active_run, mlflow_client
 
 from .discover import RunRef
 from .point import PointResult
@@ -29,9 +30,7 @@ LINK_TAG = "miles.eval_of"
 
 class EvalLedger:
     def __init__(self, ref: RunRef, experiment: str = "miles", link_key: str | None = None):
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(ref.tracking_uri)
+        self.client = mlflow_client(ref.tracking_uri)
         self.source_run_id = ref.run_id
         run = self._live_run(ref.run_id)
         self.linked = run is None
@@ -46,15 +45,7 @@ class EvalLedger:
         return self.tracker.run_id
 
     def _live_run(self, run_id: str | None):
-        from mlflow.exceptions import MlflowException
-
-        if not run_id:
-            return None
-        try:
-            run = self.client.get_run(run_id)
-        except MlflowException:
-            return None
-        return run if run.info.lifecycle_stage == "active" else None
+        return active_run(self.client, run_id)
 
     def _linked_run(self, ref: RunRef, experiment: str, key: str) -> MlflowTracker:
         exp = self.client.get_experiment_by_name(experiment)

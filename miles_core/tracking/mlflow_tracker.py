@@ -74,3 +74,23 @@ class MlflowTracker:
 def param_str(v: Any) -> str:
     s = v if isinstance(v, str) else json.dumps(v)
     return s[:MAX_PARAM_LEN]
+
+
+def mlflow_client(tracking_uri: str):
+    """An MlflowClient for ``tracking_uri`` (the one place outside the tracker that builds one)."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri)
+
+
+def active_run(client, run_id: str | None):
+    """The run ``run_id`` if it exists and is not deleted, else None."""
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None
+    return run if run.info.lifecycle_stage == "active" else None
