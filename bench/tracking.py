@@ -9,6 +9,7 @@ Variants, each timed over ``rollouts`` simulated rollouts, ``repeats`` times, in
   tracker           MlflowTracker.log_metrics as the flow calls it (+ its flush() if it has one)
   one_batch_sync    both dicts in a single log_batch per rollout
   client_async      MlflowClient.log_batch(synchronous=False), flushed once at the end (flush counted)
+  samples_table     MlflowTracker.log_table of 8 sample rows (what ``log_samples`` adds to every rollout)
 Cost per rollout = median run time / rollouts; its share of a tiny-recipe step uses the step time
 measured here (one plain-loop rollout of the tiny recipe, median of a few).
 """
@@ -83,7 +84,15 @@ def _client_async(tracker, step_m: dict, roll_m: dict, n: int) -> None:
         op.wait()
 
 
-VARIANTS = {"tracker": _tracker, "one_batch_sync": _one_batch_sync, "client_async": _client_async}
+def _samples_table(tracker, step_m: dict, roll_m: dict, n: int) -> None:
+    """What ``log_samples`` (default 8) adds per rollout: one MLflow table artifact of 8 sample rows."""
+    rows = [{"rollout_id": 0, "group_index": g, "prompt": "3+4=", "response": "\\boxed{7}", "label": "7", "reward": 1.0,
+             "status": "completed", "weight_version": 1} for g in range(8)]
+    for i in range(n):
+        tracker.log_table([{**r, "rollout_id": i} for r in rows], f"samples/rollout_{i:05d}.json")
+
+
+VARIANTS = {"tracker": _tracker, "one_batch_sync": _one_batch_sync, "client_async": _client_async, "samples_table": _samples_table}
 
 
 def bench(rollouts: int, repeats: int) -> Result:
@@ -96,8 +105,9 @@ def bench(rollouts: int, repeats: int) -> Result:
             t0 = time.perf_counter()
             VARIANTS[name](tracker, step_m, roll_m, rollouts)
             times[name].append(time.perf_counter() - t0)
-            logged = len(tracker.metric_history("rollout/step"))
-            assert logged == rollouts, f"{name}: {logged} rollout/step points, expected {rollouts}"
+            if name != "samples_table":
+                logged = len(tracker.metric_history("rollout/step"))
+                assert logged == rollouts, f"{name}: {logged} rollout/step points, expected {rollouts}"
     per = {k: summarize([t / rollouts * 1000 for t in v]) for k, v in times.items()}
     res = Result("tracking", {"rollouts": rollouts, "repeats": repeats, "store": "sqlite (local file)",
                               "metrics_per_rollout": len(step_m) + len(roll_m) + 2, "tiny_step_s": step_s})

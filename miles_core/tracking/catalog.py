@@ -249,7 +249,7 @@ def check_keys(keys: Iterable[str]) -> None:
     if not bad:
         return
     msg = (f"metric keys not in the catalog: {bad}. Add them to miles_core/tracking/catalog.py (CATALOG), or "
-           f"register(Metric(...)) them from a custom extension; set {CHECK_ENV}=warn to only warn")
+           f"register(Metric(...)) them from a custom extension ({CHECK_ENV}=error raises, warn warns, off skips)")
     if mode == "error":
         raise UncataloguedMetricError(msg)
     for k in bad:

@@ -69,7 +69,7 @@ def tracker(tmp_path_factory):
 
 
 def test_the_tracker_logs_catalogued_keys_and_refuses_others(tracker, monkeypatch):
-    monkeypatch.delenv(catalog.CHECK_ENV, raising=False)
+    monkeypatch.setenv(catalog.CHECK_ENV, "error")  # what the test suite runs with
     tracker.log_metrics({"rollout/raw_reward": 0.5, "passrate/pass@2": 0.75, "rollout/step": 0}, step=0)
     assert tracker.metric_history("passrate/pass_2") == [(0, 0.75)]
     with pytest.raises(UncataloguedMetricError, match="train/clip_ratio"):
@@ -77,10 +77,11 @@ def test_the_tracker_logs_catalogued_keys_and_refuses_others(tracker, monkeypatc
     assert tracker.metric_history("train/grad_norm") == []  # nothing of a refused batch is logged
 
 
-def test_warn_and_off_modes(tracker, monkeypatch, caplog):
-    monkeypatch.setenv(catalog.CHECK_ENV, "warn")
+def test_warn_by_default_and_off_modes(tracker, monkeypatch, caplog):
+    monkeypatch.delenv(catalog.CHECK_ENV, raising=False)  # a user's run: warn, never kill the run
     tracker.log_metrics({"train/clip_ratio_warned": 0.1}, step=0)
     assert "train/clip_ratio_warned" in caplog.text
+    assert tracker.metric_history("train/clip_ratio_warned") == [(0, 0.1)]
     monkeypatch.setenv(catalog.CHECK_ENV, "off")
     tracker.log_metrics({"train/anything_goes": 0.1}, step=0)
     assert tracker.metric_history("train/anything_goes") == [(0, 0.1)]
