@@ -85,6 +85,7 @@ _MIS = "miles_core/algorithms/mis.py"
 _MIS_ON = "custom_tis_function_path: mis"
 _EVAL = "miles_core/evaluation/core.py"
 _POINT = "miles_core/evaluation/point.py"
+_FULLY = "miles_core/rollout/fully_async.py"
 
 CATALOG: tuple[Metric, ...] = (
     # ---- step axes (logged as metrics too, so every chart can use them as x) ----------------------
@@ -106,6 +107,20 @@ CATALOG: tuple[Metric, ...] = (
            "always", _RM),
     Metric("rollout/dynamic_filter/drop_<reason>", ROLLOUT, "groups dropped by the dynamic-sampling filter, by reason",
            "dynamic_sampling_filter_path", "miles_core/rollout/generate.py"),
+    Metric("rollout/staleness/mean", ROLLOUT, "mean weight syncs between a sample's generation and its training (0 when async_mode is off)",
+           "always", _LOCAL),
+    Metric("rollout/staleness/max", ROLLOUT, "largest staleness of the rollout's samples (<= 1 with one_step, <= max_weight_staleness with fully)",
+           "always", _LOCAL),
+    Metric("rollout/fully_async/queue_size", ROLLOUT, "scored groups left in the fully-async buffer after this rollout took its groups",
+           "async_mode: fully", _FULLY),
+    Metric("rollout/fully_async/stale_groups_filtered", ROLLOUT, "groups over max_weight_staleness not trained on in this rollout",
+           "async_mode: fully", _FULLY),
+    Metric("rollout/fully_async/stale_groups_recycled", ROLLOUT, "stale groups whose prompts were queued for regeneration",
+           "async_mode: fully", _FULLY),
+    Metric("rollout/fully_async/avg_staleness", ROLLOUT, "mean staleness (weight syncs) of the groups trained on", "async_mode: fully", _FULLY),
+    Metric("rollout/fully_async/max_staleness", ROLLOUT, "largest staleness of the groups trained on", "async_mode: fully", _FULLY),
+    Metric("rollout/fully_async/wait_time", ROLLOUT, "seconds the trainer waited for the buffer to hold enough groups",
+           "async_mode: fully", _FULLY),
     # ---- rollout: forward-only passes and advantages (trainer) ------------------------------------
     Metric("rollout/log_probs", ROLLOUT, "token mean of the old-policy log-probs", "always", _TRAINER),
     Metric("rollout/rollout_log_probs", ROLLOUT, "token mean of the engine's log-probs", "always", _TRAINER),
