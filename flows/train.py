@@ -15,6 +15,7 @@ weights sync every update_weights_interval rollouts.
 from __future__ import annotations
 
 import statistics
+import time
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -31,6 +32,9 @@ from tasks.stages import generate, restore, save, train_step, update_weights
 
 from .evaluate import eval_at, finish_evals
 from .tracking import RunTracker, open_run
+
+
+PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
 
 
 def due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
@@ -65,11 +69,13 @@ def train(config: TrainConfig) -> dict:
         if config.eval.enabled and not config.eval.skip_eval_before_train and start == 0:
             eval_at(run_key, tracker, rt.weight_version)
         artifact = create_progress_artifact(progress=100.0 * start / n, key="train-progress", description=f"rollouts of {config.misc.recipe}")
-        rewards, pending = [], None
+        rewards, pending, shown = [], None, time.monotonic()
         for i in range(start, n):
             metrics, pending = _one_rollout(run_key, i, n, config, tracker, pending)
             rewards.append(metrics)
-            update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
+            if i == n - 1 or time.monotonic() - shown >= PROGRESS_EVERY_S:  # one API call per rollout is too many at small steps
+                update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
+                shown = time.monotonic()
             progress.emit(i, n, rewards[-1])
         finish_evals(run_key, tracker)  # background evals of eval_mode snapshot land before the run ends
         tracker.mlflow.end("FINISHED")
