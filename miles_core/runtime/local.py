@@ -168,7 +168,8 @@ class LocalRuntime:
                  "steps_done": self.trainer.steps_done}
         ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
                              state=state, keep_last=self.cfg.checkpoint.keep_last, save_optim=not self.cfg.checkpoint.no_save_optim,
-                             extra_tensors=self.trainer.extra_modules() or None)
+                             extra_tensors=self.trainer.extra_modules() or None,
+                             extra_optimizers=self.trainer.extra_optimizers() or None)
         return {"perf/save_model_time": time.perf_counter() - t0}
 
     def restore(self) -> dict | None:
@@ -177,7 +178,8 @@ class LocalRuntime:
         if info is None:
             return None
         meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer,
-                                    extra_modules=self.trainer.extra_modules() or None)
+                                    extra_modules=self.trainer.extra_modules() or None,
+                                    extra_optimizers=self.trainer.extra_optimizers() or None)
         self.source.load_state_dict(meta["data_source"])
         self.trainer.steps_done = meta["steps_done"]
         self.weight_version = meta["weight_version"]
