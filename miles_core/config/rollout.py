@@ -21,7 +21,7 @@ class RolloutConfig(Group):
     rollout_stop_token_ids: list[int] | None = Field(None, description="Stop token ids (the tokenizer's EOS is always one).")
     over_sampling_batch_size: int | None = Field(None, ge=1, description="Groups to sample per round with dynamic sampling (>= rollout_batch_size).")
     dynamic_sampling_filter_path: str | None = Field(None, description="Dotted path of a group filter (dynamic sampling).")
-    partial_rollout: bool = Field(False, description="Return unfinished groups to a buffer for the next rollout instead of dropping them.")
+    partial_rollout: bool = Field(False, description="Keep the groups of the last over-sampled round that were not used in a buffer (saved with checkpoints) that the next rollout takes first, instead of dropping them; aborted samples are continued.")
     custom_generate_function_path: str | None = Field(None, description="Dotted path of a custom generate function.")
     rm_type: str = Field("math", description="Reward function name (see the rewards page); a boxed_ prefix grades the last \\boxed{} only.")
     custom_rm_path: str | None = Field(None, description="Dotted path of an async reward function; overrides rm_type.")

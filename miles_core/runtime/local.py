@@ -108,7 +108,8 @@ class LocalRuntime:
         t0 = time.perf_counter()
         r = self.cfg.rollout
         spec = RolloutSpec(r.rollout_batch_size, r.n_samples_per_prompt, self.params, r.rollout_max_context_len,
-                           r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed)
+                           r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed,
+                           r.partial_rollout)
         rollout = generate_rollout(self.engine, self.source, spec, self.rewards, rollout_id, self.decode)
         dt = time.perf_counter() - t0
         rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
