@@ -23,7 +23,7 @@ class RolloutConfig(Group):
     rollout_stop_token_ids: list[int] | None = Field(None, description="Stop token ids (the tokenizer's EOS is always one).")
     over_sampling_batch_size: int | None = Field(None, ge=1, description="Groups to sample per round with dynamic sampling (>= rollout_batch_size).")
     dynamic_sampling_filter_path: str | None = Field(None, description="Dotted path of a group filter (dynamic sampling).")
-    partial_rollout: bool = Field(False, description="Return unfinished groups to a buffer for the next rollout instead of dropping them.")
+    partial_rollout: bool = Field(False, description="Keep the groups of the last over-sampled round that were not used in a buffer (saved with checkpoints) that the next rollout takes first, instead of dropping them; aborted samples are continued.")
     async_mode: Literal["off", "one_step", "fully"] = Field(
         "off", description="Overlap generation with training: off (generate, then train), one_step (generate rollout i+1 while "
         "training on i; the reference's train_async), fully (a background worker keeps a bounded buffer of scored groups).")

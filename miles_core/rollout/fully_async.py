@@ -29,7 +29,7 @@ from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
 from miles_core.utils import load_function
 
 from .filters import FILTERS
-from .generate import RolloutSpec, sample_groups
+from .generate import RolloutSpec, generate_unfinished, new_group
 
 
 
@@ -106,7 +106,9 @@ class FullyAsyncWorker:
                 self._cond.notify_all()
 
     def _one_round(self, n: int, round_idx: int) -> tuple[list[list[Sample]], Counter[str]]:
-        groups = sample_groups(self.engine, _RecyclingSource(self.source, self.recycled), self.spec, round_idx, n, 0, self.decode)
+        pairs = _RecyclingSource(self.source, self.recycled).next_prompts(n)
+        groups = [new_group(gi, p, round_idx, self.spec.n_samples_per_prompt) for gi, p in pairs]
+        generate_unfinished(self.engine, groups, self.spec, (self.spec.seed * 1_000_003 + round_idx * 1009) % 2**31, self.decode)
         flat = [s for g in groups for s in g]
         for s, r in zip(flat, asyncio.run(batched_async_rm(flat, self.reward))):
             s.reward = r

@@ -105,7 +105,8 @@ class LocalRuntime:
     def rollout_spec(self) -> RolloutSpec:
         r = self.cfg.rollout
         return RolloutSpec(r.rollout_batch_size, r.n_samples_per_prompt, self.params, r.rollout_max_context_len,
-                           r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed)
+                           r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed,
+                           r.partial_rollout)
 
     def generate(self, rollout_id: int) -> dict[str, float]:
         """Generate and score rollout ``rollout_id``, written atomically; reused if it exists for this weight version
@@ -209,7 +210,8 @@ class LocalRuntime:
                      "steps_done": self.trainer.steps_done, **self.async_state()}
             ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
                                  state=state, keep_last=self.cfg.checkpoint.keep_last, save_optim=not self.cfg.checkpoint.no_save_optim,
-                                 extra_tensors=self.trainer.extra_modules() or None)
+                                 extra_tensors=self.trainer.extra_modules() or None,
+                                 extra_optimizers=self.trainer.extra_optimizers() or None)
         return {"perf/save_model_time": time.perf_counter() - t0}
 
     def async_state(self) -> dict:
@@ -229,7 +231,8 @@ class LocalRuntime:
         if info is None:
             return None
         meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer,
-                                    extra_modules=self.trainer.extra_modules() or None)
+                                    extra_modules=self.trainer.extra_modules() or None,
+                                    extra_optimizers=self.trainer.extra_optimizers() or None)
         self.source.load_state_dict(meta["data_source"])
         self.trainer.steps_done = meta["steps_done"]
         self.weight_version = meta["weight_version"]

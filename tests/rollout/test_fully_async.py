@@ -73,6 +73,7 @@ def _worker(engine, source, tok, version, *, capacity=4, max_staleness=None, pol
 def _wait_full(w: FullyAsyncWorker, n: int) -> None:
     deadline = time.time() + 60
     while len(w.buffer) < n:
+        assert w._error is None, w._error
         assert time.time() < deadline, "the worker did not fill its buffer"
         time.sleep(0.01)
 
