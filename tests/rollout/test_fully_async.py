@@ -15,17 +15,9 @@ from miles_core.rewards import RewardOptions
 from miles_core.rollout import fully_async as fa
 from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import RolloutSpec
-from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.protocol import SamplingParams
 
 G = 2
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tiny_tokenizer):
-    from transformers import AutoModelForCausalLM
-
-    return HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer)
 
 
 @pytest.fixture

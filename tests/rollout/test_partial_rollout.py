@@ -23,25 +23,11 @@ from miles_core.rollout import filters as filters_mod
 from miles_core.rollout import generate as generate_mod
 from miles_core.rollout.filters import check_reward_nonzero_std
 from miles_core.rollout.generate import RolloutSpec, generate_rollout
-from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.protocol import SamplingParams
 
 KINDS = ["ones", "zeros", "mixed"]
 G = 2
 MAX_NEW = 3
-
-
-@pytest.fixture(scope="module")
-def hf_engine(tiny_model_dir, tiny_tokenizer):
-    from transformers import AutoModelForCausalLM
-
-    return HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer)
-
-
-@pytest.fixture
-def engine(hf_engine):
-    hf_engine.set_weight_version(0)
-    return hf_engine
 
 
 def _prompts(tok) -> list[Prompt]:
