@@ -15,49 +15,19 @@ import torch
 
 from miles_core import checkpoint as ckpt
 from miles_core.config import TrainConfig
-from miles_core.data import DataSource, PromptSpec, Sample, load_prompts
-from miles_core.data.tasks import materialize_builtin
+from miles_core.data import DataSource, Sample, load_prompts
 from miles_core.env import cache_dir
 from miles_core.evaluation import SnapshotEvaluator, build_suite, load_hf_engine, run_on_engine
 from miles_core.models import resolve_model_path
-from miles_core.rewards import RewardOptions, reward_value
+from miles_core.rewards import reward_value
 from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
-from miles_core.rollout.protocol import SamplingParams
+from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
 from miles_core.training.teacher import load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
 from miles_core.weights.sync import sync_weights
-
-DATA_PREFIX = "builtin://"
-
-
-def resolve_data_path(spec: str) -> str:
-    """builtin://<task>[@[a:b]] -> a jsonl in the cache; anything else unchanged."""
-    if not spec.startswith(DATA_PREFIX):
-        return spec
-    name, at, sl = spec[len(DATA_PREFIX) :].partition("@")
-    return str(materialize_builtin(name, cache_dir())) + at + sl
-
-
-def prompt_spec(cfg: TrainConfig) -> PromptSpec:
-    d = cfg.data
-    return PromptSpec(d.input_key, d.label_key, d.metadata_key, d.tool_key, d.apply_chat_template,
-                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len)
-
-
-def reward_options(cfg: TrainConfig) -> RewardOptions:
-    r = cfg.rollout
-    return RewardOptions(r.rm_type, r.custom_rm_path, r.rm_url, r.group_rm, r.reward_key,
-                         r.custom_reward_post_process_path, r.rm_timeout, r.rm_max_retries)
-
-
-def sampling_params(cfg: TrainConfig, eos_id: int) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k, r.rollout_max_response_len,
-                          tuple(r.rollout_stop_token_ids or ()) + (eos_id,), tuple(r.rollout_stop or ()))
-
 
 class LocalRuntime:
     def __init__(self, cfg: TrainConfig):
