@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class Group(BaseModel):
     """One argument group. Every field keeps the reference system's name and default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_booleans_as_choices(cls, data: Any) -> Any:
+        """YAML reads a bare off/on/yes/no as a boolean; for a field whose choices include that word
+        (async_mode: off), take the word."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if isinstance(value, bool) and field is not None and get_origin(field.annotation) is Literal:
+                words = {True: ("on", "yes", "true"), False: ("off", "no", "false")}[value]
+                match = [c for c in get_args(field.annotation) if isinstance(c, str) and c.lower() in words]
+                if len(match) == 1:
+                    out[name] = match[0]
+        return out

@@ -116,3 +116,13 @@ def test_bad_yaml_recipe_names_file(tmp_path):
     p.write_text("rollout_batch_size: [1,\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_config(str(p))
+
+
+def test_yaml_off_is_the_off_choice_not_false(tmp_path):
+    """YAML reads a bare `off` as False: for a choice field it still means the choice "off"."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("extends: tiny\nasync_mode: off\n")
+    assert load_config(str(recipe)).rollout.async_mode == "off"
+    assert build_config({**BASE, "async_mode": False}).rollout.async_mode == "off"
+    with pytest.raises(ConfigError, match="async_mode"):
+        build_config({**BASE, "async_mode": True})  # no "on" choice: still an error

@@ -48,13 +48,15 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
     subprocess.run(_cli(full, mode), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_cli(killed, mode), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # its own process group: the SIGKILL takes the run's ephemeral Prefect API process down with it, as a crash would
+    proc = subprocess.Popen(_cli(killed, mode), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.exists() and latest.read_text().strip() == "1"):
         assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert latest.read_text().strip() == "1"
     status, _ = _metrics(killed)
