@@ -66,6 +66,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
             f"runtime local runs rollout_engine hf with train_backend torch (got {cl.rollout_engine}/{cl.train_backend}); "
             "use runtime ray for sglang or megatron"
         )
+    if cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
+        raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
+                         "process); set runtime: ray or drop update_weight_mode")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")

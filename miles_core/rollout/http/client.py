@@ -166,6 +166,25 @@ class HTTPEngineClient:
         if weight_version is not None:
             self._version = weight_version
 
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str = "gloo") -> None:
+        """SGLang's /init_weights_update_group: the server joins the sender's group (returns once all joined)."""
+        self.request("POST", "/init_weights_update_group", retries=0, json={
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend})
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+                                        weight_version: int | None = None) -> None:
+        """SGLang's /update_weights_from_distributed: metadata here, the tensors over the group (sent by rank 0)."""
+        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": False}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        self.request("POST", "/update_weights_from_distributed", retries=0, json=body)
+
+    def get_weights_by_name(self, name: str) -> torch.Tensor:
+        """SGLang's /get_weights_by_name (ours returns the whole tensor as nested lists)."""
+        return torch.tensor(self.request("POST", "/get_weights_by_name", json={"name": name}).json())
+
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None = None) -> int:
         """POST the tensors in buckets of at most ``bucket_bytes`` (ours only). -> number of buckets."""
         n = 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from miles_core.config import TrainConfig
+from miles_core.weights.sync import WeightSender
 
 
 def split_rows(rows: range, lengths: list[int], world: int, balance: bool) -> list[list[int]]:
@@ -104,6 +105,7 @@ class TrainWorker:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.trainer = build_trainer(cfg, model_path, self.tokenizer)
+        self.sender = WeightSender(self.trainer.named_tensors, self.trainer.model.config)
         if world > 1 and self.trainer.critic is not None:
             raise NotImplementedError("the ray runtime trains the critic (advantage_estimator ppo) on one rank only; set actor_num_gpus_per_node 1")
 
@@ -123,6 +125,25 @@ class TrainWorker:
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         return [(k, v.detach().clone()) for k, v in self.trainer.named_tensors()]
+
+    # ---- weight sync: the WeightSender of this rank (RankZeroSender calls these on rank 0) ----------------
+    def weight_tensors(self):
+        return self.sender.tensors()
+
+    def weight_meta(self):
+        return self.sender.meta()
+
+    def weight_master_address(self):
+        return self.sender.master_address()
+
+    def init_weight_broadcast(self, host: str, port: int, world_size: int, backend: str) -> None:
+        self.sender.init_broadcast(host, port, world_size, backend)
+
+    def broadcast_weights(self, names: list[str]) -> None:
+        self.sender.broadcast(names)
+
+    def save_weights(self, path: str) -> str:
+        return self.sender.save(path)
 
     def steps_done(self) -> int:
         return self.trainer.steps_done
@@ -182,3 +203,34 @@ class TrainGroup:
 
         for w in self.workers:
             ray.kill(w)
+
+
+class RankZeroSender:
+    """WeightSender's interface, served by train rank 0 (the bytes of broadcast and disk modes never
+    pass through the driver; tensor mode fetches them through the object store)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def _call(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.worker, method).remote(*args))
+
+    def tensors(self):
+        return self._call("weight_tensors")
+
+    def meta(self):
+        return self._call("weight_meta")
+
+    def master_address(self):
+        return self._call("weight_master_address")
+
+    def init_broadcast(self, host: str, port: int, world_size: int, backend: str) -> None:
+        self._call("init_weight_broadcast", host, port, world_size, backend)
+
+    def broadcast(self, names: list[str]) -> None:
+        self._call("broadcast_weights", names)
+
+    def save(self, path: str) -> str:
+        return self._call("save_weights", path)
