@@ -106,8 +106,6 @@ class TrainWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.trainer = build_trainer(cfg, model_path, self.tokenizer)
         self.sender = WeightSender(self.trainer.named_tensors, self.trainer.model.config)
-        if world > 1 and self.trainer.critic is not None:
-            raise NotImplementedError("the ray runtime trains the critic (advantage_estimator ppo) on one rank only; set actor_num_gpus_per_node 1")
 
     def address(self) -> str:
         return free_address()
@@ -145,6 +143,19 @@ class TrainWorker:
     def save_weights(self, path: str) -> str:
         return self.sender.save(path)
 
+    def extra_tensors(self) -> dict[str, list[tuple[str, torch.Tensor]]]:
+        """The critic's (ppo) tensors, by module name, as named_tensors gives the policy's."""
+        return {k: [(n, t.detach().clone()) for n, t in m.state_dict().items()] for k, m in self.trainer.extra_modules().items()}
+
+    def mean_log_probs(self, samples) -> list[float]:
+        """Per sample: the mean log-prob of its response tokens under this rank's policy now (tests, diagnostics)."""
+        from miles_core.training.batch import make_batch
+
+        batch = make_batch(samples, self.trainer.pad_id)
+        logp = self.trainer.compute_log_probs(self.trainer.model, batch)  # [N, T]
+        mask = batch.loss_mask.float()
+        return ((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+
     def steps_done(self) -> int:
         return self.trainer.steps_done
 
@@ -153,7 +164,8 @@ class TrainWorker:
 
         c = self.cfg.checkpoint
         ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
-                             state={**state, "steps_done": self.trainer.steps_done}, keep_last=c.keep_last, save_optim=not c.no_save_optim)
+                             state={**state, "steps_done": self.trainer.steps_done}, keep_last=c.keep_last, save_optim=not c.no_save_optim,
+                             extra_tensors=self.trainer.extra_modules() or None)
 
     def restore(self) -> dict | None:
         from miles_core import checkpoint as ckpt
@@ -161,7 +173,8 @@ class TrainWorker:
         info = ckpt.find_latest(self.cfg.load_dir)
         if info is None:
             return None
-        meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer,
+                                    extra_modules=self.trainer.extra_modules() or None)
         self.trainer.steps_done = meta["steps_done"]
         return meta
 
