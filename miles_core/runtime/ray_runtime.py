@@ -18,6 +18,7 @@ those the engines serve.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ from .ray.session import start_ray
 from .ray.train_group import RankZeroSender, TrainGroup
 
 ALL_MEMORY = ["weights", "kv_cache", "cuda_graph"]
+log = logging.getLogger(__name__)
 
 
 class RayRuntime:
@@ -123,9 +125,12 @@ class RayRuntime:
         url = self.engines.restart(i)
         version = -1
         if self._fresh:
-            with EngineRouter([self.engines.client(url)], bucket_bytes=self.cfg.cluster.update_weight_buffer_size) as one:
-                self.weight_sync.sync(self.sender, one, self.weight_version)
-            version = self.weight_version
+            try:
+                with EngineRouter([self.engines.client(url)], bucket_bytes=self.cfg.cluster.update_weight_buffer_size) as one:
+                    self.weight_sync.sync(self.sender, one, self.weight_version)
+                version = self.weight_version
+            except Exception:  # noqa: BLE001 - the engine still joins, out of generate until the next sync reaches it
+                log.exception("engine %d restarted but loading weights version %d into it failed", i, self.weight_version)
         self.engine.replace_engine(i, self.engines.client(url), version)
 
     def snapshot_evals(self):

@@ -71,6 +71,8 @@ def test_batch_invariant_names_fields():
         ({"runtime": "local", "rollout_engine": "sglang"}, "runtime local"),
         ({"rollout_batch_size": 0}, "rollout_batch_size"),
         ({"use_opd": True}, "opd_teacher_load"),
+        ({"update_weight_mode": "broadcast"}, "needs runtime ray"),
+        ({"runtime": "ray", "ft_components": ["train"]}, "ft_components"),
     ],
 )
 def test_cross_field_rules(extra, pattern):
@@ -109,3 +111,14 @@ def test_bad_yaml_recipe_names_file(tmp_path):
     p.write_text("rollout_batch_size: [1,\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_config(str(p))
+
+
+@pytest.mark.parametrize(("extra", "mode"), [
+    ({}, "tensor"),  # local: in-process copy
+    ({"runtime": "ray"}, "broadcast"),  # disaggregated
+    ({"runtime": "ray", "colocate": True}, "tensor"),
+    ({"runtime": "ray", "update_weight_mode": "disk"}, "disk"),
+])
+def test_weight_sync_mode_default(extra, mode):
+    """update_weight_mode None: tensor when colocated (or local), broadcast when disaggregated."""
+    assert build_config({**BASE, **extra}).cluster.weight_sync_mode == mode
