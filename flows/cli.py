@@ -62,21 +62,28 @@ def parse_overrides(raw: dict[str, Any]) -> dict[str, Any]:
 RECIPE_ARG = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `miles recipes`) or a YAML path.")
 
 
-def _train(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
-    from flows.run import run_train
+def _with_config_flags(name: str, help: str, fn) -> None:
+    """Register ``fn`` as command ``name``: its own parameters first, then every config field as a flag."""
+    own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fn.__signature__ = inspect.Signature([*own, *config_options()])
+    app.command(name, help=help)(fn)
 
+
+def _load_or_exit(recipe_file: str, flags: dict[str, Any]):
     try:
-        cfg = load_config(recipe_file, parse_overrides(flags))
+        return load_config(recipe_file, parse_overrides(flags))
     except ConfigError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    run_train(cfg, console)
 
 
-_train.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [inspect.signature(_train).parameters["recipe_file"], *config_options()]
-)
-app.command("train", help="Train with GRPO-family RL on a recipe; any config field is a flag.")(_train)
+def _train(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
+    from flows.run import run_train
+
+    run_train(_load_or_exit(recipe_file, flags), console)
+
+
+_with_config_flags("train", "Train with GRPO-family RL on a recipe; any config field is a flag.", _train)
 
 
 @app.command("recipes")
@@ -91,11 +98,7 @@ AS_PARAMS = typer.Option(False, "--as-params", help="Print {\"config\": ...} as 
 
 
 def _show(recipe_file: str = RECIPE_ARG, as_params: bool = AS_PARAMS, **flags: Any) -> None:
-    try:
-        cfg = load_config(recipe_file, parse_overrides(flags))
-    except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+    cfg = _load_or_exit(recipe_file, flags)
     if as_params:
         import json
 
@@ -104,8 +107,7 @@ def _show(recipe_file: str = RECIPE_ARG, as_params: bool = AS_PARAMS, **flags: A
     console.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
 
-_show.__signature__ = inspect.Signature([*list(inspect.signature(_show).parameters.values())[:2], *config_options()])  # type: ignore[attr-defined]
-app.command("config", help="Print the resolved config of a recipe with flags applied.")(_show)
+_with_config_flags("config", "Print the resolved config of a recipe with flags applied.", _show)
 
 EVAL_TARGET = typer.Argument(..., metavar="TARGET", help="A checkpoint dir, a save dir, an HF export dir or one HF snapshot.")
 EVAL_ALL = typer.Option(False, "--all", help="Every checkpoint/snapshot under TARGET not evaluated yet (default: the latest).")
@@ -128,11 +130,8 @@ def _eval(target: str = EVAL_TARGET, all_points: bool = EVAL_ALL, **flags: Any) 
         console.print(f"[yellow]skipped[/yellow]           : {s['skipped']}")
 
 
-_eval.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [*list(inspect.signature(_eval).parameters.values())[:2], *config_options()]
-)
-app.command("eval", help="Evaluate checkpoints or HF snapshots into their training run's MLflow run at eval/step; "
-            "any config field is a flag over the run's own config.")(_eval)
+_with_config_flags("eval", "Evaluate checkpoints or HF snapshots into their training run's MLflow run at eval/step; "
+                   "any config field is a flag over the run's own config.", _eval)
 
 
 @app.command("export")

@@ -5,11 +5,17 @@
     for each rollout i:
     2. generate + reward   3. train (old log-probs, advantages, optimizer steps)
     4. save if due         5. sync weights (version + 1)   6. eval if due   7. export if due
+
+async_mode one_step submits generate(i + 1) before train(i), so the two task runs overlap (rollout
+i + 1 is one weight sync stale); it is waited for before the weight sync and before a save.
+async_mode fully: generate(i) takes groups from a background worker's buffer (runtime side), and
+weights sync every update_weights_interval rollouts.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -26,6 +32,9 @@ from tasks.stages import generate, restore, save, train_step, update_weights
 
 from .evaluate import eval_at, finish_evals
 from .tracking import RunTracker, open_run
+
+
+PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
 
 
 def due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
@@ -60,10 +69,13 @@ def train(config: TrainConfig) -> dict:
         if config.eval.enabled and not config.eval.skip_eval_before_train and start == 0:
             eval_at(run_key, tracker, rt.weight_version)
         artifact = create_progress_artifact(progress=100.0 * start / n, key="train-progress", description=f"rollouts of {config.misc.recipe}")
-        rewards = []
+        rewards, pending, shown = [], None, time.monotonic()
         for i in range(start, n):
-            rewards.append(_one_rollout(run_key, i, n, config, tracker))
-            update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
+            metrics, pending = _one_rollout(run_key, i, n, config, tracker, pending)
+            rewards.append(metrics)
+            if i == n - 1 or time.monotonic() - shown >= PROGRESS_EVERY_S:  # one API call per rollout is too many at small steps
+                update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
+                shown = time.monotonic()
             progress.emit(i, n, rewards[-1])
         finish_evals(run_key, tracker)  # background evals of eval_mode snapshot land before the run ends
         tracker.mlflow.end("FINISHED")
@@ -72,22 +84,30 @@ def train(config: TrainConfig) -> dict:
         registry.release(run_key)
 
 
-def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: RunTracker) -> dict[str, float]:
-    metrics = generate(run_key, i)
+def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: RunTracker, pending):
+    """-> (rollout metrics, the one_step generate future of rollout i + 1 or None)."""
+    mode = config.rollout.async_mode
+    metrics = pending.result() if pending is not None else generate(run_key, i)
+    nxt = generate.submit(run_key, i + 1) if mode == "one_step" and i + 1 < n else None
     rollout_metrics, steps = train_step(run_key, i)
     metrics |= rollout_metrics
     k = config.num_steps_per_rollout
     for j, step in enumerate(steps):
         tracker.log(step, "train/step", i * k + j)
     tracker.log(metrics, "rollout/step", i)  # before the save: a checkpoint never precedes its metrics
-    if config.tracking.log_samples and i > tracker.marks.get("rollout/step", -1):
+    if config.tracking.log_samples and due(_samples_interval(config), i, n) and i > tracker.marks.get("rollout/step", -1):
         rows = registry.get_runtime(run_key).sample_rows(i, config.tracking.log_samples)
         tracker.mlflow.log_table(rows, f"samples/rollout_{i:05d}.json")
+    save_due = due(config.checkpoint.save_interval, i, n) or i == n - 1
+    sync_due = mode == "off" or due(config.rollout.update_weights_interval, i, n)
+    if nxt is not None and (save_due or sync_due):
+        nxt.wait()  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
     perf = {}
-    if due(config.checkpoint.save_interval, i, n) or i == n - 1:
+    if save_due:
         perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe,
                                   "tokenizer_dir": str(registry.get_runtime(run_key).model_path)})
-    perf |= update_weights(run_key)
+    if sync_due:
+        perf |= update_weights(run_key)
     tracker.log_extra(perf, "rollout/step", i)
     if due(config.eval.eval_interval, i, n) and config.eval.enabled:
         eval_at(run_key, tracker, registry.get_runtime(run_key).weight_version)
@@ -95,7 +115,12 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
         path = export_live(run_key, i)
         register(config.tracking_uri, tracker.mlflow.run_id, path, i, (i + 1) * config.num_steps_per_rollout,
                  config.checkpoint.registered_model_name, config.checkpoint.champion_metric)
-    return metrics
+    return metrics, nxt
+
+
+def _samples_interval(config: TrainConfig) -> int:
+    t, e = config.tracking, config.eval
+    return t.log_samples_interval or (e.eval_interval if e.enabled and e.eval_interval else 1)
 
 
 def _record_run(config: TrainConfig, tracker: RunTracker) -> None:

@@ -10,6 +10,7 @@ A save dir:
         optimizer.pt              optimizer.state_dict() (torch.save), unless save_optim=False
         rng.pt                    capture_rng_state() (torch.save)
         extra/<name>.safetensors  extra modules (critic, value head, ...)
+        extra/<name>.optimizer.pt their optimizers' state_dict() (torch.save), unless save_optim=False
         meta.json                 caller's state + rollout_id + format_version + created_at + contents
         .complete                 JSON manifest {files: {relative path: bytes}}, written last
       .tmp-<rollout_id>-<pid>/    a save in progress (or one killed mid-write): skipped, reported
@@ -41,6 +42,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng.pt"
 META_FILE = "meta.json"
 EXTRA_DIR = "extra"
+EXTRA_OPTIMIZER_SUFFIX = ".optimizer.pt"
 RESERVED_META_KEYS = ("rollout_id", "format_version", "created_at", "contents")
 
 
@@ -51,6 +53,11 @@ class CheckpointInfo:
     path: Path
     rollout_id: int
     meta: dict
+
+
+def extra_optimizer_file(name: str) -> str:
+    """Relative path of the state of extra optimizer `name` (e.g. the PPO critic's AdamW)."""
+    return f"{EXTRA_DIR}/{name}{EXTRA_OPTIMIZER_SUFFIX}"
 
 
 def check_rollout_id(rollout_id: object) -> None:
@@ -75,7 +82,9 @@ def checkpoint_problem(path: Path) -> str | None:
         return f"unreadable {META_FILE} ({e})"
     if meta.get("rollout_id") != parse_rollout_id(path.name):
         return f"{META_FILE} says rollout_id={meta.get('rollout_id')!r}, dir name is {path.name!r}"
-    required = [MODEL_FILE, RNG_FILE] + ([OPTIMIZER_FILE] if meta.get("contents", {}).get("optimizer") else [])
+    contents = meta.get("contents", {})
+    required = [MODEL_FILE, RNG_FILE] + ([OPTIMIZER_FILE] if contents.get("optimizer") else [])
+    required += [extra_optimizer_file(n) for n in contents.get("extra_optimizers", [])]
     missing = [f for f in required if not (path / f).is_file()]
     return f"missing {missing}" if missing else None
 

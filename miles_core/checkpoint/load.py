@@ -56,12 +56,15 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     extra_modules: dict[str, torch.nn.Module] | None = None,
     restore_rng: bool = True,
+    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
 ) -> dict:
-    """Load weights (strict), extra modules, optimizer state, then RNG; return meta.json.
+    """Load weights (strict), extra modules, optimizer states, then RNG; return meta.json.
 
     The model must already be built with the same architecture (tied embeddings stay tied: the
     values are copied into the existing parameters). Optimizer state is loaded only when the
-    checkpoint has it and `optimizer` is given; a checkpoint without it logs a warning.
+    checkpoint has it and `optimizer` is given; a checkpoint without it logs a warning. The same
+    holds for each of `extra_optimizers`, by name (a checkpoint from before extra optimizers were
+    saved, or saved with save_optim=False, leaves them fresh, with a warning).
     """
     path = Path(info.path)
     problem = layout.checkpoint_problem(path)
@@ -71,7 +74,9 @@ def load_checkpoint(
     load_into(model, path / layout.MODEL_FILE)
     _load_extras(path, meta, extra_modules or {})
     if optimizer is not None:
-        _load_optimizer(path, optimizer)
+        _load_optimizer(path, layout.OPTIMIZER_FILE, optimizer)
+    for name, opt in (extra_optimizers or {}).items():
+        _load_optimizer(path, layout.extra_optimizer_file(name), opt)
     if restore_rng:
         restore_rng_state(torch.load(path / layout.RNG_FILE, weights_only=True))
     return meta
@@ -86,10 +91,10 @@ def _load_extras(path: Path, meta: dict, extra_modules: dict[str, torch.nn.Modul
         load_into(module, path / layout.EXTRA_DIR / f"{name}.safetensors")
 
 
-def _load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
-    file = path / layout.OPTIMIZER_FILE
+def _load_optimizer(path: Path, relative: str, optimizer: torch.optim.Optimizer) -> None:
+    file = path / relative
     if not file.is_file():
-        logger.warning("%s has no %s; the optimizer starts from fresh state", path, layout.OPTIMIZER_FILE)
+        logger.warning("%s has no %s; that optimizer starts from fresh state", path, relative)
         return
     try:
         optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))

@@ -4,8 +4,8 @@ Order of operations (layout in layout.py):
 
 1. Check inputs (rollout id, JSON-serialisable state, reserved keys, extra names) — nothing is
    written when they are bad.
-2. Write everything into `<save_dir>/.tmp-<rollout_id>-<pid>/`: model, optimizer, RNG, extras,
-   meta.json; then `.complete` (fsyncs every file first; the marker is the last write).
+2. Write everything into `<save_dir>/.tmp-<rollout_id>-<pid>/`: model, optimizer, RNG, extra
+   modules and their optimizers, meta.json; then `.complete` (fsyncs every file first; the marker is the last write).
 3. Rename the temp dir to `<save_dir>/<rollout_id>/` (an existing one is swapped out atomically,
    see `_fs.replace_dir`), fsync `<save_dir>`.
 4. Atomically rewrite `<save_dir>/latest` with the rollout id.
@@ -55,22 +55,25 @@ def save_checkpoint(
     keep_last: int | None = None,
     save_optim: bool = True,
     extra_tensors: dict[str, torch.nn.Module] | None = None,
+    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
 ) -> CheckpointInfo:
-    """Save model (+ optimizer, RNG, extra modules, `state`) as `<save_dir>/<rollout_id>/`.
+    """Save model (+ optimizer, RNG, extra modules and their optimizers, `state`) as `<save_dir>/<rollout_id>/`.
 
     `state` must be JSON-serialisable; it becomes meta.json together with rollout_id,
-    format_version, created_at and contents. Returns the new checkpoint's info.
+    format_version, created_at and contents. `extra_optimizers` (e.g. {"critic": its AdamW}) are
+    written like `optimizer`, and like it skipped with save_optim=False. Returns the new checkpoint's info.
     """
     save_dir = Path(save_dir)
     extra_tensors = extra_tensors or {}
-    meta = _build_meta(rollout_id, state, optimizer is not None and save_optim, extra_tensors, keep_last)
+    extra_optimizers = (extra_optimizers or {}) if save_optim else {}
+    meta = _build_meta(rollout_id, state, optimizer is not None and save_optim, extra_tensors, extra_optimizers, keep_last)
     save_dir.mkdir(parents=True, exist_ok=True)
     tmp = save_dir / f"{TMP_PREFIX}{rollout_id}-{os.getpid()}"
     final = save_dir / str(rollout_id)
     try:
         remove_tree(tmp)
         tmp.mkdir()
-        _write_contents(tmp, model, optimizer if save_optim else None, extra_tensors, meta)
+        _write_contents(tmp, model, optimizer if save_optim else None, extra_tensors, extra_optimizers, meta)
         write_marker(tmp)
         replace_dir(tmp, final)
     except BaseException:
@@ -82,14 +85,14 @@ def save_checkpoint(
     return CheckpointInfo(path=final, rollout_id=rollout_id, meta=meta)
 
 
-def _build_meta(rollout_id: int, state: dict, has_optimizer: bool, extras: dict, keep_last: int | None) -> dict:
+def _build_meta(rollout_id: int, state: dict, has_optimizer: bool, extras: dict, extra_optims: dict, keep_last: int | None) -> dict:
     """Validate the request and build meta.json's content (raises CheckpointError)."""
     layout.check_rollout_id(rollout_id)
     if keep_last is not None and keep_last < 1:
         raise CheckpointError(f"keep_last must be >= 1 or None, got {keep_last!r}")
-    bad_names = [n for n in extras if not _SAFE_NAME.match(n)]
+    bad_names = [n for n in [*extras, *extra_optims] if not _SAFE_NAME.match(n)]
     if bad_names:
-        raise CheckpointError(f"extra_tensors names must match {_SAFE_NAME.pattern}: {bad_names}")
+        raise CheckpointError(f"extra_tensors names and extra_optimizers names must match {_SAFE_NAME.pattern}: {bad_names}")
     reserved = [k for k in layout.RESERVED_META_KEYS if k in state]
     clashes = [k for k in reserved if not (k == "rollout_id" and state[k] == rollout_id)]  # repeating the id is fine
     if clashes:
@@ -103,12 +106,12 @@ def _build_meta(rollout_id: int, state: dict, has_optimizer: bool, extras: dict,
         "rollout_id": rollout_id,
         "format_version": layout.FORMAT_VERSION,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "contents": {"optimizer": has_optimizer, "extra": sorted(extras)},
+        "contents": {"optimizer": has_optimizer, "extra": sorted(extras), "extra_optimizers": sorted(extra_optims)},
     }
 
 
 def _write_contents(
-    tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, extras: dict, meta: dict
+    tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, extras: dict, extra_optims: dict, meta: dict
 ) -> None:
     (tmp / "model").mkdir()
     save_state_dict(model.state_dict(), tmp / layout.MODEL_FILE)
@@ -119,10 +122,12 @@ def _write_contents(
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / layout.OPTIMIZER_FILE)
     torch.save(capture_rng_state(), tmp / layout.RNG_FILE)
-    if extras:
+    if extras or extra_optims:
         (tmp / layout.EXTRA_DIR).mkdir()
     for name, module in extras.items():
         save_state_dict(module.state_dict(), tmp / layout.EXTRA_DIR / f"{name}.safetensors")
+    for name, opt in extra_optims.items():
+        torch.save(opt.state_dict(), tmp / layout.extra_optimizer_file(name))
     write_bytes_durable(tmp / layout.META_FILE, json.dumps(meta, indent=2, sort_keys=True).encode())
 
 

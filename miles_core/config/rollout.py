@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from ._base import Group
@@ -21,7 +23,17 @@ class RolloutConfig(Group):
     rollout_stop_token_ids: list[int] | None = Field(None, description="Stop token ids (the tokenizer's EOS is always one).")
     over_sampling_batch_size: int | None = Field(None, ge=1, description="Groups to sample per round with dynamic sampling (>= rollout_batch_size).")
     dynamic_sampling_filter_path: str | None = Field(None, description="Dotted path of a group filter (dynamic sampling).")
-    partial_rollout: bool = Field(False, description="Return unfinished groups to a buffer for the next rollout instead of dropping them.")
+    partial_rollout: bool = Field(False, description="Keep the groups of the last over-sampled round that were not used in a buffer (saved with checkpoints) that the next rollout takes first, instead of dropping them; aborted samples are continued.")
+    async_mode: Literal["off", "one_step", "fully"] = Field(
+        "off", description="Overlap generation with training: off (generate, then train), one_step (generate rollout i+1 while "
+        "training on i; the reference's train_async), fully (a background worker keeps a bounded buffer of scored groups).")
+    update_weights_interval: int = Field(1, ge=1, description="async_mode one_step / fully: sync weights to the engines after every n-th rollout.")
+    max_weight_staleness: int | None = Field(
+        None, ge=0, description="async_mode fully: a group generated more than this many weight syncs ago is not trained on (see stale_group_policy); None = no bound.")
+    stale_group_policy: Literal["recycle", "drop"] = Field(
+        "recycle", description="async_mode fully: a group over max_weight_staleness has its prompt regenerated (recycle) or is dropped (drop).")
+    fully_async_buffer_groups: int | None = Field(
+        None, ge=1, description="async_mode fully: most scored groups held in the buffer (default 2 * rollout_batch_size); the worker waits when full.")
     custom_generate_function_path: str | None = Field(None, description="Dotted path of a custom generate function.")
     rm_type: str = Field("math", description="Reward function name (see the rewards page); a boxed_ prefix grades the last \\boxed{} only.")
     custom_rm_path: str | None = Field(None, description="Dotted path of an async reward function; overrides rm_type.")

@@ -74,6 +74,29 @@ def _runtime_rules(c: "TrainConfig") -> None:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
 
 
+def _async_rules(c: "TrainConfig") -> None:
+    r, ck = c.rollout, c.checkpoint
+    if r.async_mode == "off":
+        for name in ("max_weight_staleness", "fully_async_buffer_groups"):
+            if getattr(r, name) is not None:
+                raise ValueError(f"{name} applies only with async_mode fully (got async_mode off); set async_mode: fully or drop {name}")
+        if r.update_weights_interval != 1:
+            raise ValueError("update_weights_interval applies only with async_mode one_step or fully; set async_mode or drop it")
+        return
+    if r.async_mode == "one_step" and (r.max_weight_staleness is not None or r.fully_async_buffer_groups is not None):
+        raise ValueError("max_weight_staleness and fully_async_buffer_groups apply only with async_mode fully; "
+                         "one_step is stale by at most one weight sync by construction")
+    if r.partial_rollout:
+        raise ValueError(f"partial_rollout does not combine with async_mode {r.async_mode}: the async buffer already keeps unused groups")
+    if ck.save_interval is not None and ck.save_interval % r.update_weights_interval:
+        raise ValueError(
+            f"save_interval ({ck.save_interval}) must be a multiple of update_weights_interval ({r.update_weights_interval}) with "
+            f"async_mode {r.async_mode}: a resumed run syncs weights right after its checkpoint, so one must have followed it"
+        )
+    if r.fully_async_buffer_groups is not None and r.fully_async_buffer_groups < r.rollout_batch_size:
+        raise ValueError(f"fully_async_buffer_groups ({r.fully_async_buffer_groups}) must be >= rollout_batch_size ({r.rollout_batch_size})")
+
+
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules):
+    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules):
         rule(c)

@@ -1,4 +1,11 @@
-"""A data source whose cursor (offset, epoch, next group index) is saved with every checkpoint."""
+"""A data source whose state (cursor: offset, epoch, next group index; the partial-rollout buffer)
+is saved with every checkpoint.
+
+The buffer holds groups of samples that a rollout generated but did not use (``partial_rollout``,
+see miles_core/rollout/generate.py): the next rollout takes them first, before new prompts. They
+are kept here, next to the cursor, because they are what the cursor already handed out: saving
+and restoring the two together is what makes a resumed run draw exactly the same groups.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import random
 from dataclasses import asdict, dataclass
 
 from .dataset import Prompt
+from .sample import Sample
 
 
 @dataclass
@@ -16,13 +24,14 @@ class Cursor:
 
 
 class DataSource:
-    """Hands out prompts in order (shuffled per epoch with seed + epoch when asked)."""
+    """Hands out prompts in order (shuffled per epoch with seed + epoch when asked), and buffered groups."""
 
     def __init__(self, prompts: list[Prompt], *, shuffle: bool, seed: int):
         self.prompts = prompts
         self.shuffle = shuffle
         self.seed = seed
         self.cursor = Cursor()
+        self.buffer: list[list[Sample]] = []  # oldest first
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> list[int]:
@@ -44,9 +53,22 @@ class DataSource:
             self.cursor.next_group_index += 1
         return out
 
+    def take_buffered(self, n: int) -> list[list[Sample]]:
+        """Remove and return up to n buffered groups, oldest first."""
+        taken, self.buffer = self.buffer[:n], self.buffer[n:]
+        return taken
+
+    def add_to_buffer(self, groups: list[list[Sample]]) -> None:
+        """Keep groups for a later rollout (after those already buffered)."""
+        self.buffer.extend(groups)
+
     def state_dict(self) -> dict:
-        return asdict(self.cursor)
+        """JSON-serialisable: the cursor fields and ``buffer`` (groups of Sample.to_dict())."""
+        return {**asdict(self.cursor), "buffer": [[s.to_dict() for s in g] for g in self.buffer]}
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        buffer = state.pop("buffer", [])  # checkpoints written before the buffer existed have none
         self.cursor = Cursor(**state)
+        self.buffer = [[Sample.from_dict(d) for d in g] for g in buffer]
         self._order = self._epoch_order(self.cursor.epoch)

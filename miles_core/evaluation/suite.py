@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from miles_core.config import TrainConfig
 from miles_core.data import PromptSpec, load_prompts
+from miles_core.specs import resolve_data_path, reward_options, sampling_params
 
 from .core import EvalDataset, eval_params
 from .point import EvalSuite, default_eval
@@ -26,9 +27,6 @@ def resolve_eval_fn(path: str | None):
 
 def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
     """-> the suite of ``cfg``'s eval datasets (empty when it has none)."""
-    # the runtime's config -> engine/reward converters, imported here: the runtime imports this package
-    from miles_core.runtime.local import resolve_data_path, reward_options, sampling_params
-
     base_params = sampling_params(cfg, tokenizer.eos_token_id)
     base_reward = replace(reward_options(cfg), reward_key=cfg.rollout.eval_reward_key or cfg.rollout.reward_key)
     datasets = []

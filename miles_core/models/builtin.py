@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from miles_core.data.tasks import BUILTIN_TASKS, format_answer
-from miles_core.models.tokenizer import save_tokenizer, train_tokenizer
+from miles_core.models.tokenizer import publish_model_dir, train_tokenizer
 
 GENERAL_TEXT = [
     "The quick brown fox jumps over the lazy dog. It's 3.14, isn't it?",
@@ -68,17 +66,7 @@ def build_tiny(spec: TinySpec, out: Path) -> Path:
     model = Qwen2ForCausalLM(config)
     if spec.sft_steps:
         sft_warmup(model, tok, rows, spec)
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    save_tokenizer(tok, tmp)
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        if not (out / "config.json").exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same build first
-    return out
+    return publish_model_dir(model, tok, out)
 
 
 def sft_warmup(model, tok, rows: list[dict], spec: TinySpec) -> None:

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from miles_core.data.tasks import BUILTIN_TASKS, format_answer
-from miles_core.models.tokenizer import save_tokenizer, train_tokenizer
+from miles_core.models.tokenizer import publish_model_dir, train_tokenizer
 
 
 @dataclass(frozen=True)
@@ -89,14 +87,4 @@ def build_glm_debug(spec: GlmDebugSpec, out: Path) -> Path:
     tok = train_tokenizer([r["input"] + format_answer(r["label"]) for r in rows], spec.vocab_size)
     torch.manual_seed(spec.seed)
     model = Glm4MoeForCausalLM(glm_config(spec, tok))
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    save_tokenizer(tok, tmp)
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        if not (out / "config.json").exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same build first
-    return out
+    return publish_model_dir(model, tok, out)

@@ -61,3 +61,25 @@ def save_tokenizer(tokenizer, path: Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "Qwen2Tokenizer"
     cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def publish_model_dir(model, tokenizer, out: Path, *, qwen2_tokenizer: bool = True) -> Path:
+    """Save an HF model dir at ``out`` atomically: written to a sibling temp dir, then renamed. When
+    another process published the same build first, its copy is kept (builds are deterministic)."""
+    import os
+    import shutil
+
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    if qwen2_tokenizer:
+        save_tokenizer(tokenizer, tmp)
+    else:
+        tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -39,3 +39,9 @@ def rollout_metrics(samples: list[Sample], rewards: list[float], group_size: int
         m[f"passrate/pass@{k}"] = statistics.fmean(pass_at_k(len(g), sum(x > 0 for x in g), k) for g in groups.values())
         k *= 2
     return m
+
+
+def staleness_metrics(samples: list[Sample], trained_version: int) -> dict[str, float]:
+    """How many weight syncs old each sample is when trained on (0 unless async_mode is on)."""
+    ages = [trained_version - min(s.weight_versions) for s in samples]
+    return {"rollout/staleness/mean": statistics.fmean(ages), "rollout/staleness/max": float(max(ages))}

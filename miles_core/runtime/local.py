@@ -6,6 +6,7 @@ return small dicts of metrics; the live objects stay here, looked up by run key 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from pathlib import Path
@@ -14,48 +15,19 @@ import torch
 
 from miles_core import checkpoint as ckpt
 from miles_core.config import TrainConfig
-from miles_core.data import DataSource, PromptSpec, Sample, load_prompts
-from miles_core.data.tasks import materialize_builtin
+from miles_core.data import DataSource, Sample, load_prompts
 from miles_core.env import cache_dir
 from miles_core.evaluation import SnapshotEvaluator, build_suite, load_hf_engine, run_on_engine
 from miles_core.models import resolve_model_path
-from miles_core.rewards import RewardOptions, reward_value
+from miles_core.rewards import reward_value
+from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.hf_engine import HFEngine
-from miles_core.rollout.metrics import rollout_metrics
-from miles_core.rollout.protocol import SamplingParams
+from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
+from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
 from miles_core.training.teacher import load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
 from miles_core.weights.sync import sync_weights
-
-DATA_PREFIX = "builtin://"
-
-
-def resolve_data_path(spec: str) -> str:
-    """builtin://<task>[@[a:b]] -> a jsonl in the cache; anything else unchanged."""
-    if not spec.startswith(DATA_PREFIX):
-        return spec
-    name, at, sl = spec[len(DATA_PREFIX) :].partition("@")
-    return str(materialize_builtin(name, cache_dir())) + at + sl
-
-
-def prompt_spec(cfg: TrainConfig) -> PromptSpec:
-    d = cfg.data
-    return PromptSpec(d.input_key, d.label_key, d.metadata_key, d.tool_key, d.apply_chat_template,
-                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len)
-
-
-def reward_options(cfg: TrainConfig) -> RewardOptions:
-    r = cfg.rollout
-    return RewardOptions(r.rm_type, r.custom_rm_path, r.rm_url, r.group_rm, r.reward_key,
-                         r.custom_reward_post_process_path, r.rm_timeout, r.rm_max_retries)
-
-
-def sampling_params(cfg: TrainConfig, eos_id: int) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k, r.rollout_max_response_len,
-                          tuple(r.rollout_stop_token_ids or ()) + (eos_id,), tuple(r.rollout_stop or ()))
-
 
 class LocalRuntime:
     def __init__(self, cfg: TrainConfig):
@@ -84,6 +56,9 @@ class LocalRuntime:
         self.params = sampling_params(cfg, self.tokenizer.eos_token_id)
         self.rewards = reward_options(cfg)
         self.weight_version = 0
+        self._async_worker: FullyAsyncWorker | None = None
+        self._taken: dict[int, tuple[list, dict]] = {}  # fully async: groups taken per rollout id (a retried task reuses them)
+        self._accept_rollout: int | None = None  # one_step resume: the prefetched rollout file the checkpoint counts on
 
     @property
     def num_rollout(self) -> int:
@@ -97,19 +72,33 @@ class LocalRuntime:
     def rollout_path(self, rollout_id: int) -> Path:
         return self.cfg.run_dir / "rollouts" / f"{rollout_id}.pt"
 
+    def rollout_spec(self) -> RolloutSpec:
+        r = self.cfg.rollout
+        return RolloutSpec(r.rollout_batch_size, r.n_samples_per_prompt, self.params, r.rollout_max_context_len,
+                           r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed,
+                           r.partial_rollout)
+
     def generate(self, rollout_id: int) -> dict[str, float]:
-        """Generate and score rollout ``rollout_id``, written atomically; reused if it exists for this weight version."""
+        """Generate and score rollout ``rollout_id``, written atomically; reused if it exists for this weight version
+        (or, after a one_step resume, if it is the prefetched rollout the checkpoint counts on)."""
         path = self.rollout_path(rollout_id)
-        if path.exists():
+        fully = self.cfg.rollout.async_mode == "fully"
+        if path.exists() and not fully:  # fully async: the checkpointed buffer, not a file, says what is left to train on
             saved = torch.load(path, weights_only=False)
-            if saved["weight_version"] == self.weight_version:
+            if saved["weight_version"] == self.weight_version or rollout_id == self._accept_rollout:
                 self.source.load_state_dict(saved["cursor_after"])
                 return saved["metrics"]
         t0 = time.perf_counter()
         r = self.cfg.rollout
-        spec = RolloutSpec(r.rollout_batch_size, r.n_samples_per_prompt, self.params, r.rollout_max_context_len,
-                           r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed)
-        rollout = generate_rollout(self.engine, self.source, spec, self.rewards, rollout_id, self.decode)
+        if fully:
+            if rollout_id not in self._taken:
+                self._taken = {rollout_id: self.fully_async_worker().take(r.rollout_batch_size, rollout_id)}
+            groups, async_metrics = self._taken[rollout_id]
+            rollout = Rollout(rollout_id, [s for g in groups for s in g], dict(async_metrics))
+            version = self.weight_version
+        else:
+            version = self.weight_version
+            rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.rewards, rollout_id, self.decode)
         dt = time.perf_counter() - t0
         rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
         metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt)}
@@ -117,7 +106,7 @@ class LocalRuntime:
         metrics |= {"perf/rollout_time": dt, "perf/tokens_per_gpu_per_sec": tokens / max(dt, 1e-9)}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save({"samples": [s.to_dict() for s in rollout.samples], "metrics": metrics, "weight_version": self.weight_version,
+        torch.save({"samples": [s.to_dict() for s in rollout.samples], "metrics": metrics, "weight_version": version,
                     "cursor_after": self.source.state_dict()}, tmp)
         tmp.replace(path)
         return metrics
@@ -138,16 +127,38 @@ class LocalRuntime:
     def train(self, rollout_id: int) -> tuple[dict[str, float], list[dict[str, float]]]:
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
-        return self.trainer.train_rollout(samples, rewards, rollout_id)
+        rollout, steps = self.trainer.train_rollout(samples, rewards, rollout_id)
+        return rollout | staleness_metrics(samples, self.weight_version), steps
+
+    # ---- async --------------------------------------------------------------------------------------
+    def fully_async_worker(self) -> FullyAsyncWorker:
+        """async_mode fully: the background generator (created here, started at the first take)."""
+        if self._async_worker is None:
+            r = self.cfg.rollout
+            self._async_worker = FullyAsyncWorker(
+                self.engine, self.source, self.rollout_spec(), self.rewards, self.decode, lambda: self.weight_version,
+                capacity=r.fully_async_buffer_groups or 2 * r.rollout_batch_size, max_staleness=r.max_weight_staleness,
+                policy=r.stale_group_policy)
+        return self._async_worker
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """No background generation inside (weight sync, save, inline eval); a no-op unless async_mode is fully."""
+        return self._async_worker.paused() if self._async_worker is not None else contextlib.nullcontext()
+
+    def close(self) -> None:
+        if self._async_worker is not None:
+            self._async_worker.stop()
 
     def sync_weights(self) -> dict[str, float]:
-        self.weight_version += 1
-        return sync_weights(self.trainer.named_tensors(), [self.engine], self.weight_version, self.cfg.cluster.update_weight_buffer_size)
+        with self.paused():
+            self.weight_version += 1
+            return sync_weights(self.trainer.named_tensors(), [self.engine], self.weight_version, self.cfg.cluster.update_weight_buffer_size)
 
     def evaluate(self) -> tuple[dict[str, float], list[dict]]:
         """Inline eval of the live engine, pinned to the current weight version (a point that cannot run
         gives eval/skipped_<reason>)."""
-        result = run_on_engine(self.engine, self.eval_suite, self.weight_version)
+        with self.paused():
+            result = run_on_engine(self.engine, self.eval_suite, self.weight_version)
         return result.metrics, result.rows
 
     def snapshot_evals(self) -> SnapshotEvaluator:
@@ -164,12 +175,25 @@ class LocalRuntime:
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self, rollout_id: int, state: dict) -> dict[str, float]:
         t0 = time.perf_counter()
-        state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version,
-                 "steps_done": self.trainer.steps_done}
-        ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
-                             state=state, keep_last=self.cfg.checkpoint.keep_last, save_optim=not self.cfg.checkpoint.no_save_optim,
-                             extra_tensors=self.trainer.extra_modules() or None)
+        with self.paused():
+            state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version,
+                     "steps_done": self.trainer.steps_done, **self.async_state()}
+            ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
+                                 state=state, keep_last=self.cfg.checkpoint.keep_last, save_optim=not self.cfg.checkpoint.no_save_optim,
+                                 extra_tensors=self.trainer.extra_modules() or None,
+                                 extra_optimizers=self.trainer.extra_optimizers() or None)
         return {"perf/save_model_time": time.perf_counter() - t0}
+
+    def async_state(self) -> dict:
+        """The async part of a checkpoint: the fully-async buffer (call inside paused())."""
+        return {"async_buffer": self._async_worker.state_dict()} if self._async_worker is not None else {}
+
+    def restore_async(self, meta: dict) -> None:
+        mode = self.cfg.rollout.async_mode
+        if mode == "one_step":  # rollout i+1 was generated (before training on i) and written before checkpoint i
+            self._accept_rollout = meta["rollout_id"] + 1
+        elif mode == "fully" and "async_buffer" in meta:
+            self.fully_async_worker().load_state_dict(meta["async_buffer"])
 
     def restore(self) -> dict | None:
         """Load the latest complete checkpoint of load_dir into trainer and engine; -> its meta, or None."""
@@ -177,10 +201,12 @@ class LocalRuntime:
         if info is None:
             return None
         meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer,
-                                    extra_modules=self.trainer.extra_modules() or None)
+                                    extra_modules=self.trainer.extra_modules() or None,
+                                    extra_optimizers=self.trainer.extra_optimizers() or None)
         self.source.load_state_dict(meta["data_source"])
         self.trainer.steps_done = meta["steps_done"]
         self.weight_version = meta["weight_version"]
+        self.restore_async(meta)
         self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
 

@@ -50,7 +50,7 @@ def test_resume_is_bitwise_identical_to_uninterrupted_run(tmp_path, make_model, 
     _assert_params_equal(_params(resumed), expected)
     assert {k: meta[k] for k in STATE} == STATE
     assert meta["rollout_id"] == 2 and meta["format_version"] == 1 and meta["created_at"]
-    assert meta["contents"] == {"optimizer": True, "extra": []}
+    assert meta["contents"] == {"optimizer": True, "extra": [], "extra_optimizers": []}
 
 
 def test_layout_and_tied_embeddings_stored_once(tmp_path, make_model):
@@ -134,6 +134,39 @@ def test_extra_modules_and_no_optimizer(tmp_path, make_model, caplog):
         load_checkpoint(info, model=model, extra_modules={"value_head": torch.nn.Linear(64, 1)})
 
 
+def _stepped_adamw(module: torch.nn.Module) -> torch.optim.AdamW:
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    module(torch.randn(3, module.in_features)).sum().backward()
+    opt.step()
+    return opt
+
+
+def test_extra_optimizers_are_saved_with_their_modules_and_restored(tmp_path, make_model, caplog):
+    model, critic = make_model(), torch.nn.Linear(64, 1)
+    critic_opt = _stepped_adamw(critic)
+    info = save_checkpoint(tmp_path, 2, model=model, state={}, extra_tensors={"critic": critic},
+                           extra_optimizers={"critic": critic_opt})
+    assert info.meta["contents"] == {"optimizer": False, "extra": ["critic"], "extra_optimizers": ["critic"]}
+    assert (info.path / "extra/critic.optimizer.pt").is_file()
+    fresh = torch.nn.Linear(64, 1)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    load_checkpoint(info, model=model, extra_modules={"critic": fresh}, extra_optimizers={"critic": fresh_opt})
+    want, got = critic_opt.state_dict(), fresh_opt.state_dict()
+    assert want["param_groups"] == got["param_groups"]
+    for k, state in want["state"].items():
+        assert all(torch.equal(v, got["state"][k][name]) for name, v in state.items())
+    (info.path / "extra/critic.optimizer.pt").unlink()  # a checkpoint missing a file it lists is incomplete
+    assert list_checkpoints(tmp_path) == []
+
+    no_optim = save_checkpoint(tmp_path, 3, model=model, state={}, save_optim=False, extra_tensors={"critic": critic},
+                               extra_optimizers={"critic": critic_opt})  # save_optim=False skips them too
+    assert no_optim.meta["contents"]["extra_optimizers"] == [] and not (no_optim.path / "extra/critic.optimizer.pt").exists()
+    skipped = torch.optim.AdamW(fresh.parameters())
+    with caplog.at_level(logging.WARNING):
+        load_checkpoint(no_optim, model=model, extra_modules={"critic": fresh}, extra_optimizers={"critic": skipped})
+    assert "no extra/critic.optimizer.pt" in caplog.text and not skipped.state
+
+
 def test_load_is_strict_and_names_the_file(tmp_path, make_model):
     info = save_checkpoint(tmp_path, 0, model=make_model(tie=True), state={})
     with pytest.raises(CheckpointError, match=r"model\.safetensors: does not match Linear"):
@@ -154,6 +187,8 @@ def test_load_is_strict_and_names_the_file(tmp_path, make_model):
         ({"state": {}, "rollout_id": -1}, "non-negative"),
         ({"state": {}, "keep_last": 0}, "keep_last"),
         ({"state": {}, "extra_tensors": {"../x": torch.nn.Linear(1, 1)}}, "extra_tensors names"),
+        ({"state": {}, "extra_optimizers": {"a/b": torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1.0)}},
+         "extra_optimizers names"),
     ],
 )
 def test_bad_requests_fail_before_writing(tmp_path, make_model, kwargs, match):

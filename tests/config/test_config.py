@@ -73,6 +73,13 @@ def test_batch_invariant_names_fields():
         ({"use_opd": True}, "opd_teacher_load"),
         ({"update_weight_mode": "broadcast"}, "needs runtime ray"),
         ({"runtime": "ray", "ft_components": ["train"]}, "ft_components"),
+        ({"max_weight_staleness": 1}, "max_weight_staleness applies only with async_mode fully"),
+        ({"async_mode": "one_step", "max_weight_staleness": 1}, "one_step is stale by at most one"),
+        ({"update_weights_interval": 2}, "update_weights_interval applies only"),
+        ({"async_mode": "fully", "partial_rollout": True}, "partial_rollout does not combine"),
+        ({"async_mode": "one_step", "update_weights_interval": 2, "save_interval": 3}, r"save_interval \(3\) must be a multiple"),
+        ({"async_mode": "fully", "fully_async_buffer_groups": 1, "rollout_batch_size": 2}, "fully_async_buffer_groups"),
+        ({"async_mode": "sometimes"}, "async_mode"),
     ],
 )
 def test_cross_field_rules(extra, pattern):

@@ -1,5 +1,6 @@
 """Kill a run with SIGKILL after a checkpoint, rerun it: every logged metric at every step equals
-the uninterrupted run's, and the MLflow run has no duplicate or missing steps.
+the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Also with
+async_mode one_step, where the checkpoint counts on the rollout generated ahead of it.
 
 Exact on CPU: sampling is seeded per (seed, rollout id), the data cursor, optimizer, RNG and step
 count come back from the checkpoint, and torch CPU kernels are deterministic for a fixed thread count.
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +25,8 @@ ARGS = ["--num-rollout", str(N), "--save-interval", "2", "--eval-interval", "3",
         "--num-threads", "1"]
 
 
-def _cli(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "train", "tiny", "--run-dir", str(run_dir), *ARGS]
+def _cli(run_dir: Path, mode: str) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "train", "tiny", "--run-dir", str(run_dir), *ARGS, "--async-mode", mode]
 
 
 def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
@@ -39,13 +41,14 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
     return run.info.status, out
 
 
-def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("mode", ["off", "one_step"])
+def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, mode):
     env = {**os.environ, "COLUMNS": "120"}
     full = tmp_path / "full"
-    subprocess.run(_cli(full), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
+    subprocess.run(_cli(full, mode), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_cli(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cli(killed, mode), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.exists() and latest.read_text().strip() == "1"):
@@ -57,7 +60,7 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
     status, _ = _metrics(killed)
     assert status == "RUNNING"  # SIGKILL: no hook ran
 
-    rerun = subprocess.run(_cli(killed), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    rerun = subprocess.run(_cli(killed, mode), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "resumed from 2" in rerun.stdout
 
@@ -70,3 +73,5 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
         assert len(steps) == len(set(steps)), f"duplicate steps in {key}: {steps}"
         assert got[key] == want[key], key
     assert [s for s, _ in want["rollout/raw_reward"]] == list(range(N))
+    staleness = [v for _, v in want["rollout/staleness/max"]]
+    assert staleness == ([0.0] * N if mode == "off" else [0.0] + [1.0] * (N - 1))

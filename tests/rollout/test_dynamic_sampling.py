@@ -16,18 +16,10 @@ from miles_core.rewards import RewardOptions
 from miles_core.rollout import generate as generate_mod
 from miles_core.rollout.filters import FILTERS, FilterResult, check_no_aborted, check_reward_nonzero_std
 from miles_core.rollout.generate import RolloutSpec, generate_rollout
-from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.protocol import SamplingParams
 
 KINDS = ["ones", "zeros", "mixed"]  # prompt i has kind KINDS[i % 3]
 G = 2
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tiny_tokenizer):
-    from transformers import AutoModelForCausalLM
-
-    return HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer)
 
 
 @pytest.fixture

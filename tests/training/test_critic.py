@@ -102,3 +102,47 @@ def test_extra_modules_and_optimizers_for_checkpoints(lm, cfg):
 def test_critic_lr_defaults_to_lr(lm, cfg):
     assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", lr=3e-4), pad_id=PAD).critic.lr == 3e-4
     assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", critic_lr=1e-2), pad_id=PAD).critic.lr == 1e-2
+
+
+def _ppo_trainer(lm, cfg, seed: int) -> TorchTrainer:
+    return TorchTrainer(lm(seed=seed), cfg(advantage_estimator="ppo", num_critic_only_steps=1, num_steps_per_rollout=2,
+                                           critic_lr=1e-2), pad_id=PAD)
+
+
+def _state(trainer) -> dict[str, torch.Tensor]:
+    return {**{f"actor.{k}": v.clone() for k, v in trainer.model.state_dict().items()},
+            **{f"critic.{k}": v.clone() for k, v in trainer.critic.module.state_dict().items()}}
+
+
+@pytest.mark.parametrize("restore_critic_optimizer", [True, False])
+def test_ppo_resume_from_a_checkpoint_equals_uninterrupted_training(lm, cfg, sample_factory, tmp_path, restore_critic_optimizer):
+    """N = 4 rollouts straight == k = 2 rollouts, checkpoint, a fresh trainer (other init) loads it, 2 more.
+    Bit-exact with the critic's AdamW state restored; without it the critic (and then the actor) drift."""
+    from miles_core import checkpoint as ckpt
+
+    rollouts = [sample_factory(seed=i) for i in range(4)]
+
+    def train(trainer, ids):
+        for i in ids:
+            trainer.train_rollout(rollouts[i], [s.reward for s in rollouts[i]], rollout_id=i)
+
+    straight = _ppo_trainer(lm, cfg, seed=0)
+    train(straight, range(4))
+
+    first = _ppo_trainer(lm, cfg, seed=0)
+    train(first, range(2))
+    ckpt.save_checkpoint(tmp_path, 1, model=first.model, optimizer=first.optimizer, state={"steps_done": first.steps_done},
+                         extra_tensors=first.extra_modules(), extra_optimizers=first.extra_optimizers())
+    assert (tmp_path / "1" / "extra" / "critic.optimizer.pt").is_file()
+    resumed = _ppo_trainer(lm, cfg, seed=7)  # as a new process: other weights, fresh optimizers
+    meta = ckpt.load_checkpoint(ckpt.find_latest(tmp_path), model=resumed.model, optimizer=resumed.optimizer,
+                                extra_modules=resumed.extra_modules(),
+                                extra_optimizers=resumed.extra_optimizers() if restore_critic_optimizer else None)
+    resumed.steps_done = meta["steps_done"]
+    train(resumed, range(2, 4))
+
+    want, got = _state(straight), _state(resumed)
+    if restore_critic_optimizer:
+        assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
+    else:
+        assert not all(torch.equal(want[k], got[k]) for k in want if k.startswith("critic."))
