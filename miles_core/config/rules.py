@@ -86,6 +86,9 @@ def _async_rules(c: "TrainConfig") -> None:
     if r.async_mode == "one_step" and (r.max_weight_staleness is not None or r.fully_async_buffer_groups is not None):
         raise ValueError("max_weight_staleness and fully_async_buffer_groups apply only with async_mode fully; "
                          "one_step is stale by at most one weight sync by construction")
+    if c.cluster.colocate:
+        raise ValueError(f"async_mode {r.async_mode} needs disaggregated engines (colocate: false): colocated engines are "
+                         "offloaded while the trainer runs, so nothing can generate meanwhile")
     if r.partial_rollout:
         raise ValueError(f"partial_rollout does not combine with async_mode {r.async_mode}: the async buffer already keeps unused groups")
     if ck.save_interval is not None and ck.save_interval % r.update_weights_interval:

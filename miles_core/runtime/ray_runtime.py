@@ -29,6 +29,7 @@ from miles_core.env import cache_dir
 from miles_core.evaluation import build_suite
 from miles_core.models import resolve_model_path
 from miles_core.rewards import reward_value
+from miles_core.rollout.metrics import staleness_metrics
 from miles_core.weights.sync import WeightSync
 
 from .local import LocalRuntime, prompt_spec, resolve_data_path, reward_options, sampling_params
@@ -51,6 +52,12 @@ class RayRuntime:
     load_rollout = LocalRuntime.load_rollout
     sample_rows = LocalRuntime.sample_rows
     evaluate = LocalRuntime.evaluate
+    # async_mode (docs/advanced/async.md): the fully-async worker generates through the router
+    rollout_spec = LocalRuntime.rollout_spec
+    fully_async_worker = LocalRuntime.fully_async_worker
+    paused = LocalRuntime.paused
+    async_state = LocalRuntime.async_state
+    restore_async = LocalRuntime.restore_async
 
     def __init__(self, cfg: TrainConfig):
         import ray
@@ -67,6 +74,9 @@ class RayRuntime:
         self.params = sampling_params(cfg, self.tokenizer.eos_token_id)
         self.rewards = reward_options(cfg)
         self.weight_version = 0
+        self._async_worker = None
+        self._taken: dict[int, tuple[list, dict]] = {}
+        self._accept_rollout: int | None = None
         self._started_ray = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False).bundles))
         self.plan = plan_placement(cl, use_gpu=ray.cluster_resources().get("GPU", 0) > 0)
         if self.plan.num_train > cfg.global_batch_size:
@@ -100,12 +110,13 @@ class RayRuntime:
             if self.cfg.cluster.colocate and not self._released:
                 self.engine.release_memory_occupation(ALL_MEMORY)
                 self._released = True
-        return self.train_group.call("train_rollout", samples, rewards, rollout_id)
+        rollout, steps = self.train_group.call("train_rollout", samples, rewards, rollout_id)
+        return rollout | staleness_metrics(samples, self.weight_version), steps
 
     def sync_weights(self) -> dict[str, float]:
         """Restart dead engines, resume released memory (weights first), then rank 0's weights -> every
-        engine (version + 1) in the configured mode."""
-        with self._weights_lock:
+        engine (version + 1) in the configured mode; the fully-async worker is paused meanwhile."""
+        with self.paused(), self._weights_lock:
             self.engines.restart_dead()
             if self._released:
                 self.engine.resume_memory_occupation(["weights"])
@@ -139,7 +150,9 @@ class RayRuntime:
     # ---- checkpoints ---------------------------------------------------------------------------------
     def save(self, rollout_id: int, state: dict) -> dict[str, float]:
         t0 = time.perf_counter()
-        self.train_group.rank0("save", rollout_id, {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version})
+        with self.paused():
+            self.train_group.rank0("save", rollout_id, {**state, "data_source": self.source.state_dict(),
+                                                        "weight_version": self.weight_version, **self.async_state()})
         return {"perf/save_model_time": time.perf_counter() - t0}
 
     def restore(self) -> dict | None:
@@ -149,6 +162,7 @@ class RayRuntime:
             return None
         self.source.load_state_dict(meta["data_source"])
         self.weight_version = meta["weight_version"]
+        self.restore_async(meta)
         self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
 
@@ -158,6 +172,8 @@ class RayRuntime:
     def close(self) -> None:
         import ray
 
+        if self._async_worker is not None:
+            self._async_worker.stop()
         if self.monitor is not None:
             self.monitor.stop()
         self.weight_sync.close()

@@ -80,6 +80,7 @@ def test_batch_invariant_names_fields():
         ({"async_mode": "one_step", "update_weights_interval": 2, "save_interval": 3}, r"save_interval \(3\) must be a multiple"),
         ({"async_mode": "fully", "fully_async_buffer_groups": 1, "rollout_batch_size": 2}, "fully_async_buffer_groups"),
         ({"async_mode": "sometimes"}, "async_mode"),
+        ({"async_mode": "one_step", "runtime": "ray", "colocate": True}, "needs disaggregated engines"),
     ],
 )
 def test_cross_field_rules(extra, pattern):
