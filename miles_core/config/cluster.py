@@ -22,4 +22,19 @@ class ClusterConfig(Group):
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Device for the local runtime.")
     balance_data: bool = Field(False, description="Ray runtime: split each global batch over the train ranks by token count (else in contiguous blocks).")
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1, description="Bytes per weight-sync bucket.")
+    update_weight_mode: Literal["tensor", "broadcast", "disk"] | None = Field(
+        None, description="Ray runtime weight sync: tensor (buckets over HTTP), broadcast (a gloo/NCCL group from train rank 0 "
+        "to the engines, metadata over HTTP), disk (an HF dir under <run_dir>/weight_sync, engines reload it). "
+        "None: tensor when colocated, broadcast when disaggregated. The local runtime always copies in process (tensor).")
+    use_fault_tolerance: bool = Field(False, description="Ray runtime: a health monitor polls every engine and restarts dead ones (see ft_components).")
+    ft_components: list[Literal["rollout"]] = Field(["rollout"], description="What the fault tolerance covers: rollout (engine servers).")
+    rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
+    rollout_health_check_timeout: float = Field(30.0, gt=0, description="An engine whose /health_generate does not answer 200 within this many seconds is dead: killed and restarted.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads for the local runtime (None = torch default).")
+
+    @property
+    def weight_sync_mode(self) -> str:
+        """update_weight_mode, or its default: tensor when colocated (or local), broadcast when disaggregated."""
+        if self.update_weight_mode is not None:
+            return self.update_weight_mode
+        return "tensor" if self.colocate or self.runtime == "local" else "broadcast"

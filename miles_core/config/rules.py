@@ -66,6 +66,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
             f"runtime local runs rollout_engine hf with train_backend torch (got {cl.rollout_engine}/{cl.train_backend}); "
             "use runtime ray for sglang or megatron"
         )
+    if cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
+        raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
+                         "process); set runtime: ray or drop update_weight_mode")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
@@ -83,6 +86,9 @@ def _async_rules(c: "TrainConfig") -> None:
     if r.async_mode == "one_step" and (r.max_weight_staleness is not None or r.fully_async_buffer_groups is not None):
         raise ValueError("max_weight_staleness and fully_async_buffer_groups apply only with async_mode fully; "
                          "one_step is stale by at most one weight sync by construction")
+    if c.cluster.colocate:
+        raise ValueError(f"async_mode {r.async_mode} needs disaggregated engines (colocate: false): colocated engines are "
+                         "offloaded while the trainer runs, so nothing can generate meanwhile")
     if r.partial_rollout:
         raise ValueError(f"partial_rollout does not combine with async_mode {r.async_mode}: the async buffer already keeps unused groups")
     if ck.save_interval is not None and ck.save_interval % r.update_weights_interval:

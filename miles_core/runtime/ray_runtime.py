@@ -6,10 +6,20 @@ tokenizer, data source, rewards, sampling parameters, rollout files. generate / 
 sample_rows / evaluate are LocalRuntime's own functions, run with ``engine`` = the EngineRouter.
 train sends the rollout to every rank; weights, checkpoints and exports come from rank 0 (the
 ranks hold equal weights). See docs/ray.md.
+
+Weight sync: ``WeightSync`` in mode ``update_weight_mode`` (tensor / broadcast / disk). Colocated,
+the engines release their memory for the train stage and resume it (weights first) at the sync.
+Fault tolerance (``use_fault_tolerance``): a HealthMonitor thread restarts engines that fail their
+health check; a restarted engine gets the current weights before it rejoins the router (or, while
+the trainer is ahead of the engines, waits out of generate for the next sync). ``_weights_lock``
+orders monitor rounds, the train stage's start and syncs; ``_fresh``: the trainer's weights are
+those the engines serve.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from pathlib import Path
 
@@ -19,18 +29,18 @@ from miles_core.env import cache_dir
 from miles_core.evaluation import build_suite
 from miles_core.models import resolve_model_path
 from miles_core.rewards import reward_value
-from miles_core.tracking import catalog
-from miles_core.tracking.catalog import ROLLOUT, Metric
-from miles_core.weights.sync import sync_weights
+from miles_core.rollout.metrics import staleness_metrics
+from miles_core.weights.sync import WeightSync
 
 from .local import LocalRuntime, prompt_spec, resolve_data_path, reward_options, sampling_params
 from .ray.engines import EngineGroup
+from .ray.health import HealthMonitor
 from .ray.placement import create_placement_group, plan_placement
 from .ray.session import start_ray
-from .ray.train_group import TrainGroup
+from .ray.train_group import RankZeroSender, TrainGroup
 
-catalog.register(Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far (dead before a weight sync)",
-                        "runtime ray", "miles_core/runtime/ray_runtime.py"))
+ALL_MEMORY = ["weights", "kv_cache", "cuda_graph"]
+log = logging.getLogger(__name__)
 
 
 class RayRuntime:
@@ -42,6 +52,12 @@ class RayRuntime:
     load_rollout = LocalRuntime.load_rollout
     sample_rows = LocalRuntime.sample_rows
     evaluate = LocalRuntime.evaluate
+    # async_mode (docs/advanced/async.md): the fully-async worker generates through the router
+    rollout_spec = LocalRuntime.rollout_spec
+    fully_async_worker = LocalRuntime.fully_async_worker
+    paused = LocalRuntime.paused
+    async_state = LocalRuntime.async_state
+    restore_async = LocalRuntime.restore_async
 
     def __init__(self, cfg: TrainConfig):
         import ray
@@ -58,6 +74,9 @@ class RayRuntime:
         self.params = sampling_params(cfg, self.tokenizer.eos_token_id)
         self.rewards = reward_options(cfg)
         self.weight_version = 0
+        self._async_worker = None
+        self._taken: dict[int, tuple[list, dict]] = {}
+        self._accept_rollout: int | None = None
         self._started_ray = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False).bundles))
         self.plan = plan_placement(cl, use_gpu=ray.cluster_resources().get("GPU", 0) > 0)
         if self.plan.num_train > cfg.global_batch_size:
@@ -66,6 +85,16 @@ class RayRuntime:
         res = self.plan.actor_resources()
         self.train_group = TrainGroup(cfg, str(self.model_path), self.pg, self.plan.train_bundles, res)
         self.engines = EngineGroup(cfg, self.model_path, self.pg, self.plan.engine_bundles, res)
+        self.sender = RankZeroSender(self.train_group.workers[0])
+        self.weight_sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync",
+                                      backend="nccl" if self.plan.bundles[0].get("GPU") else "gloo")
+        self._weights_lock = threading.Lock()
+        self._fresh = True  # trainer weights == what the engines serve (true at start: both load hf_checkpoint)
+        self._released = False
+        self.monitor = None
+        if cl.use_fault_tolerance and "rollout" in cl.ft_components:
+            self.monitor = HealthMonitor(lambda: list(self.engines.urls), self._recover_engine, cl.rollout_health_check_interval,
+                                         cl.rollout_health_check_timeout, self._weights_lock, busy=lambda: self._released).start()
 
     @property
     def engine(self):
@@ -76,18 +105,44 @@ class RayRuntime:
     def train(self, rollout_id: int) -> tuple[dict[str, float], list[dict[str, float]]]:
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
-        return self.train_group.call("train_rollout", samples, rewards, rollout_id)
+        with self._weights_lock:
+            self._fresh = False  # from here the trainer is ahead of the engines
+            if self.cfg.cluster.colocate and not self._released:
+                self.engine.release_memory_occupation(ALL_MEMORY)
+                self._released = True
+        rollout, steps = self.train_group.call("train_rollout", samples, rewards, rollout_id)
+        return rollout | staleness_metrics(samples, self.weight_version), steps
 
     def sync_weights(self) -> dict[str, float]:
-        """Restart dead engines, then rank 0's weights -> every engine in buckets (version + 1)."""
-        self.engines.restart_dead()
-        self.weight_version += 1
-        t0 = time.perf_counter()
-        named = self.train_group.rank0("named_tensors")
-        fetch = time.perf_counter() - t0
-        metrics = sync_weights(named, [self.engine], self.weight_version, self.cfg.cluster.update_weight_buffer_size)
-        metrics["perf/update_weights_time"] += fetch
+        """Restart dead engines, resume released memory (weights first), then rank 0's weights -> every
+        engine (version + 1) in the configured mode; the fully-async worker is paused meanwhile."""
+        with self.paused(), self._weights_lock:
+            self.engines.restart_dead()
+            if self._released:
+                self.engine.resume_memory_occupation(["weights"])
+            self.weight_version += 1
+            metrics = self.weight_sync.sync(self.sender, self.engine, self.weight_version)
+            if self._released:
+                self.engine.resume_memory_occupation([t for t in ALL_MEMORY if t != "weights"])
+                self._released = False
+            self._fresh = True
         return {**metrics, "rollout/engine_restarts": float(self.engines.restarts)}
+
+    def _recover_engine(self, i: int) -> None:
+        """Health monitor (holds _weights_lock): restart engine i; load the served weights into it when the
+        trainer still has them, else leave it out of generate (version -1) until the next sync."""
+        from miles_core.rollout.http import EngineRouter
+
+        url = self.engines.restart(i)
+        version = -1
+        if self._fresh:
+            try:
+                with EngineRouter([self.engines.client(url)], bucket_bytes=self.cfg.cluster.update_weight_buffer_size) as one:
+                    self.weight_sync.sync(self.sender, one, self.weight_version)
+                version = self.weight_version
+            except Exception:  # noqa: BLE001 - the engine still joins, out of generate until the next sync reaches it
+                log.exception("engine %d restarted but loading weights version %d into it failed", i, self.weight_version)
+        self.engine.replace_engine(i, self.engines.client(url), version)
 
     def snapshot_evals(self):
         raise NotImplementedError("eval_mode snapshot is not implemented for the ray runtime yet; use inline eval")
@@ -95,7 +150,9 @@ class RayRuntime:
     # ---- checkpoints ---------------------------------------------------------------------------------
     def save(self, rollout_id: int, state: dict) -> dict[str, float]:
         t0 = time.perf_counter()
-        self.train_group.rank0("save", rollout_id, {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version})
+        with self.paused():
+            self.train_group.rank0("save", rollout_id, {**state, "data_source": self.source.state_dict(),
+                                                        "weight_version": self.weight_version, **self.async_state()})
         return {"perf/save_model_time": time.perf_counter() - t0}
 
     def restore(self) -> dict | None:
@@ -105,6 +162,7 @@ class RayRuntime:
             return None
         self.source.load_state_dict(meta["data_source"])
         self.weight_version = meta["weight_version"]
+        self.restore_async(meta)
         self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
 
@@ -114,6 +172,11 @@ class RayRuntime:
     def close(self) -> None:
         import ray
 
+        if self._async_worker is not None:
+            self._async_worker.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
+        self.weight_sync.close()
         self.engines.shutdown()
         self.train_group.shutdown()
         ray.util.remove_placement_group(self.pg)

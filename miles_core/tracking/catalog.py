@@ -146,10 +146,10 @@ CATALOG: tuple[Metric, ...] = (
     Metric("perf/actor_train_time", ROLLOUT, "seconds of the train stage (forward-only passes and optimizer steps)", "always", _TRAINER),
     Metric("perf/actor_train_tok_per_s", ROLLOUT, "trained tokens per second (tokens * num_steps_per_rollout / time)", "always", _TRAINER),
     Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
-    Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far (found dead before a weight sync), cumulative",
-           "runtime: ray", "miles_core/runtime/ray_runtime.py"),
-    Metric("perf/update_weights_time", ROLLOUT, "seconds of the weight sync trainer -> engines", "always",
-           "miles_core/weights/sync.py"),
+    Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far, cumulative: by the health monitor "
+           "(use_fault_tolerance) or found dead before a weight sync", "runtime: ray", "miles_core/runtime/ray_runtime.py"),
+    Metric("perf/update_weights_time", ROLLOUT, "seconds of the weight sync trainer -> engines (pause to continue, any "
+           "update_weight_mode)", "always", "miles_core/weights/sync.py"),
     # ---- train: actor loss (summed over micro-batches of one optimizer step) ----------------------
     Metric("train/loss", TRAIN, "the total loss", "always", _LOSS),
     Metric("train/pg_loss", TRAIN, "policy-gradient loss R'(pg)", "loss_type: policy_loss", _LOSS),

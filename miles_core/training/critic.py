@@ -71,19 +71,24 @@ class Critic:
         return forward_only(lambda piece: response_values(self.module, piece), batch, self.micro_batch_size)
 
     def step(self, batch: TokenBatch, old_values: torch.Tensor, returns: torch.Tensor, rows: range,
-             reduce: Reducer, warmup: float) -> dict[str, float]:
-        """One optimizer step over batch rows `rows` (one global batch); old_values, returns [N, T]."""
+             reduce: Reducer, warmup: float, dp=None) -> dict[str, float]:
+        """One optimizer step over batch rows `rows` (one global batch); old_values, returns [N, T].
+        dp (data parallel, as the actor's): this rank's share of the rows, gradients and totals summed over ranks."""
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"value_loss": 0.0, "value_clipfrac": 0.0}
-        for s in range(rows.start, rows.stop, self.micro_batch_size):
-            piece = batch.slice(s, min(s + self.micro_batch_size, rows.stop))
-            cut = (slice(s, s + len(piece)), slice(0, piece.loss_mask.shape[1]))
+        mine = dp.shard(batch, rows) if dp is not None else list(rows)
+        for s in range(0, len(mine), self.micro_batch_size):
+            idx = mine[s : s + self.micro_batch_size]
+            piece = batch.take(idx)
+            cut = (idx, slice(0, piece.loss_mask.shape[1]))
             values = response_values(self.module, piece)
             loss, metrics = value_loss(self.algo, values, old_values[cut], returns[cut], piece.loss_mask, reduce)
             loss.backward()
             for name, v in metrics.items():
                 totals[name] += float(v)
+        if dp is not None:
+            totals = dp.all_reduce(self.module, totals)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr * warmup
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf

@@ -106,7 +106,7 @@ class TorchTrainer:
         reduce = Reducer(self.algo.calculate_per_token_loss, num_samples=gbs, num_tokens=float(batch.loss_mask[rows.start : rows.stop].sum()))
         metrics = self._actor_step(batch, tensors, rows, reduce) if train_actor else {}
         if self.critic is not None:
-            critic_metrics = self.critic.step(batch, tensors["values"], tensors["returns"], rows, reduce, self._warmup())
+            critic_metrics = self.critic.step(batch, tensors["values"], tensors["returns"], rows, reduce, self._warmup(), self.dp)
             metrics |= {f"train/{name}": v for name, v in critic_metrics.items()}
         self.steps_done += 1
         return metrics

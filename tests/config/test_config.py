@@ -71,6 +71,8 @@ def test_batch_invariant_names_fields():
         ({"runtime": "local", "rollout_engine": "sglang"}, "runtime local"),
         ({"rollout_batch_size": 0}, "rollout_batch_size"),
         ({"use_opd": True}, "opd_teacher_load"),
+        ({"update_weight_mode": "broadcast"}, "needs runtime ray"),
+        ({"runtime": "ray", "ft_components": ["train"]}, "ft_components"),
         ({"max_weight_staleness": 1}, "max_weight_staleness applies only with async_mode fully"),
         ({"async_mode": "one_step", "max_weight_staleness": 1}, "one_step is stale by at most one"),
         ({"update_weights_interval": 2}, "update_weights_interval applies only"),
@@ -78,6 +80,7 @@ def test_batch_invariant_names_fields():
         ({"async_mode": "one_step", "update_weights_interval": 2, "save_interval": 3}, r"save_interval \(3\) must be a multiple"),
         ({"async_mode": "fully", "fully_async_buffer_groups": 1, "rollout_batch_size": 2}, "fully_async_buffer_groups"),
         ({"async_mode": "sometimes"}, "async_mode"),
+        ({"async_mode": "one_step", "runtime": "ray", "colocate": True}, "needs disaggregated engines"),
     ],
 )
 def test_cross_field_rules(extra, pattern):
@@ -126,3 +129,14 @@ def test_yaml_off_is_the_off_choice_not_false(tmp_path):
     assert build_config({**BASE, "async_mode": False}).rollout.async_mode == "off"
     with pytest.raises(ConfigError, match="async_mode"):
         build_config({**BASE, "async_mode": True})  # no "on" choice: still an error
+
+
+@pytest.mark.parametrize(("extra", "mode"), [
+    ({}, "tensor"),  # local: in-process copy
+    ({"runtime": "ray"}, "broadcast"),  # disaggregated
+    ({"runtime": "ray", "colocate": True}, "tensor"),
+    ({"runtime": "ray", "update_weight_mode": "disk"}, "disk"),
+])
+def test_weight_sync_mode_default(extra, mode):
+    """update_weight_mode None: tensor when colocated (or local), broadcast when disaggregated."""
+    assert build_config({**BASE, **extra}).cluster.weight_sync_mode == mode

@@ -60,3 +60,44 @@ def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
         for key in ("train/loss", "train/pg_loss", "train/entropy_loss", "train/grad_norm", "train/pg_clipfrac"):
             assert abs(a[key] - b[key]) < 1e-5 * max(1.0, abs(a[key])), (key, a[key], b[key])
     assert abs(roll1["rollout/advantages"] - roll2["rollout/advantages"]) < 1e-6
+
+
+def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
+    """ppo: the critic trains data-parallel too (its share of rows per rank, gradients summed): policy
+    and critic weights and the value metrics of 2 ranks equal one process's."""
+    import ray
+
+    from miles_core.runtime.ray.placement import create_placement_group, plan_placement
+    from miles_core.runtime.ray.train_group import TrainGroup, build_trainer
+
+    over = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "lr": 1e-3, "adam_eps": 1.0,
+            "micro_batch_size": 1, "actor_num_gpus_per_node": 2, "rollout_num_gpus": 1, "balance_data": True,
+            "advantage_estimator": "ppo", "normalize_advantages": True}
+    cfg = load_config("tiny", over)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+
+    one = build_trainer(cfg, str(tiny_model_dir), tiny_tokenizer)
+    flat = lambda named: torch.cat([t.detach().flatten().clone() for _, t in named])  # noqa: E731
+    c0 = flat(one.critic.module.state_dict().items())
+    _, steps1 = one.train_rollout(samples, rewards, 0)
+    w1, c1 = flat(one.named_tensors()), flat(one.critic.module.state_dict().items())
+
+    plan = plan_placement(cfg.cluster, use_gpu=False)
+    pg = create_placement_group(plan)
+    group = TrainGroup(cfg, str(tiny_model_dir), pg, plan.train_bundles, plan.actor_resources())
+    try:
+        _, steps2 = group.call("train_rollout", samples, rewards, 0)
+        ranks = ray.get([w.named_tensors.remote() for w in group.workers])
+        critics = ray.get([w.extra_tensors.remote() for w in group.workers])
+    finally:
+        group.shutdown()
+        ray.util.remove_placement_group(pg)
+    moved = (c1 - c0).abs().max()
+    assert moved > 1e-6
+    c_ranks = [flat(c["critic"]) for c in critics]
+    assert torch.equal(c_ranks[0], c_ranks[1])
+    assert (c_ranks[0] - c1).abs().max() < 1e-3 * moved, ((c_ranks[0] - c1).abs().max(), moved)
+    assert (flat(ranks[0]) - w1).abs().max() < 1e-5
+    for a, b in zip(steps1, steps2):
+        for key in ("train/value_loss", "train/value_clipfrac", "train/critic_grad_norm"):
+            assert abs(a[key] - b[key]) < 1e-5 * max(1.0, abs(a[key])), (key, a[key], b[key])

@@ -166,6 +166,25 @@ class HTTPEngineClient:
         if weight_version is not None:
             self._version = weight_version
 
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str = "gloo") -> None:
+        """SGLang's /init_weights_update_group: the server joins the sender's group (returns once all joined)."""
+        self.request("POST", "/init_weights_update_group", retries=0, json={
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend})
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+                                        weight_version: int | None = None) -> None:
+        """SGLang's /update_weights_from_distributed: metadata here, the tensors over the group (sent by rank 0)."""
+        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": False}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        self.request("POST", "/update_weights_from_distributed", retries=0, json=body)
+
+    def get_weights_by_name(self, name: str) -> torch.Tensor:
+        """SGLang's /get_weights_by_name (ours returns the whole tensor as nested lists)."""
+        return torch.tensor(self.request("POST", "/get_weights_by_name", json={"name": name}).json())
+
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None = None) -> int:
         """POST the tensors in buckets of at most ``bucket_bytes`` (ours only). -> number of buckets."""
         n = 0
@@ -177,13 +196,28 @@ class HTTPEngineClient:
     def post_weight_bucket(self, payload: bytes) -> None:
         """One safetensors-encoded bucket (wire.encode_bucket) -> POST /update_weights_from_tensor."""
         try:
-            self.request("POST", "/update_weights_from_tensor", content=payload,
-                         headers={"Content-Type": wire.BUCKET_CONTENT_TYPE})
+            self.request("POST", "/update_weights_from_tensor", content=Chunks(payload),
+                         headers={"Content-Type": wire.BUCKET_CONTENT_TYPE, "Content-Length": str(len(payload))})
         except EngineHTTPError as e:
             if e.status in (400, 415, 422) and not self.is_miles_server():
                 raise EngineHTTPError(self.base_url, "weights over HTTP (safetensors buckets) are a miles-server "
                                       "endpoint; for SGLang use update_weights_from_disk", e.status) from e
             raise
+
+
+class Chunks:
+    """A large body as 1 MiB pieces, re-iterable (a retry sends it again). httpx's sync transport sends a
+    bytes body with ``sock.send`` + ``buf = buf[n:]``, a copy of the rest per send: 400 MB took ~25 s on
+    loopback; in pieces it takes about as long as the memcpy."""
+
+    SIZE = 2**20
+
+    def __init__(self, payload: bytes):
+        self.payload = memoryview(payload)
+
+    def __iter__(self):
+        for i in range(0, len(self.payload), self.SIZE):
+            yield bytes(self.payload[i : i + self.SIZE])
 
 
 def _message(resp: httpx.Response) -> str:

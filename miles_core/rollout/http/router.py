@@ -206,10 +206,13 @@ class EngineRouter:
                  "served": s.served, "version": s.version, "last_error": s.last_error} for s in self.slots]
 
     # ---- broadcast: control and weights ----------------------------------------------------------------
-    def _broadcast(self, what: str, fn: Callable[[HTTPEngineClient], Any]) -> list[EngineSlot]:
-        """fn(client) on every healthy engine in parallel. -> the slots where it succeeded."""
-        self.recheck()
-        targets = [s for s in self.slots if s.healthy]
+    def _broadcast(self, what: str, fn: Callable[[HTTPEngineClient], Any], slots: list[EngineSlot] | None = None,
+                   strict: bool = False) -> list[EngineSlot]:
+        """fn(client) on every healthy engine (or on ``slots``) in parallel. -> the slots where it succeeded.
+        strict: raise if any failed (a collective needs every member)."""
+        if slots is None:
+            self.recheck()
+        targets = [s for s in self.slots if s.healthy] if slots is None else slots
         futures = {self._pool.submit(fn, s.client): s for s in targets}
         ok, errors = [], []
         for f in as_completed(futures):
@@ -221,8 +224,8 @@ class EngineRouter:
                 errors.append(str(e))
                 with self._lock:  # an engine that missed a broadcast is out of step: out at once
                     self._mark_failure(slot, str(e), fatal=True)
-        if not ok:
-            raise NoHealthyEngine(f"{what} failed on every engine: {errors or 'none healthy'}")
+        if not ok or (strict and errors):
+            raise NoHealthyEngine(f"{what} failed on {len(errors)} of {len(targets)} engine(s): {errors or 'none healthy'}")
         return ok
 
     def pause_generation(self) -> None:
@@ -251,6 +254,31 @@ class EngineRouter:
             self._broadcast("update_weights_from_tensor", lambda c: c.post_weight_bucket(payload))
             n += 1
         return n
+
+    def weight_targets(self) -> list[EngineSlot]:
+        """The engines a broadcast sync goes to (healthy now); engine j gets rank 1 + j in the group."""
+        self.recheck()
+        return [s for s in self.slots if s.healthy]
+
+    def init_weights_update_group(self, slots: list[EngineSlot], host: str, port: int, group_name: str, backend: str) -> None:
+        """POST /init_weights_update_group on ``slots`` (ranks 1..len(slots); the sender is rank 0)."""
+        rank = {id(s.client): 1 + j for j, s in enumerate(slots)}
+        world = len(slots) + 1
+        self._broadcast("init_weights_update_group", lambda c: c.init_weights_update_group(host, port, rank[id(c)], world, group_name, backend),
+                        slots=slots, strict=True)
+
+    def update_weights_from_distributed(self, slots: list[EngineSlot], names: list[str], dtypes: list[str],
+                                        shapes: list[list[int]], group_name: str) -> None:
+        self._broadcast("update_weights_from_distributed",
+                        lambda c: c.update_weights_from_distributed(names, dtypes, shapes, group_name), slots=slots, strict=True)
+
+    def replace_engine(self, index: int, client: HTTPEngineClient, version: int | None) -> None:
+        """Engine ``index`` is now ``client`` (a restarted server) holding weights ``version``. Requests in
+        flight on the old client fail and are retried elsewhere (they count on the old slot only)."""
+        with self._lock:
+            old = self.slots[index]
+            self.slots[index] = EngineSlot(client, version=version, checked_at=time.monotonic())
+        old.client.close()
 
     def update_weights_from_disk(self, model_path: str, weight_version: int | None = None) -> None:
         done = self._broadcast("update_weights_from_disk", lambda c: c.update_weights_from_disk(model_path, weight_version))

@@ -11,9 +11,15 @@ shapes; "ours" = not in SGLang):
     POST /pause_generation              POST /continue_generation
     POST /update_weights_from_disk      POST /update_weights_from_tensor   (ours: safetensors body)
     POST /update_weight_version         GET  /get_weight_version
+    POST /init_weights_update_group     POST /update_weights_from_distributed  (gloo / nccl group)
+    POST /get_weights_by_name           (ours: the whole tensor)
     POST /release_memory_occupation     POST /resume_memory_occupation
     GET  /get_model_info                GET  /get_server_info              (ours: fields and stats)
     POST /debug/fail                    (ours; only with --enable-fault-injection)
+
+Memory: on CPU, releasing "weights" drops the parameters (empty tensors); resuming allocates them
+again, uninitialized, and generate answers 503 until every parameter was written by a weight update
+(colocated runs resume, then sync). On a GPU the model moves to CPU and back, contents kept.
 
 Seeds: request i samples with ``sampling_params.sampling_seed`` when given, else
 ``request_seed(seed, i)`` when the body has a top-level ``seed``, else a random seed.
@@ -35,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from aiohttp import web
 
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
@@ -47,6 +54,7 @@ log = logging.getLogger(__name__)
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 FAULT_MODES = ("crash", "hang", "error", "none")
 FAULT_TRIGGERS = ("now", "generate")
+FAULT_ENV = "MILES_ENGINE_FAULT_INJECTION"  # set (to anything) in a server's environment: --enable-fault-injection
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class ServerOptions:
 class Fault:
     mode: str  # crash | hang | error
     on: str  # now: every endpoint but /debug/fail; generate: when a /generate request arrives
+    after: int = 0  # on generate: let this many /generate calls through first
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -80,7 +89,11 @@ class EngineServer:
         self.released: set[str] = set()
         self.fault: Fault | None = None
         self.crashed = False
-        self.stats = {"requests_total": 0, "weight_buckets": 0, "weight_tensors": 0}
+        self.stats = {"requests_total": 0, "generate_calls": 0, "weight_buckets": 0, "weight_tensors": 0}
+        self.events: list[str] = []  # control calls in order (release, resume, weights, version): /get_server_info
+        self.weight_group = None  # (name, process group) after /init_weights_update_group
+        self._dropped: dict[str, tuple] = {}  # released CPU parameters: name -> (shape, dtype)
+        self._stale: set[int] = set()  # ids of parameters allocated by a resume and not written since
         self.batcher: Batcher | None = None
         self.runner: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
@@ -101,6 +114,9 @@ class EngineServer:
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
         r.add_post("/update_weight_version", self.update_weight_version)
+        r.add_post("/init_weights_update_group", self.init_weights_update_group)
+        r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
+        r.add_route("*", "/get_weights_by_name", self.get_weights_by_name)
         r.add_get("/get_weight_version", self.get_weight_version)
         r.add_route("*", "/release_memory_occupation", self.release_memory_occupation)
         r.add_route("*", "/resume_memory_occupation", self.resume_memory_occupation)
@@ -169,8 +185,8 @@ class EngineServer:
 
     # ---- generation ---------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.Response:
-        if self.released:
-            return _error(503, f"memory released {sorted(self.released)}; call /resume_memory_occupation first")
+        if self.released or self._stale:
+            return _error(503, self._not_ready())
         body = await _json(request)
         vocab = self.engine.model.get_input_embeddings().num_embeddings
         requests, seeds, batched, top_seed = wire.parse_generate(body, vocab)
@@ -186,7 +202,8 @@ class EngineServer:
         if len(rids) != len(requests):
             raise wire.WireError(f"{len(requests)} input_ids but {len(rids)} rids")
         self.stats["requests_total"] += len(requests)
-        if self.fault is not None and self.fault.on == "generate":
+        self.stats["generate_calls"] += 1
+        if self.fault is not None and self.fault.on == "generate" and self.stats["generate_calls"] > self.fault.after:
             if self.fault.mode == "crash":
                 await self._crash()
                 return _error(503, "crashed")
@@ -204,8 +221,8 @@ class EngineServer:
 
     async def health_generate(self, request: web.Request) -> web.Response:
         """200 when the engine generates: a decode step within the timeout (busy), or a 1-token probe (idle)."""
-        if self.released:
-            return _error(503, f"memory released {sorted(self.released)}")
+        if self.released or self._stale:
+            return _error(503, self._not_ready())
         if self.batcher.running:
             before, deadline = self.engine.progress, time.monotonic() + self.options.health_timeout_s
             while self.engine.progress == before and self.batcher.running and time.monotonic() < deadline:
@@ -218,6 +235,11 @@ class EngineServer:
         except asyncio.TimeoutError:
             return _error(503, f"health probe took more than {self.options.health_timeout_s}s")
         return web.Response(status=200)
+
+    def _not_ready(self) -> str:
+        if self.released:
+            return f"memory released {sorted(self.released)}; call /resume_memory_occupation first"
+        return f"{len(self._stale)} parameters not written since /resume_memory_occupation; update the weights first"
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await _json(request, default={})
@@ -280,6 +302,8 @@ class EngineServer:
             if tuple(t.shape) != tuple(params[name].shape):
                 raise wire.WireError(f"{name}: shape {tuple(t.shape)} != engine's {tuple(params[name].shape)}")
         await self.batcher.run(self.engine.update_weights_from_tensor, list(named.items()))
+        self._stale -= {id(params[name]) for name in named}
+        self.events.append(f"weights:{len(named)}")
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         body = await _json(request)
@@ -290,31 +314,88 @@ class EngineServer:
             self.batcher.abort()
         version = wire.parse_version(raw)
         await self.batcher.run(self.engine.set_weight_version, version)
+        self.events.append(f"version:{version}")
         msg = f"Weight version updated to {version}"
         return web.json_response({"success": True, "message": msg, "new_version": str(version)})
+
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        """Join the sender's process group as rank ``rank_offset`` (answers once every rank joined)."""
+        from miles_core.weights.broadcast import new_group
+
+        body = await _json(request)
+        missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size", "group_name") if k not in body]
+        if missing:
+            raise wire.WireError(f"init_weights_update_group needs {missing}")
+        self.weight_group = None
+        group = await asyncio.to_thread(new_group, body["master_address"], int(body["master_port"]), int(body["rank_offset"]),
+                                        int(body["world_size"]), body.get("backend", "gloo"))
+        self.weight_group = (body["group_name"], group)
+        return web.json_response({"success": True, "message": f"joined {body['group_name']} as rank {body['rank_offset']}"})
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        """Receive the tensors named in the body from rank 0 of the group, then apply them."""
+        from miles_core.weights.broadcast import receive
+
+        body = await _json(request)
+        if self.weight_group is None or self.weight_group[0] != body.get("group_name"):
+            raise wire.WireError(f"no weights update group {body.get('group_name')!r}; call /init_weights_update_group first")
+        device = "cuda" if type(self.weight_group[1]).__name__ == "ProcessGroupNCCL" else "cpu"
+        named = await self.batcher.run(receive, self.weight_group[1], body["names"], body["dtypes"], body["shapes"], device)
+        await self._apply(dict(named))
+        if body.get("weight_version") is not None:
+            await self.batcher.run(self.engine.set_weight_version, wire.parse_version(body["weight_version"]))
+        self.stats["weight_buckets"] += 1
+        self.stats["weight_tensors"] += len(named)
+        return web.json_response({"success": True, "message": f"Updated {len(named)} tensors."})
+
+    async def get_weights_by_name(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        params = self.engine.model.state_dict()
+        if body.get("name") not in params:
+            raise wire.WireError(f"engine has no parameter {body.get('name')!r}")
+        return web.json_response(params[body["name"]].float().cpu().tolist())
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.engine.weight_version)})
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
-        """Marks the tags released (generate answers 503 until resumed); a CUDA model moves to CPU."""
+        """Marks the tags released (generate answers 503 until resumed); weights: a CUDA model moves to
+        CPU, a CPU model's parameters are dropped."""
         tags = await _tags(request)
+        if "weights" in tags and "weights" not in self.released:
+            await self.batcher.run(self._release_weights)
         self.released |= tags
-        if "weights" in tags:
-            await self.batcher.run(self._move_model, "cpu")
+        self.events.append("release:" + ",".join(sorted(tags)))
         return web.json_response({"success": True, "released": sorted(self.released)})
 
     async def resume_memory_occupation(self, request: web.Request) -> web.Response:
         tags = await _tags(request)
         if "weights" in tags and "weights" in self.released:
-            await self.batcher.run(self._move_model, None)
+            await self.batcher.run(self._resume_weights)
         self.released -= tags
+        self.events.append("resume:" + ",".join(sorted(tags)))
         return web.json_response({"success": True, "released": sorted(self.released)})
 
-    def _move_model(self, device: str | None) -> None:
-        if device == "cpu":
-            self._home_device = next(self.engine.model.parameters()).device
-        self.engine.model.to(device or self._home_device or "cpu")
+    def _release_weights(self) -> None:
+        model = self.engine.model
+        self._home_device = next(model.parameters()).device
+        if self._home_device.type != "cpu":
+            model.to("cpu")
+            return
+        for name, p in model.named_parameters():
+            self._dropped[name] = (tuple(p.shape), p.dtype)
+            p.data = torch.empty(0, dtype=p.dtype)
+
+    def _resume_weights(self) -> None:
+        model = self.engine.model
+        if not self._dropped:
+            model.to(self._home_device or "cpu")
+            return
+        for name, p in model.named_parameters():
+            shape, dtype = self._dropped[name]
+            p.data = torch.empty(shape, dtype=dtype)
+            self._stale.add(id(p))
+        self._dropped = {}
 
     # ---- info and faults ------------------------------------------------------------------------
     async def get_model_info(self, request: web.Request) -> web.Response:
@@ -329,14 +410,15 @@ class EngineServer:
             "paused": not b.resumed.is_set(), "released": sorted(self.released),
             "fault_injection": self.options.enable_fault_injection, "fault": None if self.fault is None else self.fault.__dict__,
             "stats": {**self.stats, "requests_completed": b.completed, "running": len(b.running), "queued": len(b.pending)},
+            "events": self.events[-100:],
         })
 
     async def debug_fail(self, request: web.Request) -> web.Response:
         body = await _json(request)
-        mode, on = body.get("mode"), body.get("on", "now")
-        if mode not in FAULT_MODES or on not in FAULT_TRIGGERS:
-            raise wire.WireError(f"debug/fail needs mode in {FAULT_MODES} and on in {FAULT_TRIGGERS}")
-        self.fault = None if mode == "none" else Fault(mode, on)
+        mode, on, after = body.get("mode"), body.get("on", "now"), body.get("after", 0)
+        if mode not in FAULT_MODES or on not in FAULT_TRIGGERS or not isinstance(after, int) or after < 0:
+            raise wire.WireError(f"debug/fail needs mode in {FAULT_MODES}, on in {FAULT_TRIGGERS} and after >= 0 (an int)")
+        self.fault = None if mode == "none" else Fault(mode, on, after + self.stats["generate_calls"])
         if mode == "crash" and on == "now":
             asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self._crash()))
         return web.json_response({"success": True, "fault": body})
@@ -380,7 +462,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     p.add_argument("--weight-version", type=int, default=0)
     p.add_argument("--health-timeout", type=float, default=20.0)
-    p.add_argument("--enable-fault-injection", action="store_true", help="serve POST /debug/fail (tests only)")
+    p.add_argument("--enable-fault-injection", action="store_true", default=bool(os.environ.get(FAULT_ENV)),
+                   help=f"serve POST /debug/fail (tests only; also on when {FAULT_ENV} is set)")
     return p.parse_args(argv)
 
 

@@ -4,4 +4,5 @@
     session.py      start_ray: attach to a cluster or start a local Ray, with the worker env
     train_group.py  TrainGroup: N TrainWorker actors, a gloo group, the trainer data-parallel
     engines.py      EngineGroup: M EngineWorker actors, each holding an HTTP engine server process
+    health.py       HealthMonitor: polls the engines, restarts dead ones (use_fault_tolerance)
 """

@@ -3,11 +3,13 @@ our HF engine on CPU), behind one EngineRouter (least-loaded, failover; rollout/
 
 The actor owns the process: placement (its bundle) and lifetime follow the actor; ``kill`` is the
 fault-injection switch (SIGKILL the server: a crash), ``restart`` starts a fresh server at the
-same place (a new port: the group rebuilds the router's client list).
+same place (a new port: the router's slot gets a new client, ``EngineRouter.replace_engine``).
+With ``MILES_ENGINE_FAULT_INJECTION`` set in the driver, the servers serve POST /debug/fail (tests).
 """
 
 from __future__ import annotations
 
+import os
 
 
 
@@ -55,8 +57,10 @@ class EngineGroup:
 
         from .placement import in_bundle
 
+        from miles_core.rollout.http.server import FAULT_ENV
+
         threads = cfg.cluster.num_threads or 1
-        env = {"OMP_NUM_THREADS": str(threads)}
+        env = {"OMP_NUM_THREADS": str(threads), **{k: os.environ[k] for k in (FAULT_ENV,) if k in os.environ}}
         cls = ray.remote(EngineWorker)
         self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(str(model_path), server_args(cfg, threads), env)
                         for b in bundles]
@@ -65,22 +69,33 @@ class EngineGroup:
         self.router = EngineRouter.from_urls(self.urls, {"bucket_bytes": self.bucket_bytes}, bucket_bytes=self.bucket_bytes)
         self.restarts = 0
 
-    def restart_dead(self) -> int:
-        """Restart every engine whose process died; rebuild the router if any did. -> how many."""
+    def client(self, url: str):
+        """A client like the router's (fails fast: the router fails over)."""
+        from miles_core.rollout.http import HTTPEngineClient
+
+        return HTTPEngineClient(url, max_retries=1, backoff_s=0.05, bucket_bytes=self.bucket_bytes)
+
+    def restart(self, i: int) -> str:
+        """Kill engine i's server (if still running) and start a fresh one at the same place. -> its URL.
+        The router still has the old client: the caller loads weights, then ``router.replace_engine``."""
         import ray
 
-        from miles_core.rollout.http import EngineRouter
+        self.urls[i] = ray.get(self.workers[i].restart.remote())
+        self.restarts += 1
+        return self.urls[i]
 
-        alive = ray.get([w.alive.remote() for w in self.workers])
-        dead = [i for i, ok in enumerate(alive) if not ok]
-        if not dead:
-            return 0
-        new = ray.get([self.workers[i].restart.remote() for i in dead])
-        for i, url in zip(dead, new):
-            self.urls[i] = url
-        self.router.close()
-        self.router = EngineRouter.from_urls(self.urls, {"bucket_bytes": self.bucket_bytes}, bucket_bytes=self.bucket_bytes)
-        self.restarts += len(dead)
+    def dead(self) -> list[int]:
+        """Engines whose server process exited."""
+        import ray
+
+        return [i for i, ok in enumerate(ray.get([w.alive.remote() for w in self.workers])) if not ok]
+
+    def restart_dead(self) -> int:
+        """Restart every engine whose process died, into the router without weights (version -1: out of
+        generate until the sync that follows reaches it). -> how many."""
+        dead = self.dead()
+        for i in dead:
+            self.router.replace_engine(i, self.client(self.restart(i)), version=-1)
         return len(dead)
 
     def shutdown(self) -> None:
@@ -92,6 +107,3 @@ class EngineGroup:
         finally:
             for w in self.workers:
                 ray.kill(w)
-
-
-

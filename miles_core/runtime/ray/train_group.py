@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from miles_core.config import TrainConfig
+from miles_core.weights.sync import WeightSender
 
 
 def split_rows(rows: range, lengths: list[int], world: int, balance: bool) -> list[list[int]]:
@@ -104,8 +105,7 @@ class TrainWorker:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.trainer = build_trainer(cfg, model_path, self.tokenizer)
-        if world > 1 and self.trainer.critic is not None:
-            raise NotImplementedError("the ray runtime trains the critic (advantage_estimator ppo) on one rank only; set actor_num_gpus_per_node 1")
+        self.sender = WeightSender(self.trainer.named_tensors, self.trainer.model.config)
 
     def address(self) -> str:
         return free_address()
@@ -124,6 +124,38 @@ class TrainWorker:
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         return [(k, v.detach().clone()) for k, v in self.trainer.named_tensors()]
 
+    # ---- weight sync: the WeightSender of this rank (RankZeroSender calls these on rank 0) ----------------
+    def weight_tensors(self):
+        return self.sender.tensors()
+
+    def weight_meta(self):
+        return self.sender.meta()
+
+    def weight_master_address(self):
+        return self.sender.master_address()
+
+    def init_weight_broadcast(self, host: str, port: int, world_size: int, backend: str) -> None:
+        self.sender.init_broadcast(host, port, world_size, backend)
+
+    def broadcast_weights(self, names: list[str]) -> None:
+        self.sender.broadcast(names)
+
+    def save_weights(self, path: str) -> str:
+        return self.sender.save(path)
+
+    def extra_tensors(self) -> dict[str, list[tuple[str, torch.Tensor]]]:
+        """The critic's (ppo) tensors, by module name, as named_tensors gives the policy's."""
+        return {k: [(n, t.detach().clone()) for n, t in m.state_dict().items()] for k, m in self.trainer.extra_modules().items()}
+
+    def mean_log_probs(self, samples) -> list[float]:
+        """Per sample: the mean log-prob of its response tokens under this rank's policy now (tests, diagnostics)."""
+        from miles_core.training.batch import make_batch
+
+        batch = make_batch(samples, self.trainer.pad_id)
+        logp = self.trainer.compute_log_probs(self.trainer.model, batch)  # [N, T]
+        mask = batch.loss_mask.float()
+        return ((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+
     def steps_done(self) -> int:
         return self.trainer.steps_done
 
@@ -132,7 +164,8 @@ class TrainWorker:
 
         c = self.cfg.checkpoint
         ckpt.save_checkpoint(self.cfg.save_dir, rollout_id, model=self.trainer.model, optimizer=self.trainer.optimizer,
-                             state={**state, "steps_done": self.trainer.steps_done}, keep_last=c.keep_last, save_optim=not c.no_save_optim)
+                             state={**state, "steps_done": self.trainer.steps_done}, keep_last=c.keep_last, save_optim=not c.no_save_optim,
+                             extra_tensors=self.trainer.extra_modules() or None)
 
     def restore(self) -> dict | None:
         from miles_core import checkpoint as ckpt
@@ -140,7 +173,8 @@ class TrainWorker:
         info = ckpt.find_latest(self.cfg.load_dir)
         if info is None:
             return None
-        meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        meta = ckpt.load_checkpoint(info, model=self.trainer.model, optimizer=self.trainer.optimizer,
+                                    extra_modules=self.trainer.extra_modules() or None)
         self.trainer.steps_done = meta["steps_done"]
         return meta
 
@@ -182,3 +216,34 @@ class TrainGroup:
 
         for w in self.workers:
             ray.kill(w)
+
+
+class RankZeroSender:
+    """WeightSender's interface, served by train rank 0 (the bytes of broadcast and disk modes never
+    pass through the driver; tensor mode fetches them through the object store)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def _call(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.worker, method).remote(*args))
+
+    def tensors(self):
+        return self._call("weight_tensors")
+
+    def meta(self):
+        return self._call("weight_meta")
+
+    def master_address(self):
+        return self._call("weight_master_address")
+
+    def init_broadcast(self, host: str, port: int, world_size: int, backend: str) -> None:
+        self._call("init_weight_broadcast", host, port, world_size, backend)
+
+    def broadcast(self, names: list[str]) -> None:
+        self._call("broadcast_weights", names)
+
+    def save(self, path: str) -> str:
+        return self._call("save_weights", path)

@@ -112,6 +112,8 @@ def test_control_calls(start_server, make_client):
     client.release_memory_occupation(["weights", "kv_cache"])
     assert not client.health()
     client.resume_memory_occupation()
+    assert not client.health()  # CPU weights were dropped: allocated again, unhealthy until rewritten
+    client.update_weights_from_disk(h.server.options.model_path)
     assert client.health()
     client.set_weight_version(5)
     assert client.get_weight_version() == 5

@@ -138,6 +138,9 @@ def test_release_and_resume_memory(start_server):
     assert post(h, "/resume_memory_occupation", {"tags": ["kv_cache"]}).json()["released"] == []
     post(h, "/release_memory_occupation")  # no body = every tag
     assert post(h, "/resume_memory_occupation").json()["released"] == []
+    r = post(h, "/generate", {"input_ids": [5]})  # CPU weights were dropped and are not written yet
+    assert r.status_code == 503 and "not written" in r.json()["message"]
+    assert post(h, "/update_weights_from_disk", {"model_path": h.server.options.model_path}).status_code == 200
     assert post(h, "/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": 2}}).status_code == 200
 
 

@@ -1,0 +1,123 @@
+"""Contract of each weight sync mode (tensor, broadcast, disk) against real HTTP engine servers on
+127.0.0.1 (in-thread servers; the broadcast group is a real gloo group): afterwards every engine
+holds the trainer's weights bit for bit, reports the new version, and generates exactly what an
+in-process engine with the same weights generates. Also: release/resume of engine memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miles_core.rollout.http import EngineRouter, SeededHFEngine, load_engine, serve_in_thread
+from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+from miles_core.weights.sync import MODES, WeightSender, WeightSync, iter_buckets, iter_meta_buckets
+
+BUCKET = 64 * 1024  # several buckets for the tiny model (~3M params, 12 MB)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def servers(tiny_model_dir):
+    handles = [serve_in_thread(load_engine(tiny_model_dir), model_path=str(tiny_model_dir)) for _ in range(2)]
+    yield handles
+    for h in handles:
+        h.stop()
+
+
+@pytest.fixture
+def trainer_model(tiny_model_dir):
+    """The 'trainer': the checkpoint moved away from what the engines loaded."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return model
+
+
+def _requests(tok) -> list[GenerateRequest]:
+    sp = SamplingParams(max_new_tokens=6, stop_token_ids=(tok.eos_token_id,))
+    return [GenerateRequest(tok(f"{i}+{i}=")["input_ids"], sp) for i in range(6)]
+
+
+def _assert_engines_hold(servers, model, version: int) -> None:
+    want = model.state_dict()
+    for h in servers:
+        got = h.server.engine.model.state_dict()
+        assert set(got) == set(want)
+        assert all(torch.equal(got[k], want[k]) for k in want), [k for k in want if not torch.equal(got[k], want[k])][:3]
+        assert h.server.engine.weight_version == version
+
+
+def test_meta_buckets_match_tensor_buckets(trainer_model):
+    named = list(trainer_model.state_dict().items())
+    sender = WeightSender(lambda: named)
+    names, dtypes, shapes = sender.meta()
+    by_meta = [[names[i] for i in r] for r in iter_meta_buckets(names, dtypes, shapes, BUCKET)]
+    by_tensor = [[n for n, _ in b] for b in iter_buckets(named, BUCKET)]
+    assert by_meta == by_tensor and len(by_meta) > 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_contract(mode, servers, trainer_model, tiny_tokenizer, tmp_path):
+    sender = WeightSender(lambda: trainer_model.state_dict().items(), trainer_model.config)
+    sync = WeightSync(mode, BUCKET, disk_dir=tmp_path / "weight_sync")
+    with EngineRouter.from_urls([h.url for h in servers], bucket_bytes=BUCKET) as router:
+        for version in (1, 2):  # the second sync reuses the broadcast group
+            with torch.no_grad():
+                trainer_model.model.norm.weight.mul_(1.01)  # a trainer step between syncs
+            metrics = sync.sync(sender, router, version)
+            assert metrics["perf/update_weights_time"] > 0
+            _assert_engines_hold(servers, trainer_model, version)
+            assert router.engine_versions() == {h.url: version for h in servers}
+        name = "model.layers.0.mlp.up_proj.weight"
+        assert torch.equal(router.slots[0].client.get_weights_by_name(name), trainer_model.state_dict()[name])
+        reqs = _requests(tiny_tokenizer)
+        local = SeededHFEngine(trainer_model, tiny_tokenizer, batching="exact")
+        local.set_weight_version(2)
+        key = lambda r: (r.output_ids, r.output_log_probs, r.finish_reason, r.weight_version)  # noqa: E731
+        assert [key(r) for r in router.generate(reqs, 7)] == [key(r) for r in local.generate(reqs, 7)]
+    if mode == "broadcast":
+        assert sync._groups == 1
+        assert all(h.server.stats["weight_buckets"] > 3 for h in servers)
+    if mode == "disk":
+        assert [p.name for p in (tmp_path / "weight_sync").iterdir()] == ["v2"]  # older versions removed, no temp dirs
+        assert (tmp_path / "weight_sync" / "v2" / "config.json").exists()
+    sync.close()
+
+
+def test_release_resume_then_sync(servers, trainer_model, tiny_tokenizer):
+    """Colocated offload on CPU: released weights are dropped; generate refuses until resumed and every
+    parameter rewritten by a sync; then results are those of the trainer's weights."""
+    from miles_core.rollout.http import EngineHTTPError
+
+    sender = WeightSender(lambda: trainer_model.state_dict().items())
+    sync = WeightSync("tensor", BUCKET)
+    reqs = _requests(tiny_tokenizer)
+    with EngineRouter.from_urls([servers[0].url], bucket_bytes=BUCKET) as router:
+        client = router.slots[0].client
+        router.release_memory_occupation(["weights", "kv_cache", "cuda_graph"])
+        assert all(p.numel() == 0 for p in servers[0].server.engine.model.parameters())  # dropped
+        with pytest.raises(EngineHTTPError, match="released"):
+            client.generate(reqs, 1)
+        router.resume_memory_occupation(["weights"])
+        assert len(servers[0].server._stale) == len(list(trainer_model.parameters()))  # allocated, not yet written
+        with pytest.raises(EngineHTTPError, match="503"):
+            client.generate(reqs, 1)
+        sync.sync(sender, router, 1)
+        router.resume_memory_occupation(["kv_cache", "cuda_graph"])
+        _assert_engines_hold(servers[:1], trainer_model, 1)
+        local = SeededHFEngine(trainer_model, tiny_tokenizer, batching="exact")
+        assert [r.output_ids for r in router.generate(reqs, 3)] == [r.output_ids for r in local.generate(reqs, 3)]
+        events = client.server_info()["events"]
+        assert events[0] == "release:cuda_graph,kv_cache,weights" and events[1] == "resume:weights"
+        assert events[2].startswith("weights:") and events[-2:] == ["version:1", "resume:cuda_graph,kv_cache"]
