@@ -78,3 +78,13 @@ def test_data_source_cursor_roundtrip_and_epochs(tmp_path, tiny_tokenizer):
     assert [(g, pr.label) for g, pr in b.next_prompts(4)] == rest
     assert sorted(first + [lab for _, lab in rest[:2]]) == ["0", "1", "2", "3", "4"]  # epoch 0 is a permutation
     assert a.cursor.epoch == 1 and [g for g, _ in rest] == [3, 4, 5, 6]
+
+
+def test_arith_chat_is_arith_as_chat_messages():
+    from miles_core.data.tasks import BUILTIN_TASKS
+
+    plain, chat = BUILTIN_TASKS["arith"].rows()[0], BUILTIN_TASKS["arith-chat"].rows()[0]
+    assert chat["label"] == plain["label"] and chat["metadata"] == plain["metadata"]  # same questions, same seed
+    msgs = chat["input"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[2]["content"] == "\\boxed{5}" and msgs[-1]["content"].replace(" ", "") == plain["input"].rstrip("=")
