@@ -23,7 +23,8 @@ Speed-ups, each exact up to that rounding (tests/rollout/test_hf_engine.py compa
 plain path): the prefill runs once per distinct prompt and its KV cache is expanded to the G rows
 sharing it (``share_prefill``); finished rows leave the decode batch (``drop_finished``) — a row's
 draws come from its own generator, so no other row's sample changes; the LM head runs on the last
-position only. Generation runs under ``torch.inference_mode``.
+position only; decode steps of Llama-family models skip the transformers call stack and use a static
+KV cache (``lean_decode``, rollout/lean_decode.py). Generation runs under ``torch.inference_mode``.
 
 Also for the HTTP server: ``aborted(i)``, polled every decode step, finishes row i with finish
 reason "abort" and the tokens generated so far; ``progress`` counts decode steps (a liveness
@@ -38,6 +39,7 @@ from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 
+from .lean_decode import LeanDecoder, lean_supported
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
 
 Batching = Literal["exact", "dynamic"]
@@ -79,7 +81,7 @@ class HFEngine:
     """Serves generate() on one transformers causal LM in this process (one engine, per-request seeds)."""
 
     def __init__(self, model, tokenizer, max_batch_size: int = 256, batching: Batching = "dynamic",
-                 share_prefill: bool = True, drop_finished: bool = True):
+                 share_prefill: bool = True, drop_finished: bool = True, lean_decode: bool = True):
         if batching not in BATCHING:
             raise ValueError(f"batching={batching!r}: expected one of {BATCHING}")
         self.model = model.eval()
@@ -87,6 +89,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.batching = batching
         self.share_prefill, self.drop_finished = share_prefill, drop_finished
+        self.lean_decode = lean_decode and lean_supported(model)
         self.weight_version = 0
         self.progress = 0  # decode steps run so far (read by the HTTP server's health check)
         self._running = threading.Event()
@@ -136,10 +139,13 @@ class HFEngine:
         self._mark_aborted(aborted, done, reason)
         rows = list(range(B))  # request index of each row still in the decode batch (and its KV cache)
         logits, past, attn, pos = self._prefill(requests, device)  # [B, V], cache of B rows, [B, P], [B, 1]
+        lean = LeanDecoder(self.model, past, attn, u.shape[1]) if self.lean_decode else None
         for step in range(u.shape[1]):
             if all(done):
                 break
-            if step:
+            if lean is not None and step:
+                logits = lean.step(nxt.to(device), pos)
+            elif step:
                 out = self.model(input_ids=nxt.to(device)[:, None], attention_mask=attn, position_ids=pos,
                                  past_key_values=past, use_cache=True, logits_to_keep=1)
                 past, logits = out.past_key_values, out.logits[:, -1, :]
@@ -164,10 +170,14 @@ class HFEngine:
             keep = [r for r, i in enumerate(rows) if not done[i]]
             if self.drop_finished and keep and len(keep) < len(rows):  # later steps compute only live rows
                 sel = torch.tensor(keep)
-                past.batch_select_indices(sel.to(device))
+                if lean is not None:
+                    lean.select(sel.to(device))
+                else:
+                    past.batch_select_indices(sel.to(device))
                 nxt, attn, pos = nxt[sel], attn[sel.to(device)], pos[sel.to(device)]
                 rows = [rows[r] for r in keep]
-            attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=1)
+            if lean is None:
+                attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=1)
             pos = pos + 1
         return [
             GenerateResult(out_ids[i], out_lp[i], reason[i], self.weight_version, prompt_tokens=len(r.input_ids))

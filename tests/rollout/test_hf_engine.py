@@ -167,3 +167,12 @@ def test_filter_logits_per_row_equals_filter_logits_per_request():
     for i, (k, p) in enumerate(zip(ks, ps)):
         assert torch.equal(rows[i], filter_logits(logits[i : i + 1], k, p)[0])
     assert torch.isfinite(rows[1]).sum() == 1 and torch.isfinite(rows[0]).all() and torch.isfinite(rows[2]).sum() <= 5
+
+
+def test_lean_decode_equals_the_transformers_forward(engine, tiny_tokenizer):
+    assert engine.lean_decode  # tiny Qwen2: the lean path is the default
+    reqs = _groups(tiny_tokenizer, temperature=0.8, top_k=20, max_new_tokens=16)
+    for kw in ({}, {"drop_finished": False}):
+        lean = _variant(engine, **kw).generate(reqs, seed=6)
+        hf = _variant(engine, lean_decode=False, **kw).generate(reqs, seed=6)
+        _assert_close(lean, hf)
