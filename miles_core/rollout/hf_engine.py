@@ -77,6 +77,42 @@ def filter_logits(logits: torch.Tensor, top_k: int | Sequence[int], top_p: float
     return logits
 
 
+class RowSampler:
+    """Per-row sampling state of one decode batch: temperature, top_k, top_p and the row's own uniforms
+    (drawn up front from its generator), kept in the batch's current row order."""
+
+    def __init__(self, requests: list[GenerateRequest], gens: list[torch.Generator], device):
+        max_new = [r.params.max_new_tokens for r in requests]
+        self.steps = max(max_new, default=0)
+        self.u = torch.zeros((len(requests), self.steps), dtype=torch.float64)  # [B, T]
+        for i, n in enumerate(max_new):
+            self.u[i, :n] = torch.rand(n, generator=gens[i], dtype=torch.float64)
+        temps = [r.params.temperature for r in requests]
+        self.temp = None if all(t == 1.0 for t in temps) else torch.tensor(temps, dtype=torch.float32, device=device)[:, None]  # [B, 1]
+        self.top_k = torch.tensor([r.params.top_k for r in requests])  # [B]
+        self.top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float64)  # [B]
+        self.filtered = any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in requests)
+        self.device = device
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.u, self.top_k, self.top_p = self.u[rows], self.top_k[rows], self.top_p[rows]
+        if self.temp is not None:
+            self.temp = self.temp[rows.to(self.device)]
+
+    def sample(self, logits: torch.Tensor, step: int, finished: list[bool], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [b, V] -> (token [b] by inverse CDF at the row's uniform, its log-prob [b] under logits / T);
+        finished rows get ``pad``. (x / 1.0 == x, so temperature 1 skips the division.)"""
+        last = logits.float() if self.temp is None else logits.float() / self.temp  # [b, V]
+        logp = torch.log_softmax(last, dim=-1)
+        scores = filter_logits(last, self.top_k, self.top_p) if self.filtered else last
+        cdf = torch.softmax(scores, dim=-1).cpu().double().cumsum(-1)  # [b, V]
+        nxt = torch.searchsorted(cdf, self.u[:, step : step + 1] * cdf[:, -1:], right=True).squeeze(-1)  # [b]
+        nxt = nxt.clamp(max=cdf.shape[-1] - 1)
+        if any(finished):
+            nxt = nxt.masked_fill(torch.tensor(finished), pad)
+        return nxt, logp.gather(-1, nxt.to(self.device)[:, None]).squeeze(-1).cpu()
+
+
 class HFEngine:
     """Serves generate() on one transformers causal LM in this process (one engine, per-request seeds)."""
 
@@ -127,20 +163,15 @@ class HFEngine:
         B, pad = len(requests), self.tokenizer.pad_token_id
         stops = [set(r.params.stop_token_ids) | {self.tokenizer.eos_token_id} for r in requests]
         max_new = [r.params.max_new_tokens for r in requests]
-        u = torch.zeros((B, max(max_new, default=0)), dtype=torch.float64)  # [B, T] row i's uniforms, its generator only
-        for i, n in enumerate(max_new):
-            u[i, :n] = torch.rand(n, generator=gens[i], dtype=torch.float64)
-        temp = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32, device=device)[:, None]  # [B, 1]
-        top_k = torch.tensor([r.params.top_k for r in requests])
-        top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float64)
+        sampler = RowSampler(requests, gens, device)
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
         reason, done = ["length"] * B, [False] * B
         self._mark_aborted(aborted, done, reason)
         rows = list(range(B))  # request index of each row still in the decode batch (and its KV cache)
         logits, past, attn, pos = self._prefill(requests, device)  # [B, V], cache of B rows, [B, P], [B, 1]
-        lean = LeanDecoder(self.model, past, attn, u.shape[1]) if self.lean_decode else None
-        for step in range(u.shape[1]):
+        lean = LeanDecoder(self.model, past, attn, sampler.steps) if self.lean_decode else None
+        for step in range(sampler.steps):
             if all(done):
                 break
             if lean is not None and step:
@@ -149,13 +180,7 @@ class HFEngine:
                 out = self.model(input_ids=nxt.to(device)[:, None], attention_mask=attn, position_ids=pos,
                                  past_key_values=past, use_cache=True, logits_to_keep=1)
                 past, logits = out.past_key_values, out.logits[:, -1, :]
-            idx = torch.tensor(rows)  # [b]
-            last = logits.float() / temp[idx.to(device)]  # [b, V]
-            logp = torch.log_softmax(last, dim=-1)
-            cdf = torch.softmax(filter_logits(last, top_k[idx], top_p[idx]), dim=-1).cpu().double().cumsum(-1)  # [b, V]
-            nxt = torch.searchsorted(cdf, u[idx, step : step + 1] * cdf[:, -1:], right=True).squeeze(-1)  # [b]
-            nxt = nxt.clamp(max=cdf.shape[-1] - 1).masked_fill(torch.tensor([done[i] for i in rows]), pad)  # finished rows: pad
-            tok_lp = logp.gather(-1, nxt.to(device)[:, None]).squeeze(-1).cpu()  # [b]
+            nxt, tok_lp = sampler.sample(logits, step, [done[i] for i in rows], pad)  # [b], [b]
             for i, t, lp in zip(rows, nxt.tolist(), tok_lp.tolist()):
                 if done[i]:
                     continue
@@ -170,6 +195,7 @@ class HFEngine:
             keep = [r for r, i in enumerate(rows) if not done[i]]
             if self.drop_finished and keep and len(keep) < len(rows):  # later steps compute only live rows
                 sel = torch.tensor(keep)
+                sampler.select(sel)
                 if lean is not None:
                     lean.select(sel.to(device))
                 else:
