@@ -48,9 +48,10 @@ class LeanDecoder:
         self.valid[:, :P] = attn.bool()
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (finished rows leave the batch)."""
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
+        """Keep only these batch rows (finished rows leave the batch); copies only the filled columns."""
+        c = self.cur
+        self.k = [_take(k, rows, c) for k in self.k]
+        self.v = [_take(v, rows, c) for v in self.v]
         self.valid = self.valid[rows]
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -75,3 +76,10 @@ class LeanDecoder:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.cur += 1
         return self.model.get_output_embeddings()(self.base.norm(x))[:, -1, :]  # [b, V]
+
+
+def _take(cache: torch.Tensor, rows: torch.Tensor, filled: int) -> torch.Tensor:
+    """cache [b, h, capacity, d] -> [len(rows), h, capacity, d] holding those rows' first ``filled`` columns."""
+    out = cache.new_empty((len(rows), *cache.shape[1:]))
+    out[:, :, :filled] = cache[rows, :, :filled]
+    return out
