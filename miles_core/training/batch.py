@@ -100,8 +100,14 @@ def forward_only(fn, batch: TokenBatch, micro_batch_size: int) -> torch.Tensor:
 
 
 # Model types whose CausalLM forward is lm_head(base_model(...)) with nothing in between (no logit
-# scaling or soft-capping): their response logits can be computed from packed rows (response_logits).
-PACKABLE_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+# scaling or soft-capping) and full attention: their response logits can be computed from packed rows
+# (response_logits). A sliding window would be lost under the packed 4D mask, so it disqualifies.
+PACKABLE_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
+
+
+def packable(model) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) in PACKABLE_MODEL_TYPES and not getattr(config, "use_sliding_window", False)
 
 
 def pack_rows(lengths: list[int], width: int) -> list[list[int]]:
@@ -140,7 +146,7 @@ def response_logits(model, batch: TokenBatch) -> torch.Tensor:
     Exact: every token sees the same context at the same positions as in the padded forward, so the
     numbers agree up to float rounding and the shared prompt's gradient is the sum of the G copies'
     (tests/training/test_batch.py). Other model types: the padded forward."""
-    if getattr(model.config, "model_type", None) not in PACKABLE_MODEL_TYPES:
+    if not packable(model):
         return at_response(forward(model, batch).logits, batch)
     N, T = batch.resp_index.shape
     lengths = batch.attention_mask.sum(-1).tolist()  # [N]
