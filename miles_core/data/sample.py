@@ -6,8 +6,9 @@ Shapes: ``tokens`` holds prompt + response ids (length P + T); ``loss_mask``,
 
 from __future__ import annotations
 
+import copy
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -17,6 +18,9 @@ class Status(str, enum.Enum):
     TRUNCATED = "truncated"
     ABORTED = "aborted"
     FAILED = "failed"
+
+
+_NUMBER_LISTS = frozenset({"tokens", "loss_mask", "rollout_log_probs", "weight_versions", "teacher_log_probs"})
 
 
 @dataclass
@@ -46,7 +50,13 @@ class Sample:
         return self.tokens[self.prompt_length :]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """A plain dict of copies of the fields (status as its value); lists of numbers are copied flat, the
+        rest deep-copied (``dataclasses.asdict`` walked every element: ~0.3 ms a sample, a rollout file of
+        32 samples spent more there than in torch.save)."""
+        d = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = list(v) if f.name in _NUMBER_LISTS and v is not None else copy.deepcopy(v) if isinstance(v, (dict, list)) else v
         d["status"] = self.status.value
         return d
 

@@ -2,6 +2,8 @@
 
 ``arith``: two-operand addition/subtraction, answer in ``\\boxed{}``. The prompt is plain text so
 the tiny model needs no chat template:  ``"23+41="`` -> ``"\\boxed{64}"``.
+``arith-chat``: the same questions as chat messages for instruct models (``apply_chat_template``):
+a system line and two worked examples that show the ``\\boxed{}`` answer format, then the question.
 """
 
 from __future__ import annotations
@@ -28,8 +30,23 @@ class ArithTask:
             if op == "-" and b > a:
                 a, b = b, a
             value = a + b if op == "+" else a - b
-            out.append({"input": f"{a}{op}{b}=", "label": str(value), "metadata": {"id": i}})
+            out.append({"input": self.prompt(a, op, b), "label": str(value), "metadata": {"id": i}})
         return out
+
+    def prompt(self, a: int, op: str, b: int) -> str | list[dict]:
+        return f"{a}{op}{b}="
+
+
+FEW_SHOT = (("2 + 3", "5"), ("7 - 4", "3"))
+
+
+@dataclass(frozen=True)
+class ArithChatTask(ArithTask):
+    system: str = "Answer with the result in \\boxed{}."
+
+    def prompt(self, a: int, op: str, b: int) -> list[dict]:
+        shots = [m for q, v in FEW_SHOT for m in ({"role": "user", "content": q}, {"role": "assistant", "content": format_answer(v)})]
+        return [{"role": "system", "content": self.system}, *shots, {"role": "user", "content": f"{a} {op} {b}"}]
 
 
 def format_answer(label: str) -> str:
@@ -40,6 +57,8 @@ def format_answer(label: str) -> str:
 BUILTIN_TASKS: dict[str, ArithTask] = {
     "arith": ArithTask(seed=0),
     "arith-test": ArithTask(n_rows=256, seed=1),
+    "arith-chat": ArithChatTask(seed=0),
+    "arith-chat-test": ArithChatTask(n_rows=256, seed=1),
 }
 
 

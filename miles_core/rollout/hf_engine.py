@@ -1,104 +1,245 @@
-"""In-process transformers engine: batched sampling with a KV cache.
+"""In-process transformers engine: batched sampling with a KV cache, seeded per request.
 
 Log-probs are those of the sampled tokens under log_softmax(raw logits / temperature) — the
 distribution the trainer recomputes — not of the top-k/top-p-processed scores used to sample.
-Sampling draws from a torch.Generator seeded by the caller, so a rollout is reproducible.
+
+Seeding contract: a result depends only on (weights, the request, the request's seed), never on the
+other requests of its batch. ``generate(requests, seed)`` gives request i the seed
+``request_seed(seed, i)``; ``generate_seeded(requests, seeds)`` takes the seeds explicitly (the HTTP
+router derives them from the global index, then sends sub-batches to any engine). Request i draws its
+``max_new_tokens`` uniforms u[i, t] (float64) from ``torch.Generator().manual_seed(seeds[i])`` up
+front; at step t its token is the first index whose cumulative probability (float64 cumsum of the
+filtered softmax) exceeds u[i, t] * total (inverse CDF: one vectorized searchsorted per step).
+Temperature, top_k and top_p are per request: one batch may mix them, each row gets its own filter.
+
+Seeds are necessary, not sufficient: float32 CPU kernels round differently with the batch shape (a
+GEMM with 2 rows vs 16 rows differs in the last bits, ~1e-6 on the logits), so two batchings of the
+same requests give the same tokens except at near-ties, and log-probs equal to ~1e-5. ``batching``:
+  dynamic  requests are decoded together in chunks of ``max_batch_size`` (the in-process default).
+  exact    every request is generated alone: results are bit-identical whatever the batch, the
+           engine or the arrival order (the HTTP server's default).
+
+Speed-ups, each exact up to that rounding (tests/rollout/test_hf_engine.py compares them with the
+plain path): the prefill runs once per distinct prompt and its KV cache is expanded to the G rows
+sharing it (``share_prefill``); finished rows leave the decode batch (``drop_finished``) — a row's
+draws come from its own generator, so no other row's sample changes; the LM head runs on the last
+position only; decode steps of Llama-family models skip the transformers call stack and use a static
+KV cache (``lean_decode``, rollout/lean_decode.py). Generation runs under ``torch.inference_mode``.
+
+Also for the HTTP server: ``aborted(i)``, polled every decode step, finishes row i with finish
+reason "abort" and the tokens generated so far; ``progress`` counts decode steps (a liveness
+heartbeat for /health_generate).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from typing import Iterable
+from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 
+from .lean_decode import LeanDecoder, lean_supported
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
 
+Batching = Literal["exact", "dynamic"]
+BATCHING: tuple[str, ...] = ("exact", "dynamic")
+SEED_MODULUS = 2**62
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask logits [B, V] outside top-k / nucleus top-p with -inf (for sampling only)."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
+
+def request_seed(seed: int, index: int) -> int:
+    """Seed of request ``index`` of a ``generate(requests, seed)`` call: blake2b("seed:index") mod 2^62."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % SEED_MODULUS
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | Sequence[int], top_p: float | Sequence[float]) -> torch.Tensor:
+    """Mask logits [B, V] outside top-k, then outside nucleus top-p, with -inf (for sampling only).
+
+    ``top_k`` / ``top_p``: one value for every row, or one per row (top_k <= 0 or >= V: off; top_p >= 1: off).
+    Ties at the k-th value are kept; top-p keeps the smallest prefix of the top-k distribution reaching p."""
+    B, V = logits.shape
+    k = torch.as_tensor(top_k, dtype=torch.long).reshape(-1).expand(B)  # [B]
+    k = torch.where((k > 0) & (k < V), k, V)
+    if bool((k < V).any()):
+        kmax = int(k[k < V].max())
+        kth = torch.topk(logits, kmax, dim=-1).values.gather(-1, (k.clamp(max=kmax) - 1)[:, None])  # [B, 1]
+        kth = torch.where((k < V)[:, None], kth, float("-inf"))
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
+    p = torch.as_tensor(top_p, dtype=torch.float64).reshape(-1).expand(B)  # [B]
+    if bool((p < 1.0).any()):
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix reaching top_p
+        limit = torch.where(p < 1.0, p, float("inf")).to(probs.dtype)[:, None]  # [B, 1]
+        drop = probs.cumsum(-1) - probs > limit  # keep the smallest prefix reaching top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return logits
 
 
-class HFEngine:
-    """Serves generate() on one transformers causal LM in this process."""
+class RowSampler:
+    """Per-row sampling state of one decode batch: temperature, top_k, top_p and the row's own uniforms
+    (drawn up front from its generator), kept in the batch's current row order."""
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 256):
+    def __init__(self, requests: list[GenerateRequest], gens: list[torch.Generator], device):
+        max_new = [r.params.max_new_tokens for r in requests]
+        self.steps = max(max_new, default=0)
+        self.u = torch.zeros((len(requests), self.steps), dtype=torch.float64)  # [B, T]
+        for i, n in enumerate(max_new):
+            self.u[i, :n] = torch.rand(n, generator=gens[i], dtype=torch.float64)
+        temps = [r.params.temperature for r in requests]
+        self.temp = None if all(t == 1.0 for t in temps) else torch.tensor(temps, dtype=torch.float32, device=device)[:, None]  # [B, 1]
+        self.top_k = torch.tensor([r.params.top_k for r in requests])  # [B]
+        self.top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float64)  # [B]
+        self.filtered = any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in requests)
+        self.device = device
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.u, self.top_k, self.top_p = self.u[rows], self.top_k[rows], self.top_p[rows]
+        if self.temp is not None:
+            self.temp = self.temp[rows.to(self.device)]
+
+    def sample(self, logits: torch.Tensor, step: int, finished: list[bool], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [b, V] -> (token [b] by inverse CDF at the row's uniform, its log-prob [b] under logits / T);
+        finished rows get ``pad``. (x / 1.0 == x, so temperature 1 skips the division.)"""
+        last = logits.float() if self.temp is None else logits.float() / self.temp  # [b, V]
+        logp = torch.log_softmax(last, dim=-1)
+        scores = filter_logits(last, self.top_k, self.top_p) if self.filtered else last
+        cdf = torch.softmax(scores, dim=-1).cpu().double().cumsum(-1)  # [b, V]
+        nxt = torch.searchsorted(cdf, self.u[:, step : step + 1] * cdf[:, -1:], right=True).squeeze(-1)  # [b]
+        nxt = nxt.clamp(max=cdf.shape[-1] - 1)
+        if any(finished):
+            nxt = nxt.masked_fill(torch.tensor(finished), pad)
+        return nxt, logp.gather(-1, nxt.to(self.device)[:, None]).squeeze(-1).cpu()
+
+
+class HFEngine:
+    """Serves generate() on one transformers causal LM in this process (one engine, per-request seeds)."""
+
+    def __init__(self, model, tokenizer, max_batch_size: int = 256, batching: Batching = "dynamic",
+                 share_prefill: bool = True, drop_finished: bool = True, lean_decode: bool = True):
+        if batching not in BATCHING:
+            raise ValueError(f"batching={batching!r}: expected one of {BATCHING}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.batching = batching
+        self.share_prefill, self.drop_finished = share_prefill, drop_finished
+        self.lean_decode = lean_decode and lean_supported(model)
         self.weight_version = 0
+        self.progress = 0  # decode steps run so far (read by the HTTP server's health check)
         self._running = threading.Event()
         self._running.set()
 
     # ---- generation -----------------------------------------------------------------------
     def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]:
-        self._running.wait()
-        gen = torch.Generator().manual_seed(seed)
-        results: list[GenerateResult] = []
-        for start in range(0, len(requests), self.max_batch_size):
-            results.extend(self._generate_batch(requests[start : start + self.max_batch_size], gen))
-        return results
+        return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
 
-    @torch.no_grad()
-    def _generate_batch(self, requests: list[GenerateRequest], gen: torch.Generator) -> list[GenerateResult]:
-        params = requests[0].params
-        if any(r.params.temperature != params.temperature for r in requests):
-            raise ValueError("one generate() batch must share a temperature")
+    def generate_seeded(
+        self, requests: list[GenerateRequest], seeds: list[int], aborted: Callable[[int], bool] | None = None
+    ) -> list[GenerateResult]:
+        """Request i samples from ``torch.Generator().manual_seed(seeds[i])``; ``aborted(i)`` ends it."""
+        if len(seeds) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(seeds)} seeds")
+        self._running.wait()
+        results: list[GenerateResult | None] = [None] * len(requests)
+        for batch in self.plan_batches(requests):
+            gens = [torch.Generator().manual_seed(seeds[i]) for i in batch]
+            row_aborted = (lambda row: aborted(batch[row])) if aborted else (lambda row: False)
+            for i, res in zip(batch, self._generate_rows([requests[i] for i in batch], gens, row_aborted)):
+                results[i] = res
+        return results  # type: ignore[return-value]
+
+    def plan_batches(self, requests: list[GenerateRequest]) -> list[list[int]]:
+        """Indices of the requests that share each decode batch, in order."""
+        size = 1 if self.batching == "exact" else self.max_batch_size
+        return [list(range(s, min(s + size, len(requests)))) for s in range(0, len(requests), size)]
+
+    @torch.inference_mode()
+    def _generate_rows(
+        self, requests: list[GenerateRequest], gens: list[torch.Generator], aborted: Callable[[int], bool]
+    ) -> list[GenerateResult]:
         device = next(self.model.parameters()).device
-        B = len(requests)
-        width = max(len(r.input_ids) for r in requests)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.full((B, width), pad, dtype=torch.long)  # [B, P] left-padded
-        attn = torch.zeros((B, width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.input_ids) :] = torch.tensor(r.input_ids)
-            attn[i, width - len(r.input_ids) :] = 1
-        ids, attn = ids.to(device), attn.to(device)
-        max_new = torch.tensor([r.params.max_new_tokens for r in requests])
+        B, pad = len(requests), self.tokenizer.pad_token_id
         stops = [set(r.params.stop_token_ids) | {self.tokenizer.eos_token_id} for r in requests]
+        max_new = [r.params.max_new_tokens for r in requests]
+        sampler = RowSampler(requests, gens, device)
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
-        reason = ["length"] * B
-        done = torch.zeros(B, dtype=torch.bool)
-        past, step_input = None, ids
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-        for step in range(int(max_new.max())):
-            logits = self.model(input_ids=step_input, attention_mask=attn, position_ids=pos, past_key_values=past, use_cache=True)
-            past = logits.past_key_values
-            last = logits.logits[:, -1, :].float() / params.temperature  # [B, V]
-            logp = torch.log_softmax(last, dim=-1)
-            probs = torch.softmax(filter_logits(last, params.top_k, params.top_p), dim=-1)
-            nxt = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1)  # [B]
-            tok_lp = logp.gather(-1, nxt.to(device)[:, None]).squeeze(-1).cpu()
-            for i in range(B):
+        reason, done = ["length"] * B, [False] * B
+        self._mark_aborted(aborted, done, reason)
+        rows = list(range(B))  # request index of each row still in the decode batch (and its KV cache)
+        logits, past, attn, pos = self._prefill(requests, device)  # [B, V], cache of B rows, [B, P], [B, 1]
+        lean = LeanDecoder(self.model, past, attn, sampler.steps) if self.lean_decode else None
+        for step in range(sampler.steps):
+            if all(done):
+                break
+            if lean is not None and step:
+                logits = lean.step(nxt.to(device), pos)
+            elif step:
+                out = self.model(input_ids=nxt.to(device)[:, None], attention_mask=attn, position_ids=pos,
+                                 past_key_values=past, use_cache=True, logits_to_keep=1)
+                past, logits = out.past_key_values, out.logits[:, -1, :]
+            nxt, tok_lp = sampler.sample(logits, step, [done[i] for i in rows], pad)  # [b], [b]
+            for i, t, lp in zip(rows, nxt.tolist(), tok_lp.tolist()):
                 if done[i]:
                     continue
-                t = int(nxt[i])
                 out_ids[i].append(t)
-                out_lp[i].append(float(tok_lp[i]))
+                out_lp[i].append(lp)
                 if t in stops[i] or self._hit_stop_string(out_ids[i], requests[i].params):
                     done[i], reason[i] = True, "stop"
                 elif len(out_ids[i]) >= max_new[i]:
                     done[i] = True
-            if bool(done.all()):
-                break
-            step_input = nxt.to(device)[:, None]
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], dim=1)
-            pos = pos[:, -1:] + 1
+            self.progress += 1
+            self._mark_aborted(aborted, done, reason)
+            keep = [r for r, i in enumerate(rows) if not done[i]]
+            if self.drop_finished and keep and len(keep) < len(rows):  # later steps compute only live rows
+                sel = torch.tensor(keep)
+                sampler.select(sel)
+                if lean is not None:
+                    lean.select(sel.to(device))
+                else:
+                    past.batch_select_indices(sel.to(device))
+                nxt, attn, pos = nxt[sel], attn[sel.to(device)], pos[sel.to(device)]
+                rows = [rows[r] for r in keep]
+            if lean is None:
+                attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=1)
+            pos = pos + 1
         return [
             GenerateResult(out_ids[i], out_lp[i], reason[i], self.weight_version, prompt_tokens=len(r.input_ids))
             for i, r in enumerate(requests)
         ]
+
+    def _prefill(self, requests: list[GenerateRequest], device):
+        """One forward over the prompts (with ``share_prefill``, each distinct prompt once: the G samples of
+        a group share theirs), then the KV cache and last-position logits are copied to every request's row.
+        -> (logits [B, V], cache of B rows, attention mask [B, P], position of the last token [B, 1])."""
+        index: dict[tuple[int, ...], int] = {}
+        if self.share_prefill:
+            owner = [index.setdefault(tuple(r.input_ids), len(index)) for r in requests]  # [B] distinct-prompt row
+            prompts = list(index)
+        else:
+            owner, prompts = list(range(len(requests))), [tuple(r.input_ids) for r in requests]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)  # [U, P] left-padded
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for u, p in enumerate(prompts):
+            ids[u, width - len(p) :] = torch.tensor(p)
+            attn[u, width - len(p) :] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [U, P]
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        if len(prompts) == len(requests):
+            return out.logits[:, -1, :], out.past_key_values, attn, pos[:, -1:]
+        rows = torch.tensor(owner, device=device)  # [B]
+        out.past_key_values.batch_select_indices(rows)
+        return out.logits[rows, -1, :], out.past_key_values, attn[rows], pos[rows, -1:]
+
+    @staticmethod
+    def _mark_aborted(aborted: Callable[[int], bool], done: list[bool], reason: list[str]) -> None:
+        for i in range(len(done)):
+            if not done[i] and aborted(i):
+                done[i], reason[i] = True, "abort"
 
     def _hit_stop_string(self, ids: list[int], params: SamplingParams) -> bool:
         if not params.stop:

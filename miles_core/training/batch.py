@@ -99,13 +99,98 @@ def forward_only(fn, batch: TokenBatch, micro_batch_size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool):
-    """-> (log-probs [N, T] of the response tokens under log_softmax(logits / T), entropy [N, T] or None)."""
+# Model types whose CausalLM forward is lm_head(base_model(...)) with nothing in between (no logit
+# scaling or soft-capping) and full attention: their response logits can be computed from packed rows
+# (response_logits). A sliding window would be lost under the packed 4D mask, so it disqualifies.
+PACKABLE_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
+
+
+def packable(model) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) in PACKABLE_MODEL_TYPES and not getattr(config, "use_sliding_window", False)
+
+
+def pack_rows(lengths: list[int], width: int) -> list[list[int]]:
+    """First-fit decreasing: sample indices per packed row of at most ``width`` tokens (width >= max length)."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if r is None:
+            rows.append([]), room.append(width)
+            r = len(rows) - 1
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return rows
+
+
+def prompt_units(batch: TokenBatch) -> tuple[list[list[int]], list[int]]:
+    """Samples grouped by identical prompt tokens (the G samples of a group): (members of each unit, prompt
+    length of each sample). A sample without response tokens is all prompt."""
+    lengths = batch.attention_mask.sum(-1).tolist()  # [N]
+    first = batch.resp_index[:, 0].tolist()  # [N] position predicting response token 0 = prompt length - 1
+    plen = [f + 1 if f >= 0 else n for f, n in zip(first, lengths)]
+    units: dict[tuple[int, ...], list[int]] = {}
+    for i in range(len(lengths)):
+        units.setdefault(tuple(batch.input_ids[i, : plen[i]].tolist()), []).append(i)
+    return list(units.values()), plen
+
+
+def response_logits(model, batch: TokenBatch) -> torch.Tensor:
+    """[N, T, V] logits at the positions predicting the response tokens.
+
+    Packed (PACKABLE_MODEL_TYPES): samples sharing a prompt form one unit, [prompt][response 1]...[response G],
+    where each response sees the prompt and itself only (position ids continue from the prompt), so a
+    group's prompt is computed once instead of G times; units are packed into rows by first-fit decreasing
+    (block-diagonal mask, no padding between them) and the LM head runs only at the response positions.
+    Exact: every token sees the same context at the same positions as in the padded forward, so the
+    numbers agree up to float rounding and the shared prompt's gradient is the sum of the G copies'
+    (tests/training/test_batch.py). Other model types: the padded forward."""
+    if not packable(model):
+        return at_response(forward(model, batch).logits, batch)
+    N, T = batch.resp_index.shape
+    lengths = batch.attention_mask.sum(-1).tolist()  # [N]
+    units, plen = prompt_units(batch)
+    unit_len = [plen[m[0]] + sum(lengths[i] - plen[i] for i in m) for m in units]
+    W = max(unit_len)
+    rows = pack_rows(unit_len, W)
+    ids = torch.zeros((len(rows), W), dtype=torch.long)  # [R, W]
+    pos = torch.zeros((len(rows), W), dtype=torch.long)  # [R, W] position ids, as in each sample's own sequence
+    seg = -1 - torch.arange(W).repeat(len(rows), 1)  # [R, W] unit of each slot (empty slots: a unit of their own)
+    sub = torch.full((len(rows), W), -2, dtype=torch.long)  # [R, W] -1 = prompt, i = sample i's response
+    r_idx, c_idx = torch.zeros((N, T), dtype=torch.long), batch.resp_index.clamp(min=0).clone()  # [N, T]
+    for r, members in enumerate(rows):
+        o = 0
+        for u in members:
+            first, p = units[u][0], plen[units[u][0]]
+            ids[r, o : o + p], pos[r, o : o + p], seg[r, o : o + unit_len[u]], sub[r, o : o + p] = batch.input_ids[first, :p], torch.arange(p), u, -1
+            start = o + p
+            for i in units[u]:
+                t = lengths[i] - p
+                ids[r, start : start + t], pos[r, start : start + t], sub[r, start : start + t] = batch.input_ids[i, p : p + t], torch.arange(p, p + t), i
+                q = c_idx[i]  # [T] positions in sample i's own sequence
+                c_idx[i] = torch.where(q < p, o + q, start + q - p)
+                r_idx[i] = r
+                start += t
+            o += unit_len[u]
+    causal = torch.ones((W, W), dtype=torch.bool).tril()
+    own = (sub[:, None, :] == -1) | (sub[:, None, :] == sub[:, :, None])  # [R, W, W] key is prompt, or the query's own tokens
+    mask = (seg[:, :, None] == seg[:, None, :]) & causal & own  # [R, W(query), W(key)]
+    device = batch.input_ids.device
+    hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask[:, None].to(device), position_ids=pos.to(device)).last_hidden_state  # [R, W, H]
+    return model.get_output_embeddings()(hidden[r_idx.to(device), c_idx.to(device)])  # [N, T, V]
+
+
+def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True):
+    """-> (log-probs [N, T] of the response tokens under log_softmax(logits / T), entropy [N, T] or None).
+
+    ``entropy_grad=False``: the entropy is only a metric (entropy_coef 0), computed outside autograd."""
     from miles_core.algorithms import entropy_from_logits
 
-    logits = forward(model, batch).logits  # [N, L, V]
-    resp_logits = at_response(logits, batch).float() / temperature  # [N, T, V]
+    resp_logits = response_logits(model, batch).float() / temperature  # [N, T, V]
     logp_all = torch.log_softmax(resp_logits, dim=-1)
     logp = logp_all.gather(-1, batch.resp_tokens[..., None]).squeeze(-1)  # [N, T]
-    entropy = entropy_from_logits(resp_logits) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        entropy = entropy_from_logits(resp_logits if entropy_grad else resp_logits.detach())
     return logp, entropy

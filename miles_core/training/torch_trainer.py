@@ -15,7 +15,7 @@ from miles_core.algorithms import AdvantageInputs, LossInputs, Reducer, actor_lo
 from miles_core.config import TrainConfig
 from miles_core.data.sample import Sample
 
-from .batch import TokenBatch, forward_only, make_batch, per_token, response_log_probs
+from .batch import TokenBatch, forward_only, make_batch, per_token, prompt_units, response_log_probs
 from .critic import Critic, build_critic
 from .teacher import Teacher
 
@@ -43,11 +43,23 @@ class TorchTrainer:
         self.shape = StepShape(cfg.global_batch_size, cfg.algo.micro_batch_size, cfg.num_steps_per_rollout)
         a = cfg.algo
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps, weight_decay=a.weight_decay
+            model.parameters(), lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps, weight_decay=a.weight_decay,
+            fused=_fused_adam_ok(model),
         )
         self.critic = Critic(build_critic(model), a, a.micro_batch_size) if a.advantage_estimator == "ppo" else None
+        self._dropout_free = _dropout_free(model)
         self.steps_done = 0
         self.dp = None  # data parallel (runtime/ray/train_group.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
+
+    @property
+    def on_policy(self) -> bool:
+        """Exactly on-policy: one optimizer step per rollout, no dropout, and logp_old read only by the loss
+        (no critic, no data parallel, no OPD, no reward-level KL, not use_rollout_logprobs). The old-policy
+        pass would then recompute the log-probs of the step's own forward (same weights, same tokens), so
+        it is skipped and logp_old = logp.detach(): same loss and gradients (tests/training/test_torch_trainer.py)."""
+        a = self.algo
+        return (self.shape.num_steps == 1 and self.critic is None and self.dp is None and not a.use_opd
+                and a.kl_coef == 0 and not a.use_rollout_logprobs and self._dropout_free)
 
     # ---- forward-only passes ------------------------------------------------------------------
     def compute_log_probs(self, model, batch: TokenBatch) -> torch.Tensor:
@@ -58,7 +70,12 @@ class TorchTrainer:
 
     def _forward_only(self, batch: TokenBatch, samples: list[Sample]) -> dict[str, torch.Tensor | None]:
         """REFERENCE §1.3: old (and ref, teacher, critic values when used) per-token tensors [N, T]."""
-        old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(self.model, batch)
+        if self.algo.use_rollout_logprobs:
+            old = batch.rollout_log_probs
+        elif self.on_policy:
+            old = None  # filled by the optimizer step from its own forward
+        else:
+            old = self.compute_log_probs(self.model, batch)
         ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
         values = self.critic.values(batch) if self.critic is not None else None
         return {"old": old, "ref": ref, "teacher": self._teacher_log_probs(batch, samples), "values": values}
@@ -85,6 +102,10 @@ class TorchTrainer:
             values=tensors["values"], teacher_log_probs=tensors["teacher"],
         )
         tensors["adv"], tensors["returns"], adv_metrics = compute_advantages(self.algo, adv_in)
+        if tensors["old"] is None:
+            tensors["old"], tensors["fill_old"] = torch.zeros_like(batch.loss_mask), True  # [N, T], written by the step
+        train_actor = self.critic is None or rollout_id >= self.algo.num_critic_only_steps
+        steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
         rollout_metrics = {
             "rollout/log_probs": float(masked_mean(tensors["old"], batch.loss_mask)),
             "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
@@ -92,8 +113,6 @@ class TorchTrainer:
         }
         if tensors["ref"] is not None:
             rollout_metrics["rollout/ref_log_probs"] = float(masked_mean(tensors["ref"], batch.loss_mask))
-        train_actor = self.critic is None or rollout_id >= self.algo.num_critic_only_steps
-        steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
         dt = time.perf_counter() - t0
         tokens = float(batch.attention_mask.sum())
         rollout_metrics["perf/actor_train_time"] = dt
@@ -117,12 +136,18 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         mine = self.dp.shard(batch, rows) if self.dp is not None else list(rows)  # every row of the step unless data parallel
-        for s in range(0, len(mine), mb):
-            idx = mine[s : s + mb]
+        unit = [0] * len(batch)
+        for u, members in enumerate(prompt_units(batch)[0]):
+            for r in members:
+                unit[r] = u
+        for idx in plan_micro_batches(mine, batch.attention_mask.sum(-1).tolist(), mb, unit):
             piece = batch.take(idx)
             T = piece.loss_mask.shape[1]
             cut = lambda x: None if x is None else x[idx, :T]  # noqa: E731
-            logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True)
+            logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True,
+                                               entropy_grad=self.algo.entropy_coef > 0)
+            if tensors.get("fill_old"):
+                tensors["old"][idx, :T] = logp.detach()
             inputs = LossInputs(
                 log_probs=logp, old_log_probs=cut(tensors["old"]), advantages=cut(tensors["adv"]), loss_mask=piece.loss_mask,
                 entropy=entropy, rollout_log_probs=piece.rollout_log_probs, ref_log_probs=cut(tensors["ref"]),
@@ -163,3 +188,30 @@ class TorchTrainer:
     def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Their optimizers, by the same names."""
         return {"critic": self.critic.optimizer} if self.critic is not None else {}
+
+
+def plan_micro_batches(rows: list[int], lengths: list[int], size: int, unit: list[int] | None = None) -> list[list[int]]:
+    """rows split into micro-batches of ``size`` after a stable sort by sequence length (lengths[r]), so rows
+    of similar length share a micro-batch (less padding). With ``unit`` (unit[r]: the prompt group of row
+    r), a group's rows stay adjacent, groups ordered by their longest row, so a micro-batch computes each
+    shared prompt once (batch.response_logits). The loss is a sum over samples (Reducer denominators are
+    global), so the grouping does not change the step."""
+    unit = unit if unit is not None else list(range(len(lengths)))
+    longest: dict[int, int] = {}
+    for r in rows:
+        longest[unit[r]] = max(longest.get(unit[r], 0), lengths[r])
+    order = sorted(rows, key=lambda r: (longest[unit[r]], unit[r], lengths[r]))
+    return [order[s : s + size] for s in range(0, len(order), size)]
+
+
+def _dropout_free(model) -> bool:
+    """No dropout in train mode: no nn.Dropout with p > 0 and no attention/hidden dropout in the HF config."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return False
+    config = getattr(model, "config", None)
+    return not any(float(getattr(config, k, 0.0) or 0.0) > 0 for k in ("attention_dropout", "hidden_dropout", "dropout"))
+
+
+def _fused_adam_ok(model) -> bool | None:
+    """Fused AdamW (one kernel over all parameters) where torch has it for them; None = torch's default."""
+    return True if all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in model.parameters()) else None

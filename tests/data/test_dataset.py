@@ -78,3 +78,27 @@ def test_data_source_cursor_roundtrip_and_epochs(tmp_path, tiny_tokenizer):
     assert [(g, pr.label) for g, pr in b.next_prompts(4)] == rest
     assert sorted(first + [lab for _, lab in rest[:2]]) == ["0", "1", "2", "3", "4"]  # epoch 0 is a permutation
     assert a.cursor.epoch == 1 and [g for g, _ in rest] == [3, 4, 5, 6]
+
+
+def test_arith_chat_is_arith_as_chat_messages():
+    from miles_core.data.tasks import BUILTIN_TASKS
+
+    plain, chat = BUILTIN_TASKS["arith"].rows()[0], BUILTIN_TASKS["arith-chat"].rows()[0]
+    assert chat["label"] == plain["label"] and chat["metadata"] == plain["metadata"]  # same questions, same seed
+    msgs = chat["input"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[2]["content"] == "\\boxed{5}" and msgs[-1]["content"].replace(" ", "") == plain["input"].rstrip("=")
+
+
+def test_sample_to_dict_equals_asdict_and_copies():
+    from dataclasses import asdict
+
+    from miles_core.data.sample import Sample, Status
+
+    s = Sample(group_index=1, index=2, tokens=[1, 2, 3], response_length=1, label={"a": [1]}, reward={"score": 1.0},
+               loss_mask=[1], rollout_log_probs=[-0.5], weight_versions=[3], status=Status.COMPLETED,
+               metadata={"x": {"y": 1}}, prompt=[{"role": "user", "content": "hi"}])
+    d = s.to_dict()
+    assert d == {**asdict(s), "status": "completed"}
+    assert d["metadata"]["x"] is not s.metadata["x"] and d["tokens"] is not s.tokens and d["prompt"][0] is not s.prompt[0]
+    assert Sample.from_dict(d) == s

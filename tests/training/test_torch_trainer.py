@@ -80,4 +80,73 @@ def test_num_steps_per_rollout_gives_that_many_steps(tiny_model_dir, tiny_tokeni
     trainer = _trainer(model, tiny_tokenizer, num_steps_per_rollout=2, micro_batch_size=4)
     _, steps = trainer.train_rollout(_samples(tiny_tokenizer), [1.0, 0.0] * 4)
     assert len(steps) == 2 and trainer.steps_done == 2
-    assert steps[0]["train/ppo_kl"] == 0.0 and steps[1]["train/ppo_kl"] != 0.0  # second step is off-policy
+    # first step on-policy: ppo_kl 0 up to float rounding (the old pass and the step pack rows differently);
+    # the second step is off-policy
+    assert abs(steps[0]["train/ppo_kl"]) < 1e-7 and abs(steps[1]["train/ppo_kl"]) > 1e-5
+
+
+# ---- the speed-ups are exact ---------------------------------------------------------------------
+def _one_step(model, tok, samples, rewards, **over):
+    """One train_rollout; -> (rollout metrics, step metrics, gradients at optimizer.step, the trainer)."""
+    trainer = _trainer(model, tok, **over)
+    grads, step = [], trainer.optimizer.step
+
+    def record(*a, **kw):
+        grads.extend(p.grad.detach().clone() for p in model.parameters())
+        return step(*a, **kw)
+
+    trainer.optimizer.step = record
+    rollout, steps = trainer.train_rollout(samples, rewards)
+    return rollout, steps[0], grads, trainer
+
+
+def test_skipping_the_old_logprob_pass_gives_the_same_loss_and_gradients(tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """On-policy (1 step per rollout, no critic/KL/OPD): logp_old = logp.detach() of the step's own forward
+    equals the recomputed old-policy pass, so ratio = 1 and loss, metrics and gradients agree."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    skipped = _one_step(copy.deepcopy(base), tiny_tokenizer, samples, rewards, micro_batch_size=3, use_tis=True)
+    assert skipped[3].on_policy
+    monkeypatch.setattr(TorchTrainer, "on_policy", property(lambda self: False))
+    computed = _one_step(copy.deepcopy(base), tiny_tokenizer, samples, rewards, micro_batch_size=3, use_tis=True)
+    for key in ("train/loss", "train/pg_loss", "train/entropy_loss", "train/ppo_kl", "train/pg_clipfrac",
+                "train/train_rollout_logprob_abs_diff", "train/tis", "train/grad_norm"):
+        assert abs(skipped[1][key] - computed[1][key]) < 1e-6 * max(1.0, abs(computed[1][key])), key
+    assert abs(skipped[0]["rollout/log_probs"] - computed[0]["rollout/log_probs"]) < 1e-6
+    for g1, g2 in zip(skipped[2], computed[2]):
+        assert (g1 - g2).abs().max() <= 1e-6 * max(1.0, float(g2.abs().max()))
+
+
+def test_old_logprob_pass_runs_when_it_is_not_redundant(tiny_model_dir, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert _trainer(model, tiny_tokenizer).on_policy
+    assert not _trainer(model, tiny_tokenizer, num_steps_per_rollout=2, micro_batch_size=4).on_policy
+    assert not _trainer(model, tiny_tokenizer, use_rollout_logprobs=True).on_policy
+    model.config.attention_dropout = 0.1  # train-mode forward != eval-mode forward
+    assert not _trainer(model, tiny_tokenizer).on_policy
+
+
+def test_length_sorted_micro_batches_give_the_unsorted_gradient(tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """The loss is a sum over samples with global denominators: grouping rows differently only regroups the sum."""
+    from transformers import AutoModelForCausalLM
+
+    from miles_core.training import torch_trainer
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    lengths = [len(s.tokens) for s in samples]
+    plan = torch_trainer.plan_micro_batches(list(range(8)), lengths, 3)
+    assert plan != [[0, 1, 2], [3, 4, 5], [6, 7]] and all(lengths[a] <= lengths[b] for a, b in zip(sum(plan, []), sum(plan, [])[1:]))
+    grouped = sum(torch_trainer.plan_micro_batches(list(range(8)), lengths, 3, unit=[0, 0, 0, 0, 1, 1, 1, 1]), [])
+    assert sorted(grouped[:4]) in ([0, 1, 2, 3], [4, 5, 6, 7])  # a group's rows stay adjacent
+    _, m_sorted, g_sorted, _ = _one_step(copy.deepcopy(base), tiny_tokenizer, samples, rewards, micro_batch_size=3)
+    monkeypatch.setattr(torch_trainer, "plan_micro_batches", lambda rows, lengths, size, unit=None: [rows[s : s + size] for s in range(0, len(rows), size)])
+    _, m_plain, g_plain, _ = _one_step(copy.deepcopy(base), tiny_tokenizer, samples, rewards, micro_batch_size=3)
+    for key in ("train/loss", "train/pg_loss", "train/entropy_loss", "train/grad_norm"):
+        assert abs(m_sorted[key] - m_plain[key]) < 1e-6 * max(1.0, abs(m_plain[key])), key
+    for a, b in zip(g_sorted, g_plain):
+        assert (a - b).abs().max() <= 1e-6 * max(1.0, float(b.abs().max()))

@@ -4,7 +4,7 @@
     launch.py   serve_in_thread / launch_server_process
     client.py   HTTPEngineClient: the RolloutEngine protocol against our server or a real SGLang
     router.py   EngineRouter: the RolloutEngine protocol over N clients (least-loaded, failover)
-    engine.py   SeededHFEngine: per-request seeds, batching policy, abort; request_seed
+    engine.py   load_engine (an HFEngine on an HF dir for the server); HF weight files
     wire.py     the JSON / safetensors formats shared by client and server
 
 Names load lazily, so ``python -m miles_core.rollout.http.server`` runs the module once.
@@ -17,7 +17,7 @@ import importlib
 _EXPORTS = {
     "EngineError": "client", "EngineHTTPError": "client", "EngineUnreachable": "client", "HTTPEngineClient": "client",
     "EngineRouter": "router", "NoHealthyEngine": "router", "EngineServer": "server", "ServerOptions": "server", "SERVER_NAME": "wire",
-    "SeededHFEngine": "engine", "load_engine": "engine", "request_seed": "engine",
+    "HFEngine": "engine", "load_engine": "engine", "request_seed": "engine",
     "ServerHandle": "launch", "ServerProcess": "launch", "launch_server_process": "launch", "serve_in_thread": "launch",
     "spawn_server_process": "launch",
 }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from miles_core.rollout.protocol import GenerateRequest, GenerateResult
 
-from .engine import SeededHFEngine
+from miles_core.rollout.hf_engine import HFEngine
 
 
 @dataclass(eq=False)
@@ -32,7 +32,7 @@ class Item:
 
 
 class Batcher:
-    def __init__(self, engine: SeededHFEngine, executor: Executor, wait_s: float = 0.002):
+    def __init__(self, engine: HFEngine, executor: Executor, wait_s: float = 0.002):
         self.engine = engine
         self.executor = executor
         self.wait_s = wait_s

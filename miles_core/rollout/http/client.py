@@ -28,7 +28,7 @@ from miles_core.rollout.protocol import GenerateRequest, GenerateResult
 from miles_core.weights.sync import iter_buckets
 
 from . import wire
-from .engine import request_seed
+from miles_core.rollout.hf_engine import request_seed
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20  # update_weight_buffer_size's default
 

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-from .engine import SeededHFEngine
+from miles_core.rollout.hf_engine import HFEngine
 from .server import EngineServer, ServerOptions
 
 
@@ -56,7 +56,7 @@ class ServerHandle:
         self.stop()
 
 
-def serve_in_thread(engine: SeededHFEngine, host: str = "127.0.0.1", port: int = 0, **options) -> ServerHandle:
+def serve_in_thread(engine: HFEngine, host: str = "127.0.0.1", port: int = 0, **options) -> ServerHandle:
     """Serve ``engine`` on host:port (0 = any free port) from a daemon thread; ``options`` are
     ServerOptions fields. -> a started handle."""
     loop = asyncio.new_event_loop()

@@ -39,7 +39,7 @@ from miles_core.weights.sync import iter_buckets
 
 from . import wire
 from .client import EngineError, EngineHTTPError, HTTPEngineClient
-from .engine import request_seed
+from miles_core.rollout.hf_engine import request_seed
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 
 from . import wire
 from .batcher import Batcher
-from .engine import BATCHING, SeededHFEngine, iter_hf_weights, request_seed
+from .engine import BATCHING, HFEngine, iter_hf_weights, request_seed
 
 log = logging.getLogger(__name__)
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -82,7 +82,7 @@ def _error(status: int, message: str) -> web.Response:
 class EngineServer:
     """The HTTP front of one engine. start()/stop() on the event loop that serves it."""
 
-    def __init__(self, engine: SeededHFEngine, options: ServerOptions = ServerOptions()):
+    def __init__(self, engine: HFEngine, options: ServerOptions = ServerOptions()):
         self.engine = engine
         self.options = options
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="miles-engine")
@@ -467,7 +467,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _serve(engine: SeededHFEngine, args: argparse.Namespace, model_path: str) -> None:
+async def _serve(engine: HFEngine, args: argparse.Namespace, model_path: str) -> None:
     options = ServerOptions(model_path, args.enable_fault_injection, args.batch_wait_ms / 1000, args.health_timeout, exit_on_crash=True)
     server = EngineServer(engine, options)
     port = await server.start(args.host, args.port)

@@ -1,4 +1,4 @@
-"""SeededHFEngine: per-request seeds, batching policies, abort polling."""
+"""HFEngine as the server runs it (load_engine): per-request seeds, batching policies, abort polling."""
 
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ def test_exact_results_do_not_depend_on_the_batch(make_engine):
     assert same_results(part, [full[i] for i in order])
 
 
-def test_dynamic_batches_by_sampling_params_and_stays_close_to_exact(make_engine):
+def test_dynamic_batches_in_chunks_and_stays_close_to_exact(make_engine):
     engine = make_engine("dynamic", max_batch_size=2)
     reqs = requests_for(4) + requests_for(2, temperature=0.5)
-    assert engine.plan_batches(reqs) == [[0, 1], [2, 3], [4, 5]]
+    assert engine.plan_batches(reqs) == [[0, 1], [2, 3], [4, 5]]  # in order; sampling params may differ within a batch
     exact = make_engine("exact").generate(reqs, seed=5)
     dynamic = engine.generate(reqs, seed=5)
     # float32 GEMMs round differently with the batch shape: same tokens, log-probs within ~1e-5

@@ -1,0 +1,57 @@
+"""response_logits packs the sequences into rows and runs the LM head only at the response: same numbers as the padded forward."""
+
+from __future__ import annotations
+
+import torch
+
+from miles_core.training.batch import at_response, forward, make_batch, pack_rows, response_log_probs, response_logits
+
+
+def test_response_logits_equal_the_full_forward_at_the_response(lm, samples):
+    model = lm()
+    batch = make_batch(samples, pad_id=0)
+    with torch.no_grad():
+        full = at_response(forward(model, batch).logits, batch)  # [N, T, V]
+        kept = response_logits(model, batch)
+    mask = batch.loss_mask.bool()
+    assert kept.shape == full.shape
+    assert (kept - full)[mask].abs().max() < 1e-5
+    logp, entropy = response_log_probs(model, batch, 0.7, with_entropy=True, entropy_grad=False)
+    ref = torch.log_softmax(full.float() / 0.7, -1).gather(-1, batch.resp_tokens[..., None]).squeeze(-1)
+    assert (logp - ref)[mask].abs().max() < 1e-5 and not entropy.requires_grad
+
+
+def test_pack_rows_first_fit_decreasing():
+    assert pack_rows([5, 3, 2, 8, 4], 8) == [[3], [0, 1], [4, 2]]
+    assert sorted(sum(pack_rows([1] * 7, 3), [])) == list(range(7))
+
+
+def test_packed_response_logits_equal_the_padded_forward_with_gradients(lm, samples, sample_factory):
+    """Packed rows (block-diagonal mask, per-sequence positions) vs the right-padded forward: same log-probs
+    and the same gradients (fp32 rounding only)."""
+    samples = samples + sample_factory(3, 2, seed=5)
+    model = lm()
+    batch = make_batch(samples, pad_id=0)
+    assert len(pack_rows(batch.attention_mask.sum(-1).tolist(), batch.input_ids.shape[1])) < len(samples)
+    mask = batch.loss_mask.bool()
+    grads = []
+    for packed in (True, False):
+        model.zero_grad()
+        logits = response_logits(model, batch) if packed else at_response(forward(model, batch).logits, batch)
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, batch.resp_tokens[..., None]).squeeze(-1)
+        (logp * batch.loss_mask).sum().backward()
+        grads.append((logp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp1, g1), (lp2, g2) = grads
+    assert (lp1 - lp2)[mask].abs().max() < 1e-5
+    for a, b in zip(g1, g2):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, float(b.abs().max()))
+
+
+def test_a_groups_prompt_is_computed_once(lm, samples):
+    """make_samples' groups share their prompt: 2 units, so the packed rows hold each prompt once."""
+    from miles_core.training.batch import prompt_units
+
+    batch = make_batch(samples, pad_id=0)
+    units, plen = prompt_units(batch)
+    assert units == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [plen[i] + s.response_length for i, s in enumerate(samples)] == [len(s.tokens) for s in samples]
