@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miles_core.rollout.http import EngineRouter, SeededHFEngine, load_engine, serve_in_thread
+from miles_core.rollout.hf_engine import HFEngine
+from miles_core.rollout.http import EngineRouter, load_engine, serve_in_thread
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 from miles_core.weights.sync import MODES, WeightSender, WeightSync, iter_buckets, iter_meta_buckets
 
@@ -82,7 +83,7 @@ def test_mode_contract(mode, servers, trainer_model, tiny_tokenizer, tmp_path):
         name = "model.layers.0.mlp.up_proj.weight"
         assert torch.equal(router.slots[0].client.get_weights_by_name(name), trainer_model.state_dict()[name])
         reqs = _requests(tiny_tokenizer)
-        local = SeededHFEngine(trainer_model, tiny_tokenizer, batching="exact")
+        local = HFEngine(trainer_model, tiny_tokenizer, batching="exact")
         local.set_weight_version(2)
         key = lambda r: (r.output_ids, r.output_log_probs, r.finish_reason, r.weight_version)  # noqa: E731
         assert [key(r) for r in router.generate(reqs, 7)] == [key(r) for r in local.generate(reqs, 7)]
@@ -116,7 +117,7 @@ def test_release_resume_then_sync(servers, trainer_model, tiny_tokenizer):
         sync.sync(sender, router, 1)
         router.resume_memory_occupation(["kv_cache", "cuda_graph"])
         _assert_engines_hold(servers[:1], trainer_model, 1)
-        local = SeededHFEngine(trainer_model, tiny_tokenizer, batching="exact")
+        local = HFEngine(trainer_model, tiny_tokenizer, batching="exact")
         assert [r.output_ids for r in router.generate(reqs, 3)] == [r.output_ids for r in local.generate(reqs, 3)]
         events = client.server_info()["events"]
         assert events[0] == "release:cuda_graph,kv_cache,weights" and events[1] == "resume:weights"
