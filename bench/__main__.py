@@ -12,9 +12,15 @@ import argparse
 import subprocess
 import sys
 
+import yaml
+
 from miles_core.env import configure_environment
 
 from .common import ROOT
+
+# The orchestration overhead at a larger step (docs/performance.md sets it against the tiny step).
+LARGE_STEP = ["orchestration", "--rollouts", "10", "--set", "rollout_batch_size=16", "--set", "rollout_max_response_len=32",
+              "--name", "orchestration_large_step"]
 
 # Stand-alone scripts in bench/ that write their own results (owned by their modules' authors).
 SCRIPTS = {"rewards": "bench/rewards_bench.py", "checkpoint": "bench/checkpoint_bench.py", "http-engine": "bench/http_engine_bench.py"}
@@ -44,7 +50,11 @@ def cmd_profile(a) -> None:
 def cmd_orchestration(a) -> None:
     from .orchestration import bench
 
-    print(bench(a.rollouts, a.repeats).write())
+    overrides = {}
+    for kv in a.set:
+        key, _, value = kv.partition("=")
+        overrides[key] = yaml.safe_load(value)
+    print(bench(a.rollouts, a.repeats, overrides).write(name=a.name))
 
 
 def cmd_tracking(a) -> None:
@@ -78,7 +88,7 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], ["tracking"], ["smollm2"], ["weight-sync"]):
+    for argv in (["grpo-trl"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["weight-sync"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
@@ -109,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
     o = sub.add_parser("orchestration", help="Prefect train flow vs the same stages in a plain loop")
     o.add_argument("--rollouts", type=int, default=20)
     o.add_argument("--repeats", type=int, default=3)
+    o.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe override (repeatable), e.g. --set rollout_batch_size=16 for a larger step")
+    o.add_argument("--name", default=None, help="result file name (default orchestration)")
     o.set_defaults(fn=cmd_orchestration)
     t = sub.add_parser("tracking", help="MLflow logging cost per rollout")
     t.add_argument("--rollouts", type=int, default=200)

@@ -10,10 +10,17 @@ Figures: wall time of a whole run (flow: from the call to its return; loop: from
 to the end), and the steady per-rollout time (median gap between consecutive rollout ends, from the
 progress events both emit), whose difference is the per-rollout overhead at this step size. The first
 flow run of the process also starts Prefect's ephemeral API; it is timed apart and not counted.
+
+CPU time per run, apart: this process (``time.process_time``: training + Prefect's client engine) and
+the ephemeral API server (a subprocess, from /proc; it competes with training for the same cores).
+``overrides`` change the recipe (e.g. a larger step: ``rollout_batch_size=16``), so the fixed per-rollout
+cost can be set against the step size.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import shutil
 import statistics
 import time
@@ -22,12 +29,33 @@ from contextlib import contextmanager
 from .common import TMP, Result, fmt_stat, summarize, table
 
 
-def _config(tag: str, rollouts: int):
+def _config(tag: str, rollouts: int, overrides: dict | None = None):
     from miles_core.config import load_config
 
     run_dir = TMP / "orchestration" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
-    return load_config("tiny", {"run_dir": str(run_dir), "num_rollout": rollouts})
+    return load_config("tiny", {**(overrides or {}), "run_dir": str(run_dir), "num_rollout": rollouts})
+
+
+def _server_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's children: the ephemeral Prefect API server, when it runs."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    pids = {int(p) for f in glob.glob(f"/proc/{os.getpid()}/task/*/children") for p in open(f).read().split()}
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+@contextmanager
+def _cpu(out: dict):
+    """Wall, this process's CPU and the API server's CPU spent inside the block -> out."""
+    w0, c0, s0 = time.perf_counter(), time.process_time(), _server_cpu_s()
+    yield
+    out |= {"total_s": time.perf_counter() - w0, "client_cpu_s": time.process_time() - c0, "server_cpu_s": _server_cpu_s() - s0}
 
 
 def _marks() -> tuple[list[float], callable]:
@@ -37,17 +65,18 @@ def _marks() -> tuple[list[float], callable]:
     return marks, progress.subscribe(lambda i, n, m: marks.append(time.perf_counter()))
 
 
-def run_flow(rollouts: int, tag: str) -> dict:
+def run_flow(rollouts: int, tag: str, overrides: dict | None = None) -> dict:
     from flows.train import train
 
-    cfg = _config(tag, rollouts)
+    cfg = _config(tag, rollouts, overrides)
     marks, unsubscribe = _marks()
-    t0 = time.perf_counter()
+    out: dict = {}
     try:
-        summary = train(cfg)
+        with _cpu(out):
+            summary = train(cfg)
     finally:
         unsubscribe()
-    return {"total_s": time.perf_counter() - t0, "gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
+    return out | {"gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
 
 
 @contextmanager
@@ -83,64 +112,75 @@ def without_prefect():
             setattr(mod, name, obj)
 
 
-def run_loop(rollouts: int, tag: str) -> dict:
+def run_loop(rollouts: int, tag: str, overrides: dict | None = None) -> dict:
     """flows/train.py's body, the same library calls in the same order, without Prefect."""
     import flows.train
 
     train_fn = flows.train.train.fn
-    cfg = _config(tag, rollouts)
+    cfg = _config(tag, rollouts, overrides)
     marks, unsubscribe = _marks()
-    t0 = time.perf_counter()
+    out: dict = {}
     try:
-        with without_prefect():
+        with without_prefect(), _cpu(out):
             summary = train_fn(cfg)
     finally:
         unsubscribe()
-    return {"total_s": time.perf_counter() - t0, "gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
+    return out | {"gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
 
 
 def _gaps(marks: list[float]) -> list[float]:
     return [b - a for a, b in zip(marks, marks[1:])]
 
 
-def bench(rollouts: int, repeats: int) -> Result:
+def bench(rollouts: int, repeats: int, overrides: dict | None = None) -> Result:
     import logging
 
-    for name in ("prefect", "mlflow", "alembic", "httpx", "uvicorn"):
+    # Prefect's own loggers keep the level miles configures (PREFECT_LOGGING_LEVEL), as in a real run
+    for name in ("mlflow", "alembic", "httpx", "uvicorn"):
         logging.getLogger(name).setLevel(logging.ERROR)
     t0 = time.perf_counter()
-    run_flow(1, "flow-warmup")  # starts the ephemeral Prefect API (when PREFECT_API_URL is unset)
+    run_flow(1, "flow-warmup", overrides)  # starts the ephemeral Prefect API (when PREFECT_API_URL is unset)
     warm_s = time.perf_counter() - t0
     runs: dict[str, list[dict]] = {"flow": [], "loop": []}
     for r in range(repeats):
         order = ("flow", "loop") if r % 2 == 0 else ("loop", "flow")
         for kind in order:
-            out = (run_flow if kind == "flow" else run_loop)(rollouts, f"{kind}-{r}")
+            out = (run_flow if kind == "flow" else run_loop)(rollouts, f"{kind}-{r}", overrides)
             runs[kind].append(out)
-            print(f"[orchestration] {kind} run {r}: {out['total_s']:.2f} s, per rollout {statistics.median(out['gaps_s']):.3f} s", flush=True)
+            print(f"[orchestration] {kind} run {r}: {out['total_s']:.2f} s, per rollout {statistics.median(out['gaps_s']):.3f} s, "
+                  f"cpu {out['client_cpu_s']:.1f} s + server {out['server_cpu_s']:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
     total = {k: summarize([o["total_s"] for o in v]) for k, v in runs.items()}
-    # steady state: rollouts without eval after them (eval_interval makes some gaps longer on both sides)
     gaps = {k: summarize([g for o in v for g in o["gaps_s"]]) for k, v in runs.items()}
+    # CPU per rollout: this process, and the API server subprocess (all of it is Prefect's: the loop sends it nothing)
+    cpu = {k: {part: summarize([o[f"{part}_cpu_s"] / rollouts for o in v]) for part in ("client", "server")} for k, v in runs.items()}
     pairs = [f["total_s"] / lp["total_s"] - 1 for f, lp in zip(runs["flow"], runs["loop"])]
     per_rollout = gaps["flow"]["median"] - gaps["loop"]["median"]
-    res = Result("orchestration", {"recipe": "tiny", "rollouts": rollouts, "repeats": repeats,
-                                   "prefect_api": "ephemeral (PREFECT_API_URL unset)" if not _api_url() else _api_url()})
-    res.figures = {"total_s": total, "per_rollout_s": gaps, "first_flow_with_api_start_s": warm_s,
-                   "raw": {k: [{"total_s": o["total_s"], "gaps_s": o["gaps_s"]} for o in v] for k, v in runs.items()}}
+    step = {k: (overrides or {}).get(k) for k in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len")}
+    res = Result("orchestration", {"recipe": "tiny", "overrides": overrides or {}, "rollouts": rollouts, "repeats": repeats,
+                                   "prefect_api": "ephemeral (PREFECT_API_URL unset)" if not _api_url() else _api_url(),
+                                   "prefect_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("PREFECT_")
+                                                   and k not in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH")}})
+    res.figures = {"total_s": total, "per_rollout_s": gaps, "cpu_per_rollout_s": cpu, "first_flow_with_api_start_s": warm_s,
+                   "raw": {k: [{x: o[x] for x in ("total_s", "client_cpu_s", "server_cpu_s", "gaps_s")} for o in v] for k, v in runs.items()}}
     res.ratios = {"run_overhead_pct": 100 * statistics.median(pairs),
-                  "per_rollout_overhead_s": per_rollout, "per_rollout_overhead_pct": 100 * per_rollout / gaps["loop"]["median"]}
+                  "per_rollout_overhead_s": per_rollout, "per_rollout_overhead_pct": 100 * per_rollout / gaps["loop"]["median"],
+                  "client_cpu_overhead_per_rollout_s": cpu["flow"]["client"]["median"] - cpu["loop"]["client"]["median"],
+                  "server_cpu_per_rollout_s": cpu["flow"]["server"]["median"]}
     res.noise = {"run_overhead_pct_per_pair": [100 * p for p in pairs], "loop_total_rel_iqr": total["loop"]["rel_iqr"]}
+    ms = lambda x: f"{x * 1000:.0f}"  # noqa: E731
     res.tables.append(table(
-        ["", "whole run (s)", "per rollout (s)"],
-        [["Prefect flow", fmt_stat(total["flow"]), fmt_stat(gaps["flow"])],
-         ["plain loop", fmt_stat(total["loop"]), fmt_stat(gaps["loop"])],
-         ["overhead", f"{res.ratios['run_overhead_pct']:+.1f}%", f"{per_rollout * 1000:+.0f} ms ({res.ratios['per_rollout_overhead_pct']:+.1f}%)"]]))
+        ["", "whole run (s)", "per rollout (s)", "CPU per rollout: process (ms)", "CPU per rollout: API server (ms)"],
+        [["Prefect flow", fmt_stat(total["flow"]), fmt_stat(gaps["flow"]), ms(cpu["flow"]["client"]["median"]), ms(cpu["flow"]["server"]["median"])],
+         ["plain loop", fmt_stat(total["loop"]), fmt_stat(gaps["loop"]), ms(cpu["loop"]["client"]["median"]), ms(cpu["loop"]["server"]["median"])],
+         ["overhead", f"{res.ratios['run_overhead_pct']:+.1f}%", f"{per_rollout * 1000:+.0f} ms ({res.ratios['per_rollout_overhead_pct']:+.1f}%)",
+          f"{res.ratios['client_cpu_overhead_per_rollout_s'] * 1000:+.0f}", f"{res.ratios['server_cpu_per_rollout_s'] * 1000:+.0f}"]]))
+    shape = ", ".join(f"{k} {v}" for k, v in step.items() if v is not None)
     res.notes += [
-        f"tiny recipe, {rollouts} rollouts per run (eval before training and at eval_interval, checkpoint at the end), "
-        f"{repeats} flow runs and {repeats} loop runs alternating; medians (IQR).",
+        f"tiny recipe{' with ' + shape if shape else ''}, {rollouts} rollouts per run (eval before training and at eval_interval, "
+        f"checkpoint at the end), {repeats} flow runs and {repeats} loop runs alternating; medians (IQR).",
         f"first flow run of the process (starts the ephemeral Prefect API): {warm_s:.1f} s, not counted.",
         "whole-run overhead includes the flow's fixed cost (flow run, prepare task, artifacts); per-rollout overhead is the "
-        "steady cost of the 3-4 task runs per rollout.",
+        "steady cost of the 3-4 task runs per rollout. CPU per rollout = CPU of a whole run / rollouts (fixed costs included).",
     ]
     return res
 

@@ -6,10 +6,12 @@ step) and the rollout metrics at ``rollout/step`` (one dict), both through ``Run
 from one tiny-recipe rollout (generate + train) before timing.
 
 Variants, each timed over ``rollouts`` simulated rollouts, ``repeats`` times, interleaved:
-  tracker           MlflowTracker.log_metrics as the flow calls it (+ its flush() if it has one)
+  tracker           MlflowTracker.log_metrics, synchronous (the tracker's default: the eval flow, tests)
+  tracker_async     MlflowTracker(asynchronous=True) as the train flow uses it: log_metrics twice per rollout,
+                    flushed once at the end (flush counted; the flow also flushes before each checkpoint)
   one_batch_sync    both dicts in a single log_batch per rollout
   client_async      MlflowClient.log_batch(synchronous=False), flushed once at the end (flush counted)
-  samples_table     MlflowTracker.log_table of 8 sample rows (what ``log_samples`` adds to every rollout)
+  samples_table     MlflowTracker.log_table of 8 sample rows (what ``log_samples`` adds at each eval point)
 Cost per rollout = median run time / rollouts; its share of a tiny-recipe step uses the step time
 measured here (one plain-loop rollout of the tiny recipe, median of a few).
 """
@@ -42,22 +44,25 @@ def real_metrics(steps: int = 4) -> tuple[dict, dict, float]:
     return train_steps[0], metrics, statistics.median(times[1:])
 
 
-def _store(tag: str):
+def _store(tag: str, asynchronous: bool = False):
     from miles_core.tracking import MlflowTracker
 
     d = TMP / "tracking" / tag
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    return MlflowTracker(f"sqlite:///{d / 'mlflow.db'}", "bench", tag, artifact_location=(d / "mlruns").as_uri())
+    return MlflowTracker(f"sqlite:///{d / 'mlflow.db'}", "bench", tag, artifact_location=(d / "mlruns").as_uri(),
+                         asynchronous=asynchronous)
 
 
-def _tracker(tracker, step_m: dict, roll_m: dict, n: int) -> None:
+def _tracker(tracker, step_m: dict, roll_m: dict, n: int) -> float:
+    """-> seconds the calls blocked the caller (before the final flush)."""
+    t0 = time.perf_counter()
     for i in range(n):
         tracker.log_metrics({**step_m, "train/step": i}, step=i)
         tracker.log_metrics({**roll_m, "rollout/step": i}, step=i)
-    flush = getattr(tracker, "flush", None)  # a tracker that logs asynchronously: its flush is part of the cost
-    if flush is not None:
-        flush()
+    blocked = time.perf_counter() - t0
+    tracker.flush()  # an asynchronous tracker: its flush is part of the cost
+    return blocked
 
 
 def _metrics(d: dict, step: int):
@@ -92,35 +97,44 @@ def _samples_table(tracker, step_m: dict, roll_m: dict, n: int) -> None:
         tracker.log_table([{**r, "rollout_id": i} for r in rows], f"samples/rollout_{i:05d}.json")
 
 
-VARIANTS = {"tracker": _tracker, "one_batch_sync": _one_batch_sync, "client_async": _client_async, "samples_table": _samples_table}
+VARIANTS = {"tracker": _tracker, "tracker_async": _tracker, "one_batch_sync": _one_batch_sync, "client_async": _client_async,
+            "samples_table": _samples_table}
 
 
 def bench(rollouts: int, repeats: int) -> Result:
     step_m, roll_m, step_s = real_metrics()
     times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    blocked: dict[str, list[float]] = {"tracker": [], "tracker_async": []}
     for r in range(repeats):
         names = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
         for name in names:
-            tracker = _store(f"{name}-{r}")
+            tracker = _store(f"{name}-{r}", asynchronous=name == "tracker_async")
             t0 = time.perf_counter()
-            VARIANTS[name](tracker, step_m, roll_m, rollouts)
+            calls_s = VARIANTS[name](tracker, step_m, roll_m, rollouts)
             times[name].append(time.perf_counter() - t0)
+            if name in blocked:
+                blocked[name].append(calls_s)
             if name != "samples_table":
                 logged = len(tracker.metric_history("rollout/step"))
                 assert logged == rollouts, f"{name}: {logged} rollout/step points, expected {rollouts}"
     per = {k: summarize([t / rollouts * 1000 for t in v]) for k, v in times.items()}
+    per_blocked = {k: summarize([t / rollouts * 1000 for t in v]) for k, v in blocked.items()}
     res = Result("tracking", {"rollouts": rollouts, "repeats": repeats, "store": "sqlite (local file)",
                               "metrics_per_rollout": len(step_m) + len(roll_m) + 2, "tiny_step_s": step_s})
-    res.figures = {"ms_per_rollout": per}
+    res.figures = {"ms_per_rollout": per, "ms_per_rollout_blocking_the_loop": per_blocked}
     res.ratios = {f"{k}/pct_of_tiny_step": per[k]["median"] / 1000 / step_s * 100 for k in per}
+    res.ratios |= {f"{k}/blocking_pct_of_tiny_step": per_blocked[k]["median"] / 1000 / step_s * 100 for k in per_blocked}
     res.noise = {k: per[k]["rel_iqr"] for k in per}
     res.tables.append(table(
-        ["variant", "ms per rollout (IQR)", "% of a tiny-recipe step"],
-        [[k, f"{per[k]['median']:.1f} ({per[k]['p25']:.1f}-{per[k]['p75']:.1f})", f"{res.ratios[f'{k}/pct_of_tiny_step']:.1f}%"] for k in per]))
+        ["variant", "ms per rollout (IQR)", "% of a tiny-recipe step", "of which the caller waits (ms)"],
+        [[k, f"{per[k]['median']:.1f} ({per[k]['p25']:.1f}-{per[k]['p75']:.1f})", f"{res.ratios[f'{k}/pct_of_tiny_step']:.1f}%",
+          f"{per_blocked[k]['median']:.1f} ({per_blocked[k]['p25']:.1f}-{per_blocked[k]['p75']:.1f})" if k in per_blocked else ""]
+         for k in per]))
     res.notes += [
         f"{len(step_m) + len(roll_m) + 2} metric values per rollout (one train step + the rollout dict, real keys from a tiny rollout); "
         f"{rollouts} rollouts per timed run, {repeats} runs per variant, interleaved; tiny-recipe step measured here: {step_s:.3f} s.",
-        "tracker is what the train flow does (MlflowTracker.log_metrics twice per rollout; with the synchronous tracker "
-        "that is two synchronous log_batch calls).",
+        "tracker_async is what the train flow does (MlflowTracker(asynchronous=True).log_metrics twice per rollout, "
+        "flushed at the end); tracker is the same calls on the synchronous tracker (two synchronous log_batch calls).",
+        "samples_table is logged at eval points only (log_samples_interval, default eval_interval), not every rollout.",
     ]
     return res

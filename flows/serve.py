@@ -29,7 +29,7 @@ import yaml
 
 from miles_core.config import list_recipes, load_config
 from miles_core.config.loader import recipe_path
-from miles_core.env import cache_dir
+from miles_core.env import cache_dir, long_lived_server_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"
@@ -160,7 +160,7 @@ def serve(port: int = 4200, directory: str | Path | None = None, *, with_deploy:
     url = api_url(port)
     child_env = {**os.environ, **(env or {}), "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": str(poll_seconds)}
     Path(child_env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    server = _spawn("server", _prefect("server", "start", "--host", "127.0.0.1", "--port", str(port)), d, child_env)
+    server = _spawn("server", _prefect("server", "start", "--host", "127.0.0.1", "--port", str(port)), d, long_lived_server_env(child_env))
     try:
         _wait_healthy(url, server, d / "server.log", timeout_s)
         ensure_pool(url)

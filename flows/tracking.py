@@ -40,7 +40,7 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     local_store = cfg.tracking_uri.startswith("sqlite:")
     artifacts = (cfg.run_dir / "mlruns").as_uri() if local_store else None  # never ./mlruns of the cwd
     tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, cfg.tracking.mlflow_run_name or cfg.misc.recipe,
-                            run_id, artifact_location=artifacts)
+                            run_id, artifact_location=artifacts, asynchronous=True)  # flushed before each save and at the end
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)

@@ -10,6 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Settings for the ephemeral Prefect API only: it serves this one process (no UI, no other client), so
+# the consumers that only a UI or automations read are off. `miles serve` starts its long-lived server
+# without them (flows/serve.py); with PREFECT_API_URL set they have no effect (they are server settings).
+EPHEMERAL_API_ONLY = ("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED")
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("MILES_CACHE_DIR", Path.cwd() / ".cache" / "miles")).absolute()
@@ -40,7 +45,18 @@ def configure_environment() -> None:
         "PREFECT_LOGGING_TO_API_ENABLED": "true",
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "50",
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+        "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+        "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "false",
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+
+
+def long_lived_server_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a Prefect server that outlives this process (``miles serve``): without the
+    ephemeral-API settings miles defaults to, so automations and the UI's live event feed work there."""
+    return {k: v for k, v in env.items() if not (k in EPHEMERAL_API_ONLY and v == "false")}

@@ -2,6 +2,12 @@
 
 Uses MlflowClient (no global active run), batched metric writes, and step axes:
 rollout metrics at rollout/step, train metrics at train/step, eval metrics at eval/step.
+
+``asynchronous=True`` (the train flow): metric batches go through MLflow's async logging queue (a
+background thread writes them, merging queued batches), so a rollout does not wait for the store's
+commit. ``flush()`` waits for them and raises the first error; ``end()`` and every read of the run by
+this tracker flush first. The train flow flushes before each checkpoint, so a checkpoint never
+precedes its metrics (a resumed run does not re-log steps at or before its checkpoint).
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ MAX_PARAM_LEN = 6000
 
 class MlflowTracker:
     def __init__(self, tracking_uri: str, experiment: str, run_name: str | None = None, run_id: str | None = None,
-                 artifact_location: str | None = None):
+                 artifact_location: str | None = None, asynchronous: bool = False):
         from mlflow.tracking import MlflowClient
 
         self.tracking_uri = tracking_uri
+        self.asynchronous = asynchronous
+        self._pending: list = []  # RunOperations of asynchronous metric batches not yet flushed
         self.client = MlflowClient(tracking_uri=tracking_uri)
         if run_id is None:
             exp = self.client.get_experiment_by_name(experiment)
@@ -50,7 +58,17 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         items = [Metric(sanitize_key(k), float(v), now, int(step)) for k, v in metrics.items()]
         for i in range(0, len(items), 1000):
-            self.client.log_batch(self.run_id, metrics=items[i : i + 1000], synchronous=True)
+            op = self.client.log_batch(self.run_id, metrics=items[i : i + 1000], synchronous=not self.asynchronous)
+            if op is not None:
+                self._pending.append(op)
+        if len(self._pending) >= 1000:  # a long run without saves: bound the list (these are long done)
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait for the asynchronous metric batches logged so far (no-op when synchronous); raises the first error."""
+        pending, self._pending = self._pending, []
+        for op in pending:
+            op.wait()
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         if rows:
@@ -65,9 +83,11 @@ class MlflowTracker:
             self.client.set_tag(self.run_id, k, v)
 
     def end(self, status: str = "FINISHED") -> None:
+        self.flush()
         self.client.set_terminated(self.run_id, status=status)
 
     def metric_history(self, key: str) -> list[tuple[int, float]]:
+        self.flush()
         return [(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)]
 
 

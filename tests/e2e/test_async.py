@@ -26,7 +26,11 @@ def _task_runs(flow_run_name_prefix: str) -> dict[str, list]:
     async def read():
         async with get_client() as client:
             (flow_run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=flow_run_name_prefix)))
-            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run.id]}))
+            for _ in range(100):  # the API records task runs from events in batches (miles_core/env.py): wait for the last ones
+                runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run.id]}))
+                if runs and all(r.state is not None and r.state.is_final() for r in runs):
+                    break
+                await asyncio.sleep(0.1)
         out: dict[str, list] = {}
         for r in sorted(runs, key=lambda r: r.start_time):
             out.setdefault(r.name.rsplit("-", 1)[0], []).append(r)

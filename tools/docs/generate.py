@@ -39,6 +39,16 @@ ENV_NOTES: dict[str, str] = {
     "PREFECT_LOGGING_TO_API_ENABLED": "Flow and task logs are sent to the Prefect API (visible in the UI).",
     "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "Task results are not persisted unless a task asks (convert and export do).",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "How long the ephemeral Prefect API may take to start (slow CI machines).",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "The Prefect API writes task-run states from events in batches of up to 50 "
+                                                            "(Prefect's default: one transaction per event); with the next two, 2-3x less "
+                                                            "API CPU per task run ([Performance](../performance.md#orchestration-overhead)).",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "The task-run recorder reads up to 50 events at a time from the API's queue.",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "A partial batch of task-run states is written after at most 1 s (Prefect's "
+                                                                "default 5 s): the UI shows a task run's state at most a second late.",
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "Ephemeral API only: automations (triggers and their actions) off; nothing defines "
+                                                "automations on an API that lives as long as one run. `miles serve` keeps them on.",
+    "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "Ephemeral API only: no live event stream to websocket subscribers (the UI's event feed; "
+                                                "the ephemeral API has no UI). Events are still stored. `miles serve` keeps it on.",
     "PREFECT_LOCAL_STORAGE_PATH": "Where persisted task results (convert, export caches) are stored.",
     "MILES_ALLOW_HUB": "`1` lets transformers download from the Hugging Face Hub (sets `HF_HUB_OFFLINE=0`).",
     "MILES_CACHE_DIR": "The miles cache (built tiny models, generated datasets); its parent holds the other homes. "
