@@ -3,9 +3,9 @@
 Dispatch (REFERENCE §4): ``custom_rm_path`` overrides everything (with ``group_rm`` it scores a
 whole group per call); otherwise the sample's ``metadata["rm_type"]``, else ``opts.rm_type``,
 looked up in :data:`miles_core.rewards.registry.FAMILIES` (``boxed_`` prefix allowed).
-``batched_async_rm`` scores concurrently (``asyncio.gather``; CPU-bound graders run in worker
-threads and sympy in worker processes, so the event loop never blocks), then applies
-``custom_reward_post_process_path`` once to the whole batch.
+``batched_async_rm`` scores concurrently (``asyncio.gather``; CPU-bound graders run in a few worker
+threads that share the batch, sympy in worker processes, so the event loop never blocks), then
+applies ``custom_reward_post_process_path`` once to the whole batch.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from miles_core.data.sample import Sample
 from miles_core.rewards import custom
 from miles_core.rewards.options import RewardOptions
-from miles_core.rewards.registry import resolve, validate_rm_type
+from miles_core.rewards.registry import LocalFamily, grade_local_batch, resolve, validate_rm_type
 
 Reward = float | dict[str, Any]
 
@@ -58,10 +58,25 @@ async def batched_async_rm(samples: list[Sample], opts: RewardOptions) -> list[R
     """Raw rewards of ``samples``, in order: per group with ``group_rm``, then post-processed."""
     if opts.custom_rm_path and opts.group_rm:
         rewards = await custom.group_rewards(opts.custom_rm_path, samples)
-    else:
+    elif opts.custom_rm_path:
         rewards = list(await asyncio.gather(*(async_rm(s, opts) for s in samples)))
+    else:
+        rewards = await _family_rewards(samples, opts)
     if opts.custom_reward_post_process_path:
         rewards = await custom.post_process(opts.custom_reward_post_process_path, samples, rewards)
+    return rewards
+
+
+async def _family_rewards(samples: list[Sample], opts: RewardOptions) -> list[Reward]:
+    """Registry rewards of ``samples``, in order: local graders share a few threads, the others run concurrently."""
+    jobs = [resolve(sample_rm_type(s, opts), s) for s in samples]
+    local = [i for i, (family, _) in enumerate(jobs) if isinstance(family, LocalFamily)]
+    others = [i for i, (family, _) in enumerate(jobs) if not isinstance(family, LocalFamily)]
+    graded = await asyncio.gather(grade_local_batch([jobs[i] for i in local]),
+                                  *(jobs[i][0].ascore(jobs[i][1], opts) for i in others))
+    rewards: list[Reward | None] = [None] * len(samples)
+    for i, r in zip(local + others, [*graded[0], *graded[1:]]):
+        rewards[i] = r
     return rewards
 
 

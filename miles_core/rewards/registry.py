@@ -10,6 +10,7 @@ A ``boxed_`` prefix on any name first replaces the response with the content of 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from miles_core.rewards.gpqa import gpqa_reward
 from miles_core.rewards.math_rm import math_reward
 from miles_core.rewards.random_rm import deterministic_random_reward, random_reward
 from miles_core.rewards.remote_rm import remote_reward
+from miles_core.rewards.sympy_pool import DEFAULT_POOL_SIZE
 
 if TYPE_CHECKING:
     from miles_core.rewards.options import RewardOptions
@@ -56,6 +58,28 @@ class RemoteFamily:
 
     async def ascore(self, sample: Sample, opts: "RewardOptions") -> Reward:
         return await self.grade(sample, opts)
+
+
+async def grade_local_batch(jobs: list[tuple[LocalFamily, Sample]], threads: int = DEFAULT_POOL_SIZE) -> list[Reward]:
+    """The rewards of ``jobs`` (family, sample), in order, graded off the event loop.
+
+    At most ``threads`` worker threads (default: one per sympy worker, so that slow sympy comparisons
+    still run side by side), each taking the next job until none is left: a few thread hand-offs per
+    batch instead of one per sample. The time limit stays per comparison (inside the graders).
+    """
+    results: list[Reward | None] = [None] * len(jobs)
+    todo = collections.deque(enumerate(jobs))  # popleft is atomic: the threads share it without a lock
+
+    def drain() -> None:
+        while True:
+            try:
+                i, (family, sample) = todo.popleft()
+            except IndexError:
+                return
+            results[i] = family.grade(sample)
+
+    await asyncio.gather(*(asyncio.to_thread(drain) for _ in range(min(threads, len(jobs)))))
+    return results
 
 
 FAMILIES: dict[str, LocalFamily | RemoteFamily] = {

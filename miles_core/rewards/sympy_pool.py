@@ -155,15 +155,16 @@ def _replace(worker: _Worker) -> _Worker:
     return _Worker()
 
 
+DEFAULT_POOL_SIZE = max(1, min(4, os.cpu_count() or 1))
 _default_pool: SympyPool | None = None
 _default_lock = threading.Lock()
 
 
 def default_pool() -> SympyPool:
-    """The process-wide pool (``min(4, cpu_count)`` workers), created on first use."""
+    """The process-wide pool (:data:`DEFAULT_POOL_SIZE` = ``min(4, cpu_count)`` workers), created on first use."""
     global _default_pool
     with _default_lock:
         if _default_pool is None:
-            _default_pool = SympyPool(size=max(1, min(4, os.cpu_count() or 1)))
+            _default_pool = SympyPool(size=DEFAULT_POOL_SIZE)
             atexit.register(_default_pool.close)
         return _default_pool

@@ -43,25 +43,28 @@ class TokenBatch:
 
 
 def make_batch(samples: list[Sample], pad_id: int) -> TokenBatch:
-    N = len(samples)
+    """The samples as right-padded tensors: [N, L] tokens and mask, [N, T] response fields (built as lists, one
+    tensor per field)."""
     L = max(len(s.tokens) for s in samples)
     T = max(max(s.response_length for s in samples), 1)
-    input_ids = torch.full((N, L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((N, L), dtype=torch.long)
-    resp_index = torch.full((N, T), -1, dtype=torch.long)
-    resp_tokens = torch.full((N, T), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((N, T))
-    rollout_lp = torch.zeros((N, T))
-    for i, s in enumerate(samples):
-        n, p, t = len(s.tokens), s.prompt_length, s.response_length
-        input_ids[i, :n] = torch.tensor(s.tokens)
-        attention_mask[i, :n] = 1
-        if t:
-            resp_index[i, :t] = torch.arange(p - 1, p - 1 + t)
-            resp_tokens[i, :t] = torch.tensor(s.tokens[p:])
-            loss_mask[i, :t] = torch.tensor(s.loss_mask, dtype=torch.float)
-            rollout_lp[i, :t] = torch.tensor(s.rollout_log_probs)
-    return TokenBatch(input_ids, attention_mask, resp_index, resp_tokens, loss_mask, rollout_lp)
+    for s in samples:
+        for name in ("loss_mask", "rollout_log_probs"):
+            if s.response_length and len(getattr(s, name)) != s.response_length:
+                raise ValueError(f"sample {s.index} (group {s.group_index}): {name} has {len(getattr(s, name))} values, "
+                                 f"expected response_length={s.response_length}")
+
+    def right_pad(rows, width, fill):
+        return [list(r) + [fill] * (width - len(r)) for r in rows]
+
+    resp = [(s.prompt_length, s.response_length) for s in samples]
+    return TokenBatch(
+        torch.tensor(right_pad((s.tokens for s in samples), L, pad_id), dtype=torch.long),  # [N, L]
+        torch.tensor(right_pad(([1] * len(s.tokens) for s in samples), L, 0), dtype=torch.long),  # [N, L]
+        torch.tensor(right_pad((range(p - 1, p - 1 + t) for p, t in resp), T, -1), dtype=torch.long),  # [N, T]
+        torch.tensor(right_pad((s.tokens[p : p + t] for s, (p, t) in zip(samples, resp)), T, pad_id), dtype=torch.long),
+        torch.tensor(right_pad((s.loss_mask if t else [] for s, (_, t) in zip(samples, resp)), T, 0.0), dtype=torch.float),
+        torch.tensor(right_pad((s.rollout_log_probs if t else [] for s, (_, t) in zip(samples, resp)), T, 0.0), dtype=torch.float),
+    )
 
 
 def per_token(samples: list[Sample], name: str, T: int) -> torch.Tensor:
@@ -131,8 +134,8 @@ def prompt_units(batch: TokenBatch) -> tuple[list[list[int]], list[int]]:
     first = batch.resp_index[:, 0].tolist()  # [N] position predicting response token 0 = prompt length - 1
     plen = [f + 1 if f >= 0 else n for f, n in zip(first, lengths)]
     units: dict[tuple[int, ...], list[int]] = {}
-    for i in range(len(lengths)):
-        units.setdefault(tuple(batch.input_ids[i, : plen[i]].tolist()), []).append(i)
+    for i, row in enumerate(batch.input_ids.tolist()):
+        units.setdefault(tuple(row[: plen[i]]), []).append(i)
     return list(units.values()), plen
 
 
@@ -154,25 +157,27 @@ def response_logits(model, batch: TokenBatch) -> torch.Tensor:
     unit_len = [plen[m[0]] + sum(lengths[i] - plen[i] for i in m) for m in units]
     W = max(unit_len)
     rows = pack_rows(unit_len, W)
-    ids = torch.zeros((len(rows), W), dtype=torch.long)  # [R, W]
-    pos = torch.zeros((len(rows), W), dtype=torch.long)  # [R, W] position ids, as in each sample's own sequence
-    seg = -1 - torch.arange(W).repeat(len(rows), 1)  # [R, W] unit of each slot (empty slots: a unit of their own)
-    sub = torch.full((len(rows), W), -2, dtype=torch.long)  # [R, W] -1 = prompt, i = sample i's response
-    r_idx, c_idx = torch.zeros((N, T), dtype=torch.long), batch.resp_index.clamp(min=0).clone()  # [N, T]
+    tokens, first_pos = batch.input_ids.tolist(), batch.resp_index.clamp(min=0).tolist()  # [N, L], [N, T]
+    ids = [[0] * W for _ in rows]  # [R, W]
+    pos = [[0] * W for _ in rows]  # [R, W] position ids, as in each sample's own sequence
+    seg = [[-1 - w for w in range(W)] for _ in rows]  # [R, W] unit of each slot (empty slots: a unit of their own)
+    sub = [[-2] * W for _ in rows]  # [R, W] -1 = prompt, i = sample i's response
+    r_idx, c_idx = [[0] * T for _ in range(N)], first_pos  # [N, T] row and column of each response position
     for r, members in enumerate(rows):
         o = 0
         for u in members:
             first, p = units[u][0], plen[units[u][0]]
-            ids[r, o : o + p], pos[r, o : o + p], seg[r, o : o + unit_len[u]], sub[r, o : o + p] = batch.input_ids[first, :p], torch.arange(p), u, -1
+            ids[r][o : o + p], pos[r][o : o + p], sub[r][o : o + p] = tokens[first][:p], range(p), [-1] * p
+            seg[r][o : o + unit_len[u]] = [u] * unit_len[u]
             start = o + p
             for i in units[u]:
                 t = lengths[i] - p
-                ids[r, start : start + t], pos[r, start : start + t], sub[r, start : start + t] = batch.input_ids[i, p : p + t], torch.arange(p, p + t), i
-                q = c_idx[i]  # [T] positions in sample i's own sequence
-                c_idx[i] = torch.where(q < p, o + q, start + q - p)
-                r_idx[i] = r
+                ids[r][start : start + t], pos[r][start : start + t], sub[r][start : start + t] = tokens[i][p : p + t], range(p, p + t), [i] * t
+                c_idx[i] = [o + q if q < p else start + q - p for q in c_idx[i]]  # q: position in sample i's own sequence
+                r_idx[i] = [r] * T
                 start += t
             o += unit_len[u]
+    ids, pos, seg, sub, r_idx, c_idx = (torch.tensor(x, dtype=torch.long) for x in (ids, pos, seg, sub, r_idx, c_idx))
     causal = torch.ones((W, W), dtype=torch.bool).tril()
     own = (sub[:, None, :] == -1) | (sub[:, None, :] == sub[:, :, None])  # [R, W, W] key is prompt, or the query's own tokens
     mask = (seg[:, :, None] == seg[:, None, :]) & causal & own  # [R, W(query), W(key)]
