@@ -19,3 +19,16 @@ def engine(hf_engine):
     """The module's engine at weight version 0 (tests that move the version start from a known one)."""
     hf_engine.set_weight_version(0)
     return hf_engine
+
+
+@pytest.fixture
+def scripted_kind_rewards(monkeypatch):
+    """Rewards by the prompt's metadata kind: ones -> 1.0, zeros -> 0.0, mixed -> 0/1 by sample parity
+    (nonzero std), so which groups a filter drops is known exactly."""
+    from miles_core.rollout import generate as generate_mod
+
+    async def fake_rm(samples, opts):
+        table = {"ones": lambda s: 1.0, "zeros": lambda s: 0.0, "mixed": lambda s: float(s.index % 2)}
+        return [table[s.metadata["kind"]](s) for s in samples]
+
+    monkeypatch.setattr(generate_mod, "batched_async_rm", fake_rm)

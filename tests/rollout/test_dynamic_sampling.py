@@ -13,13 +13,13 @@ from miles_core.data.dataset import Prompt
 from miles_core.data.sample import Status
 from miles_core.data.source import DataSource
 from miles_core.rewards import RewardOptions
-from miles_core.rollout import generate as generate_mod
 from miles_core.rollout.filters import FILTERS, FilterResult, check_no_aborted, check_reward_nonzero_std
 from miles_core.rollout.generate import RolloutSpec, generate_rollout
 from miles_core.rollout.protocol import SamplingParams
 
 KINDS = ["ones", "zeros", "mixed"]  # prompt i has kind KINDS[i % 3]
 G = 2
+pytestmark = pytest.mark.usefixtures("scripted_kind_rewards")
 
 
 @pytest.fixture
@@ -29,17 +29,6 @@ def source(tiny_tokenizer):
         for i in range(12)
     ]
     return DataSource(prompts, shuffle=False, seed=0)
-
-
-@pytest.fixture(autouse=True)
-def scripted_rewards(monkeypatch):
-    """ones -> 1.0, zeros -> 0.0, mixed -> 0/1 by sample parity (nonzero std)."""
-
-    async def fake_rm(samples, opts):
-        table = {"ones": lambda s: 1.0, "zeros": lambda s: 0.0, "mixed": lambda s: float(s.index % 2)}
-        return [table[s.metadata["kind"]](s) for s in samples]
-
-    monkeypatch.setattr(generate_mod, "batched_async_rm", fake_rm)
 
 
 def _spec(tiny_tokenizer, want: int, over: int | None, filter_path: str | None) -> RolloutSpec:

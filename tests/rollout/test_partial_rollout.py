@@ -20,13 +20,13 @@ from miles_core.data.sample import Status
 from miles_core.data.source import DataSource
 from miles_core.rewards import RewardOptions
 from miles_core.rollout import filters as filters_mod
-from miles_core.rollout import generate as generate_mod
 from miles_core.rollout.filters import check_reward_nonzero_std
 from miles_core.rollout.generate import RolloutSpec, generate_rollout
 from miles_core.rollout.protocol import SamplingParams
 
 KINDS = ["ones", "zeros", "mixed"]
 G = 2
+pytestmark = pytest.mark.usefixtures("scripted_kind_rewards")
 MAX_NEW = 3
 
 
@@ -38,15 +38,6 @@ def _prompts(tok) -> list[Prompt]:
 @pytest.fixture
 def source(tiny_tokenizer):
     return DataSource(_prompts(tiny_tokenizer), shuffle=False, seed=0)
-
-
-@pytest.fixture(autouse=True)
-def scripted_rewards(monkeypatch):
-    async def fake_rm(samples, opts):
-        table = {"ones": lambda s: 1.0, "zeros": lambda s: 0.0, "mixed": lambda s: float(s.index % 2)}
-        return [table[s.metadata["kind"]](s) for s in samples]
-
-    monkeypatch.setattr(generate_mod, "batched_async_rm", fake_rm)
 
 
 class CountingEngine:
