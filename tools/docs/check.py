@@ -488,7 +488,8 @@ class PageCheck:
         if path and not (ROOT / path).exists():
             self.add(line, "link", f"link target {path} does not exist")
 
-    def run_block(self, b: Block) -> None:
+    def run_block(self, b: Block) -> str:
+        """Run a runnable block; -> its stdout + stderr (problems are recorded, not raised)."""
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
         timeout = 300 if b.run == "slow" else 120
         try:
@@ -496,10 +497,11 @@ class PageCheck:
                                capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             self.add(b.line, "run", f"runnable block timed out after {timeout} s")
-            return
+            return ""
         if r.returncode:
             tail = (r.stdout + r.stderr).strip().splitlines()[-8:]
             self.add(b.line, "run", f"runnable block exited {r.returncode}:\n    " + "\n    ".join(tail))
+        return r.stdout + r.stderr
 
 
 def _shell_lines(text: str) -> Iterable[tuple[int, str]]:
