@@ -52,8 +52,11 @@ def configure_environment() -> None:
         "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "false",
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
     }
+    ours = "PREFECT_HOME" not in os.environ
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    if ours:  # Prefect creates its home without parents when first imported: make the chain here
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
 
 
 def long_lived_server_env(env: dict[str, str]) -> dict[str, str]:
