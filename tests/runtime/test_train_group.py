@@ -22,18 +22,36 @@ def _samples(tok, n_groups=2, group=4):
     return out
 
 
-@pytest.mark.parametrize("balance", [True])  # contiguous shares: the same code path with another split
-def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
+# adam_eps 1: the update is ~linear in the gradient (see tests/training/test_torch_trainer.py); 2 steps per rollout
+TWO_RANKS = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "lr": 1e-3, "adam_eps": 1.0,
+             "micro_batch_size": 1, "actor_num_gpus_per_node": 2, "rollout_num_gpus": 1, "balance_data": True}
+REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def _train_on_two_ranks(cfg, model_dir, samples, rewards, *fetch: str):
+    """One train_rollout on a 2-rank TrainGroup; -> (its result, [each rank's answer to each method in fetch])."""
     import ray
 
     from miles_core.runtime.ray.placement import create_placement_group, plan_placement
-    from miles_core.runtime.ray.train_group import TrainGroup, build_trainer
+    from miles_core.runtime.ray.train_group import TrainGroup
 
-    # adam_eps 1: the update is ~linear in the gradient (see tests/training/test_torch_trainer.py); 2 steps per rollout
-    over = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "lr": 1e-3, "adam_eps": 1.0,
-            "micro_batch_size": 1, "actor_num_gpus_per_node": 2, "rollout_num_gpus": 1, "balance_data": balance}
-    cfg = load_config("tiny", over)
-    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    plan = plan_placement(cfg.cluster, use_gpu=False)
+    pg = create_placement_group(plan)
+    group = TrainGroup(cfg, str(model_dir), pg, plan.train_bundles, plan.actor_resources())
+    try:
+        result = group.call("train_rollout", samples, rewards, 0)
+        return result, [ray.get([getattr(w, name).remote() for w in group.workers]) for name in fetch]
+    finally:
+        group.shutdown()
+        ray.util.remove_placement_group(pg)
+
+
+@pytest.mark.parametrize("balance", [True])  # contiguous shares: the same code path with another split
+def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
+    from miles_core.runtime.ray.train_group import build_trainer
+
+    cfg = load_config("tiny", {**TWO_RANKS, "balance_data": balance})
+    samples, rewards = _samples(tiny_tokenizer), REWARDS
 
     one = build_trainer(cfg, str(tiny_model_dir), tiny_tokenizer)
     flat = lambda: torch.cat([t.detach().flatten().clone() for _, t in one.named_tensors()])  # noqa: E731
@@ -41,15 +59,7 @@ def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
     roll1, steps1 = one.train_rollout(samples, rewards)
     w1 = flat()
 
-    plan = plan_placement(cfg.cluster, use_gpu=False)
-    pg = create_placement_group(plan)
-    group = TrainGroup(cfg, str(tiny_model_dir), pg, plan.train_bundles, plan.actor_resources())
-    try:
-        roll2, steps2 = group.call("train_rollout", samples, rewards, 0)
-        ranks = ray.get([w.named_tensors.remote() for w in group.workers])
-    finally:
-        group.shutdown()
-        ray.util.remove_placement_group(pg)
+    (roll2, steps2), (ranks,) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors")
     w_ranks = [torch.cat([t.flatten() for _, t in named]) for named in ranks]
     moved = (w1 - w0).abs().max()
     assert moved > 1e-6
@@ -65,16 +75,10 @@ def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
 def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
     """ppo: the critic trains data-parallel too (its share of rows per rank, gradients summed): policy
     and critic weights and the value metrics of 2 ranks equal one process's."""
-    import ray
+    from miles_core.runtime.ray.train_group import build_trainer
 
-    from miles_core.runtime.ray.placement import create_placement_group, plan_placement
-    from miles_core.runtime.ray.train_group import TrainGroup, build_trainer
-
-    over = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2, "lr": 1e-3, "adam_eps": 1.0,
-            "micro_batch_size": 1, "actor_num_gpus_per_node": 2, "rollout_num_gpus": 1, "balance_data": True,
-            "advantage_estimator": "ppo", "normalize_advantages": True}
-    cfg = load_config("tiny", over)
-    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    cfg = load_config("tiny", {**TWO_RANKS, "advantage_estimator": "ppo", "normalize_advantages": True})
+    samples, rewards = _samples(tiny_tokenizer), REWARDS
 
     one = build_trainer(cfg, str(tiny_model_dir), tiny_tokenizer)
     flat = lambda named: torch.cat([t.detach().flatten().clone() for _, t in named])  # noqa: E731
@@ -82,16 +86,7 @@ def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
     _, steps1 = one.train_rollout(samples, rewards, 0)
     w1, c1 = flat(one.named_tensors()), flat(one.critic.module.state_dict().items())
 
-    plan = plan_placement(cfg.cluster, use_gpu=False)
-    pg = create_placement_group(plan)
-    group = TrainGroup(cfg, str(tiny_model_dir), pg, plan.train_bundles, plan.actor_resources())
-    try:
-        _, steps2 = group.call("train_rollout", samples, rewards, 0)
-        ranks = ray.get([w.named_tensors.remote() for w in group.workers])
-        critics = ray.get([w.extra_tensors.remote() for w in group.workers])
-    finally:
-        group.shutdown()
-        ray.util.remove_placement_group(pg)
+    (_, steps2), (ranks, critics) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors", "extra_tensors")
     moved = (c1 - c0).abs().max()
     assert moved > 1e-6
     c_ranks = [flat(c["critic"]) for c in critics]
