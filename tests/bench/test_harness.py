@@ -80,3 +80,18 @@ def test_trl_and_miles_alternate_in_one_invocation(tmp_path, monkeypatch, tiny_m
     miles, trl, settings = g.run_pair(Shape.parse("2x2x4"), steps=2, warmup=0, seed=1)
     assert len(miles.seconds) == len(trl.seconds) == 2 and len(trl.reward) == 2 and len(miles.reward) == 2
     assert settings["micro_batch_size"] == 4 and trl.parts["generate_reward"] and trl.parts["train"]
+
+
+def test_packed_flop_accounting_counts_a_shared_prompt_once_and_the_head_at_responses_only():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bench.flops import packed_train_flops
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    body, head, attn = 2 * 4608, 2 * 1600, 4 * 2 * 16  # see the test above
+    # one group: a 4-token prompt (mean context 2), two responses of 2 tokens (mean context 4 + 1 = 5)
+    expected = 4 * (body + attn * 2) + 2 * 2 * (body + head + attn * 5)
+    assert packed_train_flops(model, [(4, [2, 2])], old_pass=False) == 3 * expected
+    assert packed_train_flops(model, [(4, [2, 2])], old_pass=True) == 4 * expected
