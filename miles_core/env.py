@@ -43,6 +43,8 @@ def configure_environment() -> None:
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         "PREFECT_LOGGING_TO_API_ENABLED": "true",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "miles_core,miles",  # library warnings inside a run reach its Prefect logs
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # outside a run they go to the console only
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "50",

@@ -37,6 +37,8 @@ ENV_NOTES: dict[str, str] = {
     "PREFECT_LOGGING_LEVEL": "Prefect logs warnings and errors only.",
     "PREFECT_SERVER_LOGGING_LEVEL": "The ephemeral Prefect server logs warnings and errors only.",
     "PREFECT_LOGGING_TO_API_ENABLED": "Flow and task logs are sent to the Prefect API (visible in the UI).",
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "Outside a flow run (the CLI, library use) those warnings go to the console only, without Prefect's warning about a missing flow run.",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "miles' own loggers (`miles_core.*`, `miles`) get Prefect's handlers: their warnings inside a run land in the run's logs in the UI.",
     "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "Task results are not persisted unless a task asks (convert and export do).",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "How long the ephemeral Prefect API may take to start (slow CI machines).",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "The Prefect API writes task-run states from events in batches of up to 50 "
