@@ -28,14 +28,6 @@ from miles_core.config.algo import AlgoConfig
 from .batch import TokenBatch, at_response, forward, forward_only
 
 
-def clip_grad_norm(module: nn.Module, max_norm: float) -> torch.Tensor:
-    """``clip_grad_norm_`` over the module's parameters with the foreach kernels (one op for all norms and one
-    for all scalings instead of one per parameter; same numbers: the same per-tensor norm and multiply)."""
-    params = list(module.parameters())
-    foreach = all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=foreach or None)
-
-
 def build_critic(policy: nn.Module) -> nn.Module:
     """A value model with the policy's body weights and a zero value head (same dtype and device)."""
     from transformers import AutoModelForTokenClassification
@@ -100,6 +92,6 @@ class Critic:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr * warmup
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
-        grad_norm = clip_grad_norm(self.module, clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
         self.optimizer.step()
         return {**totals, "critic_grad_norm": float(grad_norm)}

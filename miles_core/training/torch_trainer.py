@@ -16,7 +16,7 @@ from miles_core.config import TrainConfig
 from miles_core.data.sample import Sample
 
 from .batch import TokenBatch, forward_only, make_batch, per_token, prompt_units, response_log_probs
-from .critic import Critic, build_critic, clip_grad_norm
+from .critic import Critic, build_critic
 from .teacher import Teacher
 
 
@@ -161,7 +161,7 @@ class TorchTrainer:
             totals = self.dp.all_reduce(self.model, totals)
         lr = self._set_lr()
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
-        grad_norm = clip_grad_norm(self.model, clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
         return {**{f"train/{k}": v for k, v in totals.items()}, "train/grad_norm": float(grad_norm), "train/lr-pg_0": lr}
 
