@@ -13,7 +13,8 @@ from pathlib import Path
 # Settings for the ephemeral Prefect API only: it serves this one process (no UI, no other client), so
 # the consumers that only a UI or automations read are off. `miles serve` starts its long-lived server
 # without them (flows/serve.py); with PREFECT_API_URL set they have no effect (they are server settings).
-EPHEMERAL_API_ONLY = ("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED")
+EPHEMERAL_API_ONLY = ("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED",
+                      "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED")
 
 
 def cache_dir() -> Path:
@@ -52,6 +53,9 @@ def configure_environment() -> None:
         "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
         "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
         "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "false",
+        # the events table feeds the UI's event feed and automations only; task runs, their states, logs and
+        # artifacts are recorded without it. Off, the ephemeral API spends half the CPU per task run.
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
     }
     ours = "PREFECT_HOME" not in os.environ

@@ -30,6 +30,7 @@ def test_synchronous_tracker_has_nothing_to_flush(tmp_path):
 
 
 def test_a_long_lived_server_keeps_automations_and_the_event_stream():
-    env = {"PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false", "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "true", "X": "1"}
+    env = {"PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false", "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "true", "X": "1",
+           "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false"}
     # miles' ephemeral-only "false" is dropped (the server's own default applies); anything else stays
     assert long_lived_server_env(env) == {"PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "true", "X": "1"}

@@ -50,7 +50,10 @@ ENV_NOTES: dict[str, str] = {
     "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "Ephemeral API only: automations (triggers and their actions) off; nothing defines "
                                                 "automations on an API that lives as long as one run. `miles serve` keeps them on.",
     "PREFECT_SERVER_EVENTS_STREAM_OUT_ENABLED": "Ephemeral API only: no live event stream to websocket subscribers (the UI's event feed; "
-                                                "the ephemeral API has no UI). Events are still stored. `miles serve` keeps it on.",
+                                                "the ephemeral API has no UI). `miles serve` keeps it on.",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "Ephemeral API only: events are not stored (they feed the UI's event feed and "
+                                                       "automations; task runs, states, logs and artifacts are recorded without them): "
+                                                       "half of the API's CPU per task run. `miles serve` keeps it on.",
     "PREFECT_LOCAL_STORAGE_PATH": "Where persisted task results (convert, export caches) are stored.",
     "MILES_ALLOW_HUB": "`1` lets transformers download from the Hugging Face Hub (sets `HF_HUB_OFFLINE=0`).",
     "MILES_CACHE_DIR": "The miles cache (built tiny models, generated datasets); its parent holds the other homes. "
