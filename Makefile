@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean serve stop deployments docs bench bench-install
+.PHONY: demo test install clean serve stop deployments docs bench bench-install bench-bg bench-status
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,6 +54,14 @@ bench-install: $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m bench $(BENCH)
+
+# The same in the background: detached, queued behind any other benchmark, started once the machine is
+# quiet (bench/background.py). `make bench-status` shows where it is; `python -m bench bg wait` blocks.
+bench-bg: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m bench bg start -- $(BENCH)
+
+bench-status:
+	$(BENCH_VENV)/bin/python -m bench bg status
 
 clean:
 	rm -rf runs .cache

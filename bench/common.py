@@ -24,6 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TMP = ROOT / "bench" / ".tmp"
 
+def results_dir() -> Path:
+    """Where results are written: bench/results, or MILES_BENCH_RESULTS (a scratch dir for trial runs and tests)."""
+    return Path(os.environ.get("MILES_BENCH_RESULTS") or RESULTS)
+
+
 BASE_PACKAGES = ("torch", "transformers", "miles", "prefect", "mlflow")
 
 
@@ -85,7 +90,12 @@ class Result:
     machine: dict[str, Any] = field(default_factory=machine_info)
 
     def to_json(self) -> dict[str, Any]:
+        from .monitor import active_summary
+
         machine = {**self.machine, "load_avg_end": list(os.getloadavg())}
+        monitor = active_summary()
+        if monitor is not None:  # CPU of other processes and steal while this benchmark ran (bench/monitor.py)
+            machine["interference"] = monitor
         return {
             "bench": self.bench, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
             "versions": package_versions(*self.extra_packages), "config": self.config, "figures": self.figures,
@@ -100,11 +110,16 @@ class Result:
             f"load avg {m['load_avg_start'][0]:.1f} -> {m['load_avg_end'][0]:.1f}", "",
             "versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()), "",
         ]
+        if "interference" in m:
+            from .monitor import describe
+
+            head[4:4] = [f"while it ran: {describe(m['interference'])}", ""]
         body = [t + "\n" for t in self.tables]
         notes = [f"- {n}" for n in self.notes]
         return "\n".join(head + body + notes) + "\n"
 
-    def write(self, out_dir: Path = RESULTS, name: str | None = None) -> Path:
+    def write(self, out_dir: Path | None = None, name: str | None = None) -> Path:
+        out_dir = out_dir or results_dir()
         out_dir.mkdir(parents=True, exist_ok=True)
         data = self.to_json()
         path = out_dir / f"{name or self.bench}.json"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import RESULTS
+from .common import results_dir
 
 
-def write_summary(results: Path = RESULTS) -> Path:
+def write_summary(results: Path | None = None) -> Path:
+    results = results or results_dir()
     lines = ["# Benchmark results", "", "Regenerate: `make bench` (all) or `python -m bench <name>`; see docs/performance.md.", ""]
     others = []
     for path in sorted(results.glob("*.json")):

@@ -203,3 +203,13 @@ def test_default_claims_in_their_forms():
             "`gamma` and `lambd` default to 1.\n`rollout_top_k` (default 5) and `--num-epoch` defaults to 2.")
     found = [str(p) for p in PageCheck(parse("docs/x.md", text), Code(), set()).check()]
     assert len(found) == 2 and "rollout_top_k" in found[0] and "--num-epoch" in found[1], found
+
+
+def test_a_wrong_flag_of_a_background_bench_run_is_caught_on_either_side_of_the_separator(scratch):
+    """`python -m bench bg start [bg flags] -- <bench command>`: each part is checked against its own parser."""
+    plant(scratch, "performance.md", "bg start --require-quiet -- orchestration --repeats 8",
+          "bg start --require-silence -- orchestration --repetitions 8")
+    found = problems_of(scratch, "flag")
+    assert any("--require-silence" in p and "bench.background" in p for p in found), found
+    assert any("--repetitions" in p and "python -m bench" in p for p in found), found
+    assert not any("--require-quiet" in p or "--steps" in p for p in found), found

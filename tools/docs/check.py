@@ -38,6 +38,9 @@ from . import DOCS, ROOT, facts
 from .generate import PAGES, render_all, stale
 from .markdown import Block, Page, parse
 
+# `python -m <module> <subcommand>` handled by another module's parser (its flags are checked there)
+DELEGATED = {("bench", "bg"): "bench.background"}
+
 # Flags of tools that are not ours, which pages may name (mlflow, pip, pytest, mkdocs, sglang, ...).
 EXTERNAL_FLAGS = {
     "--backend-store-uri", "--port", "--host",  # mlflow ui / server
@@ -446,7 +449,14 @@ class PageCheck:
                     return
                 if module.startswith("tools.docs"):
                     return
-                for a in argv[3:]:
+                rest = argv[3:]
+                sub = DELEGATED.get((module, rest[0] if rest else None))
+                if sub is not None:  # `python -m bench bg ... -- <bench command>`: the part before -- is the sub-module's
+                    inner = rest[rest.index("--") + 1 :] if "--" in rest else []
+                    rest, module, flags = rest[: len(rest) - len(inner) - (1 if inner or "--" in rest else 0)], sub, facts.argparse_flags(sub) or set()
+                    if inner:
+                        self.argv(line, [argv[0], "-m", argv[2], *inner])
+                for a in rest:
                     f = a.split("=")[0]
                     if f.startswith("--") and f not in flags:
                         self.add(line, "flag", f"{f} is not a flag of python -m {module}")
