@@ -9,8 +9,9 @@ A background run is a detached process (its own session: closing the terminal or
 started it does not end it) that
   1. takes the bench lock: every ``python -m bench`` run holds it, foreground or background, so two
      benchmarks never share the CPUs (runs started together queue in order);
-  2. waits until the machine is quiet: other processes below ``--max-other-cores`` for
-     ``--quiet-window`` seconds (bench/monitor.py), at most ``--quiet-timeout``; then it runs anyway
+  2. waits until the machine is quiet: other processes below ``--max-other-cores`` and the hypervisor's
+     steal below ``--max-steal-cores`` for ``--quiet-window`` seconds (bench/monitor.py), at most
+     ``--quiet-timeout``; then it runs anyway
      and its result says how busy the machine was, or with ``--require-quiet`` it gives up (rc 3);
   3. runs the benchmark in a child ``python -m bench ...`` (a fresh process, as in the foreground)
      with its output in the run's log, and records the exit status.
@@ -129,7 +130,8 @@ def bench_lock(argv: list[str], announce=print):
 
 
 # ---- start / run / status / wait / stop ---------------------------------------------------------------
-def start(argv: list[str], max_other_cores: float, quiet_window: float, quiet_timeout: float, require_quiet: bool) -> dict:
+def start(argv: list[str], max_other_cores: float, quiet_window: float, quiet_timeout: float, require_quiet: bool,
+          max_steal_cores: float = 0.05) -> dict:
     """Launch a detached background run of ``python -m bench <argv>``; -> its state (id, pid, log)."""
     if not argv:
         raise SystemExit("python -m bench bg start: name the benchmark after `--`, e.g. `-- grpo-trl --steps 40`")
@@ -139,7 +141,7 @@ def start(argv: list[str], max_other_cores: float, quiet_window: float, quiet_ti
     run_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
     log = _runs() / f"{run_id}.log"
     state = {"id": run_id, "argv": argv, "state": "starting", "created_at": _now(), "log": str(log), "pid": None,
-             "gate": {"max_other_cores": max_other_cores, "window_s": quiet_window, "timeout_s": quiet_timeout,
+             "gate": {"max_other_cores": max_other_cores, "max_steal_cores": max_steal_cores, "window_s": quiet_window, "timeout_s": quiet_timeout,
                       "require_quiet": require_quiet}}
     _write_state(state)
     with open(log, "ab") as out:
@@ -166,7 +168,7 @@ def run(run_id: str) -> int:
         with bench_lock(["bg", run_id, *state["argv"]], announce=print):
             _update(state, state="waiting-for-quiet", lock_at=_now())
             quiet = wait_for_quiet(gate["max_other_cores"], gate["window_s"], gate["timeout_s"],
-                                   on_wait=lambda w: _update(state, waiting=w))
+                                   on_wait=lambda w: _update(state, waiting=w), max_steal_cores=gate["max_steal_cores"])
             _update(state, quiet=quiet)
             print(f"[bench] quiet gate: {quiet}", flush=True)
             if quiet["quiet"] is False and gate["require_quiet"]:
@@ -228,10 +230,12 @@ def _tail(path: str, n: int = 5) -> list[str]:
 
 def _line(s: dict) -> str:
     gate = s.get("quiet") or s.get("waiting") or {}
-    other = gate.get("last_other_cores")
+    other, steal = gate.get("last_other_cores"), gate.get("last_steal_cores")
     bits = [s["id"], s["state"], "python -m bench " + " ".join(s["argv"])]
     if other is not None:
         bits.append(f"other processes {other:.2f} cores")
+    if steal is not None:
+        bits.append(f"steal {steal:.2f} cores")
     if "rc" in s:
         bits.append(f"rc {s['rc']}")
     return "  ".join(bits)
@@ -242,6 +246,8 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("start", help="start a benchmark in the background: python -m bench bg start -- grpo-trl --steps 40")
     st.add_argument("--max-other-cores", type=float, default=0.25, help="quiet: other processes use less CPU than this (cores)")
+    st.add_argument("--max-steal-cores", type=float, default=0.05,
+                    help="quiet: the hypervisor steals less than this (cores; other tenants of the host)")
     st.add_argument("--quiet-window", type=float, default=10.0, help="seconds the machine must stay quiet before the run")
     st.add_argument("--quiet-timeout", type=float, default=900.0, help="wait at most this long for quiet")
     st.add_argument("--require-quiet", action="store_true", help="give up (rc 3) instead of running on a busy machine")
@@ -258,7 +264,7 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.cmd == "start":
         bench_argv = a.bench_argv[1:] if a.bench_argv[:1] == ["--"] else a.bench_argv
-        state = start(bench_argv, a.max_other_cores, a.quiet_window, a.quiet_timeout, a.require_quiet)
+        state = start(bench_argv, a.max_other_cores, a.quiet_window, a.quiet_timeout, a.require_quiet, a.max_steal_cores)
         print(f"started {state['id']} (pid {state['pid']}): python -m bench {' '.join(bench_argv)}\n"
               f"  log: {state['log']}\n  python -m bench bg status | wait | stop")
         return 0

@@ -10,8 +10,8 @@ away (steal). ``MachineMonitor`` samples, from a background thread every ``inter
     steal   time the hypervisor ran someone else on our vCPUs, in cores
 
 A sample costs well under a millisecond (a few /proc reads), so the monitor does not disturb what it
-watches. ``wait_for_quiet`` uses the same samples as a gate: it returns once ``other`` stayed below a
-threshold for a window of time (or says that it gave up). Linux only; elsewhere both report
+watches. ``wait_for_quiet`` uses the same samples as a gate: it returns once ``other`` and ``steal``
+stayed below their thresholds for a window of time (or says that it gave up). Linux only; elsewhere both report
 ``available: False``.
 """
 
@@ -131,11 +131,12 @@ class MachineMonitor:
             xs = sorted(x[key] for x in s)
             out[f"{key}_cores"] = {"median": statistics.median(xs), "p90": xs[min(len(xs) - 1, int(0.9 * len(xs)))],
                                    "max": xs[-1], "mean": statistics.fmean(xs)}
-        out["quiet_share"] = sum(x["other"] < QUIET_OTHER_CORES for x in s) / len(s)
+        out["quiet_share"] = sum(x["other"] < QUIET_OTHER_CORES and x["steal"] < QUIET_STEAL_CORES for x in s) / len(s)
         return out
 
 
-QUIET_OTHER_CORES = 0.25  # "quiet": other processes use less than a quarter of a core
+QUIET_OTHER_CORES = 0.25  # "quiet": other processes use less than a quarter of a core ...
+QUIET_STEAL_CORES = 0.05  # ... and the hypervisor takes less than 5% of a core (other tenants of the host)
 ACTIVE: list[MachineMonitor] = []  # the monitors of the benchmarks running in this process, innermost last
 
 
@@ -156,25 +157,27 @@ def describe(summary: dict) -> str:
 
 
 def wait_for_quiet(max_other_cores: float = QUIET_OTHER_CORES, window_s: float = 10.0, timeout_s: float = 600.0,
-                   interval_s: float = 0.5, on_wait=None) -> dict:
-    """Block until other processes used less than ``max_other_cores`` in every sample of the last ``window_s``,
-    or ``timeout_s`` passed. -> {quiet, waited_s, last_other_cores}; ``on_wait(status)`` is called every window."""
+                   interval_s: float = 0.5, on_wait=None, max_steal_cores: float = QUIET_STEAL_CORES) -> dict:
+    """Block until, in every sample of the last ``window_s``, other processes used less than ``max_other_cores``
+    and steal was below ``max_steal_cores``, or ``timeout_s`` passed.
+    -> {quiet, waited_s, last_other_cores, last_steal_cores}; ``on_wait(status)`` is called every window."""
     if not proc_available():
         return {"quiet": None, "waited_s": 0.0, "reason": "no /proc"}
     t0, need = time.monotonic(), max(1, round(window_s / interval_s))
-    run, last, told, seen = 0, 0.0, t0, 0
+    run, other, steal, told, seen = 0, 0.0, 0.0, t0, 0
     with MachineMonitor(interval_s) as mon:
         while True:
             time.sleep(interval_s)
             new, seen = mon.samples[seen:], len(mon.samples)
             for sample in new:
-                last = sample["other"]
-                run = run + 1 if last < max_other_cores else 0
+                other, steal = sample["other"], sample["steal"]
+                run = run + 1 if other < max_other_cores and steal < max_steal_cores else 0
             waited = time.monotonic() - t0
+            status = {"waited_s": waited, "last_other_cores": other, "last_steal_cores": steal}
             if run >= need:
-                return {"quiet": True, "waited_s": waited, "last_other_cores": last}
+                return {"quiet": True, **status}
             if waited >= timeout_s:
-                return {"quiet": False, "waited_s": waited, "last_other_cores": last}
+                return {"quiet": False, **status}
             if on_wait is not None and time.monotonic() - told >= window_s:
-                on_wait({"waited_s": waited, "last_other_cores": last})
+                on_wait(status)
                 told = time.monotonic()

@@ -65,7 +65,7 @@ def test_the_quiet_gate_waits_while_another_process_is_busy_and_passes_when_it_s
     finally:
         _kill(pid)
     assert busy["quiet"] is False and busy["waited_s"] >= 2.0 and busy["last_other_cores"] > 0.5
-    calm = wait_for_quiet(max_other_cores=1.5, window_s=1.0, timeout_s=20.0, interval_s=0.25)
+    calm = wait_for_quiet(max_other_cores=1.5, window_s=1.0, timeout_s=20.0, interval_s=0.25, max_steal_cores=2.0)
     assert calm["quiet"] is True and calm["waited_s"] < 20.0
 
 
@@ -84,7 +84,7 @@ def _states(env: dict) -> list[dict]:
 
 
 def test_background_runs_queue_on_the_lock_and_record_the_gate_and_the_result(bench_env, tmp_path):
-    gate = ["--max-other-cores", "1.5", "--quiet-window", "0.5"]
+    gate = ["--max-other-cores", "1.5", "--max-steal-cores", "2", "--quiet-window", "0.5"]  # lenient: passes at once
     _bench(bench_env, "bg", "start", *gate, "--", "matmul-peak", "--size", "256", "--repeats", "3")
     _bench(bench_env, "bg", "start", *gate, "--", "matmul-peak", "--size", "128", "--repeats", "3")
     for s in _states(bench_env):
