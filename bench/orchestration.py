@@ -83,7 +83,7 @@ def run_flow(rollouts: int, tag: str, overrides: dict | None = None) -> dict:
     # Prefect's client-side time on the flow's thread per task run: the call minus its body (the task function)
     engine = [call - body for _, call, body in runs]
     return out | {"gaps_s": _gaps(marks), "last_reward": summary["last_reward"], "task_runs": len(runs),
-                  "task_engine_s": engine, "task_names": [name for name, _, _ in runs]}
+                  "task_engine_s": engine, "task_names": [name for name, _, _ in runs], "task_body_s": [b for _, _, b in runs]}
 
 
 class _TimedCall:
@@ -154,7 +154,7 @@ def timed_tasks(runs: list):
 
 
 @contextmanager
-def without_prefect():
+def without_prefect(runs: list | None = None):
     """The train flow's own body as plain Python: in flows.train and flows.evaluate every Prefect task or
     flow is replaced by its undecorated function, the run context by a fixed flow-run id, artifacts by
     no-ops and the run logger by a standard logger. Everything else (library calls, MLflow) is unchanged,
@@ -176,6 +176,8 @@ def without_prefect():
     for mod in (flows.train, flows.evaluate):
         for name, obj in list(vars(mod).items()):
             repl = obj.fn if isinstance(obj, (Task, Flow)) else fakes.get(name)
+            if isinstance(obj, Task) and runs is not None:
+                repl = _timed_body(obj.name, obj.fn, runs)
             if repl is not None:
                 saved.append((mod, name, obj))
                 setattr(mod, name, repl)
@@ -186,6 +188,20 @@ def without_prefect():
             setattr(mod, name, obj)
 
 
+def _timed_body(name: str, fn, runs: list):
+    """``fn`` called as plain Python, recording (name, call s, body s) like a task call of the flow (body = call)."""
+
+    def call(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            dt = time.perf_counter() - t0
+            runs.append((name, dt, dt))
+
+    return call
+
+
 def run_loop(rollouts: int, tag: str, overrides: dict | None = None) -> dict:
     """flows/train.py's body, the same library calls in the same order, without Prefect."""
     import flows.train
@@ -194,12 +210,14 @@ def run_loop(rollouts: int, tag: str, overrides: dict | None = None) -> dict:
     cfg = _config(tag, rollouts, overrides)
     marks, unsubscribe = _marks()
     out: dict = {}
+    runs: list[tuple[str, float, float]] = []
     try:
-        with without_prefect(), _cpu(out):
+        with without_prefect(runs), _cpu(out):
             summary = train_fn(cfg)
     finally:
         unsubscribe()
-    return out | {"gaps_s": _gaps(marks), "last_reward": summary["last_reward"]}
+    return out | {"gaps_s": _gaps(marks), "last_reward": summary["last_reward"], "task_names": [n for n, _, _ in runs],
+                  "task_body_s": [b for _, _, b in runs]}
 
 
 def _gaps(marks: list[float]) -> list[float]:
@@ -242,6 +260,11 @@ def bench(rollouts: int, repeats: int, overrides: dict | None = None) -> Result:
             by_task.setdefault(name, []).append(e)
     engine = summarize(engine_per_rollout)
     steady = sum(statistics.median(by_task[k]) for k in PER_ROLLOUT_TASKS if k in by_task)  # the task runs every rollout makes
+    # the library work inside the per-rollout tasks (the task bodies), flow vs loop: the same calls, slowed in the
+    # flow by Prefect's work beside them (API server, event loop thread) on the shared cores
+    bodies = {kind: {k: statistics.median(b for o in v for n, b in zip(o["task_names"], o["task_body_s"]) if n == k)
+                     for k in PER_ROLLOUT_TASKS} for kind, v in runs.items()}
+    body_sum = {kind: sum(b.values()) for kind, b in bodies.items()}
     step = {k: (overrides or {}).get(k) for k in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len")}
     res = Result("orchestration", {"recipe": "tiny", "overrides": overrides or {}, "rollouts": rollouts, "repeats": repeats,
                                    "prefect_api": "ephemeral (PREFECT_API_URL unset)" if not _api_url() else _api_url(),
@@ -250,12 +273,14 @@ def bench(rollouts: int, repeats: int, overrides: dict | None = None) -> Result:
     res.figures = {"total_s": total, "per_rollout_s": gaps, "cpu_per_rollout_s": cpu, "first_flow_with_api_start_s": warm_s,
                    "task_engine_per_rollout_s": engine, "task_runs_per_flow_run": statistics.median(o["task_runs"] for o in runs["flow"]),
                    "task_engine_per_task_run_s": {k: summarize(v) for k, v in sorted(by_task.items())},
+                   "task_body_median_s": bodies, "task_body_per_rollout_s": body_sum,
                    "raw": {k: [{x: o[x] for x in ("total_s", "client_cpu_s", "server_cpu_s", "gaps_s")} for o in v] for k, v in runs.items()}}
     res.ratios = {"run_overhead_pct": 100 * statistics.median(pairs),
                   "per_rollout_overhead_s": per_rollout, "per_rollout_overhead_pct": 100 * statistics.median(pair_rel),
                   "per_rollout_overhead_pooled_s": gaps["flow"]["median"] - gaps["loop"]["median"],
                   "task_engine_per_rollout_s": engine["median"], "task_engine_per_rollout_pct": 100 * engine["median"] / gaps["loop"]["median"],
                   "task_engine_steady_per_rollout_s": steady, "task_engine_steady_per_rollout_pct": 100 * steady / gaps["loop"]["median"],
+                  "task_body_slowdown_per_rollout_s": body_sum["flow"] - body_sum["loop"],
                   "client_cpu_overhead_per_rollout_s": cpu["flow"]["client"]["median"] - cpu["loop"]["client"]["median"],
                   "server_cpu_per_rollout_s": cpu["flow"]["server"]["median"]}
     res.noise = {"run_overhead_pct_per_pair": [100 * p for p in pairs], "per_rollout_overhead_pct_per_pair": [100 * p for p in pair_rel],
@@ -274,6 +299,12 @@ def bench(rollouts: int, repeats: int, overrides: dict | None = None) -> Result:
         [["all task runs / rollouts", _ms(engine), f"{res.ratios['task_engine_per_rollout_pct']:.1f}%"],
          [" + ".join(PER_ROLLOUT_TASKS) + " (medians)", f"{steady * 1000:.1f}", f"{res.ratios['task_engine_steady_per_rollout_pct']:.1f}%"]]
         + [[f"one `{k}` task run", _ms(summarize(v)), ""] for k, v in sorted(by_task.items())]))
+    res.tables.append(table(
+        ["library work inside the task (the task's body, medians, ms)", "flow", "loop", "flow - loop"],
+        [[k, f"{bodies['flow'][k] * 1000:.1f}", f"{bodies['loop'][k] * 1000:.1f}", f"{(bodies['flow'][k] - bodies['loop'][k]) * 1000:+.1f}"]
+         for k in PER_ROLLOUT_TASKS]
+        + [["per rollout", f"{body_sum['flow'] * 1000:.1f}", f"{body_sum['loop'] * 1000:.1f}",
+            f"{res.ratios['task_body_slowdown_per_rollout_s'] * 1000:+.1f}"]]))
     shape = ", ".join(f"{k} {v}" for k, v in step.items() if v is not None)
     res.notes += [
         f"tiny recipe{' with ' + shape if shape else ''}, {rollouts} rollouts per run (eval before training and at eval_interval, "
@@ -285,6 +316,8 @@ def bench(rollouts: int, repeats: int, overrides: dict | None = None) -> Result:
         "task engine = a task call's wall time minus its body's (the task function: the same library call the loop makes), "
         "summed over the run's task runs (eval, save, prepare included) / rollouts: Prefect's own time on the flow's thread, "
         "measured directly in the flow runs; the API server and Prefect's event and log threads run beside it on the other core.",
+        "library work inside the task: the same calls in both; in the flow they share the cores with Prefect's API "
+        "server and its client threads, and a slower body there is Prefect's cost too, though not on the flow's thread.",
         "whole-run overhead includes the flow's fixed cost (flow run, prepare task, artifacts); per-rollout overhead is the "
         "steady cost of the 3-4 task runs per rollout. CPU per rollout = CPU of a whole run / rollouts (fixed costs included).",
     ]

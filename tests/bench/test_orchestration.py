@@ -26,3 +26,11 @@ def test_timed_tasks_records_every_task_run_of_a_real_flow_and_restores_the_flow
     assert len(out["gaps_s"]) == 1 and out["gaps_s"][0] > 0
     # the flow module is back to its tasks, with their own functions
     assert isinstance(flows.train.generate, Task) and flows.train.generate.fn is generate_fn
+    assert len(out["task_body_s"]) == len(names)
+    per_rollout = [b for n, b in zip(names, out["task_body_s"]) if n in orchestration.PER_ROLLOUT_TASKS]
+    assert len(per_rollout) == 7 and all(b > 0 for b in per_rollout)  # (a cached convert has no body: 0)
+
+    loop = orchestration.run_loop(2, "t-loop", {"eval_interval": None, "skip_eval_before_train": True})
+    assert loop["task_names"].count("generate") == 2 and loop["task_names"].count("update-weights") == 3
+    assert all(b > 0 for n, b in zip(loop["task_names"], loop["task_body_s"]) if n in orchestration.PER_ROLLOUT_TASKS)
+    assert isinstance(flows.train.generate, Task) and flows.train.generate.fn is generate_fn
