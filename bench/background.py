@@ -37,6 +37,7 @@ from pathlib import Path
 from .common import ROOT, TMP
 
 TERMINAL = ("done", "failed", "gave-up", "stopped")
+START_GRACE_S = 60.0  # a run still "starting" (its process has not written its pid yet) is not called died before this
 LOCK_HELD_ENV = "MILES_BENCH_LOCK_HELD"  # set for the benchmark child of a background run: its parent holds the lock
 
 
@@ -94,7 +95,8 @@ def all_states() -> list[dict]:
             s = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if s.get("state") not in TERMINAL and not _alive(s.get("pid")):
+        starting = s.get("state") == "starting" and time.time() - path.stat().st_mtime < START_GRACE_S
+        if s.get("state") not in TERMINAL and not starting and not _alive(s.get("pid")):
             s["state"] = "died"
         out.append(s)
     return out
@@ -147,14 +149,9 @@ def start(argv: list[str], max_other_cores: float, quiet_window: float, quiet_ti
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "bench", "bg", "_run", run_id], cwd=ROOT, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    # the child rewrites the state file from here on; record the pid only if it has not started writing yet
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        current = read_state(run_id)
-        if current.get("pid"):
-            return current
-        time.sleep(0.05)
-    return _update(state, pid=proc.pid)
+    # from here on only the child writes the state file (its first write records its pid); if it dies before
+    # that, the run reads as died once START_GRACE_S have passed (all_states)
+    return {**state, "pid": proc.pid}
 
 
 def run(run_id: str) -> int:
@@ -175,8 +172,7 @@ def run(run_id: str) -> int:
                 _update(state, state="gave-up", rc=3, finished_at=_now())
                 return 3
             _update(state, state="running", started_at=_now())
-            env = {**os.environ, LOCK_HELD_ENV: "1"}
-            rc = subprocess.call([sys.executable, "-m", "bench", *state["argv"]], cwd=ROOT, env=env)
+            rc = subprocess.call([sys.executable, "-m", "bench", *state["argv"]], cwd=ROOT)  # inherits LOCK_HELD_ENV
             _update(state, state="done" if rc == 0 else "failed", rc=rc, finished_at=_now())
             return rc
     except SystemExit as e:  # SIGTERM from `stop`

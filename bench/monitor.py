@@ -37,7 +37,8 @@ def machine_cpu_s() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """Pids of the live child processes of ``pid`` (from every thread's /proc children list)."""
     out = []
     for f in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
@@ -60,7 +61,7 @@ def tree_cpu_s(pid: int | None = None) -> float:
         except OSError:  # it exited between the listing and the read
             continue
         total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-        todo += _children(p)
+        todo += children(p)
     return total
 
 

@@ -19,7 +19,6 @@ cost can be set against the step size.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import statistics
@@ -41,16 +40,10 @@ def _config(tag: str, rollouts: int, overrides: dict | None = None):
 
 
 def _server_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's children: the ephemeral Prefect API server, when it runs."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-    pids = {int(p) for f in glob.glob(f"/proc/{os.getpid()}/task/*/children") for p in open(f).read().split()}
-    for pid in pids:
-        try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    """CPU seconds (user + system) of this process's descendants: the ephemeral Prefect API server, when it runs."""
+    from .monitor import children, tree_cpu_s
+
+    return sum(tree_cpu_s(pid) for pid in children(os.getpid()))
 
 
 @contextmanager
@@ -87,28 +80,35 @@ def run_flow(rollouts: int, tag: str, overrides: dict | None = None) -> dict:
 
 
 class _TimedCall:
-    """Stands in for a Task where the flow calls it: times the call, delegates everything else (submit, ...)."""
+    """Stands in for a Task where the flow calls it: records (name, call s, body s); delegates the rest (submit, ...)."""
 
-    def __init__(self, task, runs: list):
-        self.task, self.runs = task, runs
+    def __init__(self, task, runs: list, body: list[float]):
+        self.task, self.runs, self.body = task, runs, body
 
     def __call__(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        body0 = _BODY.total
+        t0, body0 = time.perf_counter(), self.body[0]
         try:
             return self.task(*args, **kwargs)
         finally:
-            self.runs.append((self.task.name, time.perf_counter() - t0, _BODY.total - body0))
+            self.runs.append((self.task.name, time.perf_counter() - t0, self.body[0] - body0))
 
     def __getattr__(self, name):
         return getattr(self.task, name)
 
 
-class _Body:
-    total = 0.0
+def _timed(fn, record):
+    """``fn`` that passes its wall time to ``record`` after every call."""
+    import functools
 
+    @functools.wraps(fn)  # Prefect reads the task function's signature through __wrapped__
+    def call(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - t0)
 
-_BODY = _Body()
+    return call
 
 
 @contextmanager
@@ -117,12 +117,15 @@ def timed_tasks(runs: list):
     body wall s) into ``runs``. The body is the task function (the same library call the plain loop makes);
     the rest of the call is Prefect's task engine on the flow's thread: task run and state objects, state
     change events, the result record, contexts. A direct figure, not a difference of two runs."""
-    import functools
-
     from prefect import Task
 
     import flows.evaluate
     import flows.train
+
+    body = [0.0]  # total body time so far; a call's body = the growth of this during the call
+
+    def add(dt: float) -> None:
+        body[0] += dt
 
     saved_attrs, saved_fns = [], {}
     for mod in (flows.train, flows.evaluate):
@@ -130,20 +133,10 @@ def timed_tasks(runs: list):
             if not isinstance(obj, Task):
                 continue
             if id(obj) not in saved_fns:
-                fn = obj.fn
-                saved_fns[id(obj)] = (obj, fn)
-
-                @functools.wraps(fn)
-                def body(*args, _fn=fn, **kwargs):
-                    t0 = time.perf_counter()
-                    try:
-                        return _fn(*args, **kwargs)
-                    finally:
-                        _BODY.total += time.perf_counter() - t0
-
-                obj.fn = body
+                saved_fns[id(obj)] = (obj, obj.fn)
+                obj.fn = _timed(obj.fn, add)
             saved_attrs.append((mod, name, obj))
-            setattr(mod, name, _TimedCall(obj, runs))
+            setattr(mod, name, _TimedCall(obj, runs, body))
     try:
         yield
     finally:
@@ -176,8 +169,8 @@ def without_prefect(runs: list | None = None):
     for mod in (flows.train, flows.evaluate):
         for name, obj in list(vars(mod).items()):
             repl = obj.fn if isinstance(obj, (Task, Flow)) else fakes.get(name)
-            if isinstance(obj, Task) and runs is not None:
-                repl = _timed_body(obj.name, obj.fn, runs)
+            if isinstance(obj, Task) and runs is not None:  # timed like a task call of the flow (body = call)
+                repl = _timed(obj.fn, lambda dt, n=obj.name: runs.append((n, dt, dt)))
             if repl is not None:
                 saved.append((mod, name, obj))
                 setattr(mod, name, repl)
@@ -186,20 +179,6 @@ def without_prefect(runs: list | None = None):
     finally:
         for mod, name, obj in saved:
             setattr(mod, name, obj)
-
-
-def _timed_body(name: str, fn, runs: list):
-    """``fn`` called as plain Python, recording (name, call s, body s) like a task call of the flow (body = call)."""
-
-    def call(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            dt = time.perf_counter() - t0
-            runs.append((name, dt, dt))
-
-    return call
 
 
 def run_loop(rollouts: int, tag: str, overrides: dict | None = None) -> dict:

@@ -452,8 +452,9 @@ class PageCheck:
                 rest = argv[3:]
                 sub = DELEGATED.get((module, rest[0] if rest else None))
                 if sub is not None:  # `python -m bench bg ... -- <bench command>`: the part before -- is the sub-module's
-                    inner = rest[rest.index("--") + 1 :] if "--" in rest else []
-                    rest, module, flags = rest[: len(rest) - len(inner) - (1 if inner or "--" in rest else 0)], sub, facts.argparse_flags(sub) or set()
+                    cut = rest.index("--") if "--" in rest else len(rest)
+                    rest, inner = rest[:cut], rest[cut + 1 :]
+                    module, flags = sub, facts.argparse_flags(sub) or set()
                     if inner:
                         self.argv(line, [argv[0], "-m", argv[2], *inner])
                 for a in rest:
