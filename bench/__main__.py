@@ -40,8 +40,9 @@ def cmd_grpo_trl(a) -> None:
     from .grpo_trl import bench
 
     extra = {"use_rollout_logprobs": True} if a.rollout_logprobs else None
-    name = a.name or ("grpo_vs_trl" if not a.rollout_logprobs else "grpo_vs_trl_rollout_logprobs")
-    print(bench(a.shapes, a.steps, a.warmup, a.seed, a.tail, extra, name).write(name=name))
+    name = a.name or "grpo_vs_trl" + ("_rollout_logprobs" if a.rollout_logprobs else "") + ("_compiled" if a.compile else "")
+    warmup = a.warmup if a.warmup is not None else 6 if a.compile else 3  # compiling (and TRL's recompiles) in the warm-up
+    print(bench(a.shapes, a.steps, warmup, a.seed, a.tail, extra, name, a.compile).write(name=name))
 
 
 def cmd_profile(a) -> None:
@@ -91,7 +92,7 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["weight-sync"]):
+    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["weight-sync"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
@@ -108,10 +109,12 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grpo-trl", help="one GRPO step: miles vs TRL GRPOTrainer, alternating")
     g.add_argument("--shapes", nargs="+", default=["8x4x32", "16x8x128"], help="BxGxT: prompts x samples x new tokens")
     g.add_argument("--steps", type=int, default=30)
-    g.add_argument("--warmup", type=int, default=3)
+    g.add_argument("--warmup", type=int, default=None, help="warm-up steps per side, not measured (default 3; 6 with --compile)")
     g.add_argument("--tail", type=int, default=10, help="reward = mean over the last TAIL steps")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--rollout-logprobs", action="store_true", help="miles with use_rollout_logprobs (no old-logprob pass)")
+    g.add_argument("--compile", action="store_true",
+                   help="both sides through torch.compile: miles' training forward, TRL's torch_compile=True (compiles in the warm-up)")
     g.add_argument("--name", default=None)
     g.set_defaults(fn=cmd_grpo_trl)
     pr = sub.add_parser("profile", help="where miles' GRPO step spends its time (torch profiler + stage timers)")

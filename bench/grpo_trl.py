@@ -13,6 +13,12 @@ not need since it samples from the training model). miles runs through its libra
 ``LocalRuntime.generate(i)``, ``.train(i)``, ``.sync_weights()`` with a config from
 ``load_config("tiny", overrides)``.
 
+``--compile``: both sides' models go through ``torch.compile`` (inductor, on this CPU: C++ kernels), each
+the way its users switch it on: miles with ``torch_compile: true`` (its trainer's decoder layers, for the
+training forward and backward; the engine is not compiled), TRL with ``torch_compile=True`` (the Trainer
+compiles the model, which TRL also samples from). The compiles happen in the warm-up steps; their cost is reported
+(``warmup_seconds``), not counted in the step figures.
+
 Alternation: TRL's ``Trainer.train()`` owns its loop, so miles' step runs inside a TRL callback
 at each ``on_step_end``; a TRL step is the wall time between two callbacks minus the miles step in
 between. Pairs (TRL step k, miles step k) run back to back, so slow phases of the shared machine hit
@@ -128,7 +134,7 @@ def math_reward(completions, label, **_) -> list[float]:
     return [float(reward_value(score("math", c, lab), None)) for c, lab in zip(completions, label)]
 
 
-def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list):
+def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, compile: bool = False):
     """GRPOTrainer on a fresh copy of the same builtin model, settings taken from the miles config."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -152,7 +158,7 @@ def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list):
         weight_decay=a.weight_decay, max_grad_norm=a.clip_grad, lr_scheduler_type="constant", warmup_steps=0,
         beta=0.0, epsilon=a.eps_clip, loss_type="grpo", scale_rewards="group", num_iterations=1,
         max_steps=steps, logging_steps=10**9, save_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_num_workers=0, log_completions=False,
+        dataloader_num_workers=0, log_completions=False, torch_compile=compile,
     )
     return GRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=Dataset.from_list(arith_rows()),
                        processing_class=tok, callbacks=callbacks)
@@ -200,16 +206,17 @@ def _trl_reward_tracker(trainer, trl: Trace) -> None:
     trainer._calculate_rewards = wrapped
 
 
-def run_pair(shape: Shape, steps: int, warmup: int, seed: int, miles_extra: dict | None = None) -> tuple[Trace, Trace, dict]:
+def run_pair(shape: Shape, steps: int, warmup: int, seed: int, miles_extra: dict | None = None,
+             compile: bool = False) -> tuple[Trace, Trace, dict]:
     """-> (miles trace, TRL trace, miles config summary); both sides alternate step by step."""
-    miles = MilesSide(shape, seed, miles_extra)
+    miles = MilesSide(shape, seed, {**(miles_extra or {}), **({"torch_compile": True} if compile else {})})
     trl = Trace()
-    trainer = build_trl(shape, seed, miles.cfg, warmup + steps, [_trl_callback(trl, miles.step)])
+    trainer = build_trl(shape, seed, miles.cfg, warmup + steps, [_trl_callback(trl, miles.step)], compile=compile)
     _trl_reward_tracker(trainer, trl)
     trainer.train()
     cfg = {"lr": miles.cfg.algo.lr, "adam_betas": [miles.cfg.algo.adam_beta1, miles.cfg.algo.adam_beta2],
            "eps_clip": miles.cfg.algo.eps_clip, "clip_grad": miles.cfg.algo.clip_grad, "micro_batch_size": shape.micro_batch_size,
-           "miles_overrides": miles_extra or {}}
+           "miles_overrides": miles_extra or {}, "torch_compile": compile}
     return miles.trace, trl, cfg
 
 
@@ -223,7 +230,7 @@ def _side_figures(t: Trace, shape: Shape, warmup: int, tail: int) -> dict:
         "reward_last": sum(rewards[-tail:]) / max(1, len(rewards[-tail:])),
         "reward_curve": rewards, "completion_len_mean": sum(t.completion_len) / max(1, len(t.completion_len)),
         "parts_median_s": {k: summarize(v[warmup:])["median"] for k, v in t.parts.items()},
-        "seconds_raw": t.seconds,
+        "seconds_raw": t.seconds, "warmup_seconds": sum(t.seconds[:warmup]),
     }
 
 
@@ -239,8 +246,8 @@ def _round(d: dict) -> dict:
 
 
 def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, miles_extra: dict | None = None,
-          name: str = "grpo_vs_trl") -> Result:
-    res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail,
+          name: str = "grpo_vs_trl", compile: bool = False) -> Result:
+    res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail, "torch_compile": compile,
                         "model": "builtin://tiny-qwen2", "prompts": "builtin://arith", "reward": "math",
                         "miles_core": _miles_core_dir()},
                  extra_packages=("trl", "accelerate", "datasets"))
@@ -248,7 +255,7 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
     for spec in shapes:
         shape = Shape.parse(spec)
         print(f"[grpo-trl] {shape}: {warmup} warm-up + {steps} alternating steps per side", flush=True)
-        miles, trl, cfg = run_pair(shape, steps, warmup, seed, miles_extra)
+        miles, trl, cfg = run_pair(shape, steps, warmup, seed, miles_extra, compile)
         fm, ft = _side_figures(miles, shape, warmup, tail), _side_figures(trl, shape, warmup, tail)
         # throughput ratio miles/TRL per back-to-back pair = TRL seconds / miles seconds
         ratio = paired_ratio(trl.seconds[warmup:], miles.seconds[warmup:])
@@ -265,6 +272,9 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
         print(f"[grpo-trl] {shape}: miles {fm['seconds_per_step']['median']:.3f} s/step, TRL {ft['seconds_per_step']['median']:.3f} s/step, "
               f"throughput miles/TRL {ratio['median']:.2f}x; reward last-{tail} miles {fm['reward_last']:.3f} TRL {ft['reward_last']:.3f}", flush=True)
         print(f"[grpo-trl]   parts (median s): miles {_round(fm['parts_median_s'])} TRL {_round(ft['parts_median_s'])}", flush=True)
+        if compile:
+            res.notes.append(f"{shape}: warm-up steps (compiling) took {fm['warmup_seconds']:.1f} s for miles, "
+                             f"{ft['warmup_seconds']:.1f} s for TRL.")
     res.tables.append(table(
         ["B x G x T", "miles s/step (IQR)", "TRL s/step (IQR)", "miles samples/s", "TRL samples/s",
          "throughput miles/TRL (paired, IQR)", f"miles reward first/last {tail}", f"TRL reward first/last {tail}",

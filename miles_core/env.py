@@ -29,6 +29,8 @@ def configure_environment() -> None:
         "HF_HOME": str(home / "huggingface"),
         "RAY_TMPDIR": str(Path("/tmp") / f"ray-miles-{os.getuid()}"),
         "MPLCONFIGDIR": str(home / "matplotlib"),
+        "TORCHINDUCTOR_CACHE_DIR": str(home / "torchinductor"),  # torch.compile's kernels (else /tmp/torchinductor_<user>)
+        "TRITON_CACHE_DIR": str(home / "triton"),
         "DO_NOT_TRACK": "true",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",

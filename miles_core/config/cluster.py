@@ -31,6 +31,11 @@ class ClusterConfig(Group):
     rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
     rollout_health_check_timeout: float = Field(30.0, gt=0, description="An engine whose /health_generate does not answer 200 within this many seconds is dead: killed and restarted.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads for the local runtime (None = torch default).")
+    torch_compile: bool = Field(
+        False, description="train_backend torch: compile the policy's decoder layers with torch.compile (inductor, dynamic "
+        "shapes) at the first training step; one compiled graph serves every layer. The first step pays the compile "
+        "(~30 s on 2 CPU cores for the tiny model; kernels are cached under .cache/torchinductor), later training "
+        "steps run up to ~20% faster on CPU: for long runs (docs/guide/backends.md).")
 
     @property
     def weight_sync_mode(self) -> str:

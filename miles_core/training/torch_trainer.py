@@ -48,6 +48,9 @@ class TorchTrainer:
         )
         self.critic = Critic(build_critic(model), a, a.micro_batch_size) if a.advantage_estimator == "ppo" else None
         self._dropout_free = _dropout_free(model)
+        self._compile = cfg.cluster.torch_compile
+        if self._compile:
+            decoder_layers(model)  # fails here, before any step, for a model without a layer list
         self.steps_done = 0
         self.dp = None  # data parallel (runtime/ray/train_group.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
 
@@ -131,6 +134,9 @@ class TorchTrainer:
         return metrics
 
     def _actor_step(self, batch: TokenBatch, tensors: dict, rows: range, reduce: Reducer) -> dict[str, float]:
+        if self._compile:
+            compile_layers(self.model)
+            self._compile = False
         mb = self.shape.micro_batch_size
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -202,6 +208,25 @@ def plan_micro_batches(rows: list[int], lengths: list[int], size: int, unit: lis
         longest[unit[r]] = max(longest.get(unit[r], 0), lengths[r])
     order = sorted(rows, key=lambda r: (longest[unit[r]], unit[r], lengths[r]))
     return [order[s : s + size] for s in range(0, len(order), size)]
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The policy's decoder layers (``base_model.layers`` of a transformers causal LM)."""
+    layers = getattr(getattr(model, "base_model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ValueError(f"torch_compile: the policy ({kind}) has no decoder layer list at base_model.layers to compile; "
+                         "drop torch_compile for this model")
+    return layers
+
+
+def compile_layers(model) -> None:
+    """``torch.compile`` each decoder layer (inductor, dynamic shapes: packed rows change width every step).
+    The layers share their code, so the first one's graphs (forward, backward; train and no-grad mode) serve
+    all of them, the weights being graph inputs. Called at the first optimizer step, not at construction: a
+    deepcopy of the policy (the local engine's copy) made after it would keep calling the original layers."""
+    for layer in decoder_layers(model):
+        layer.compile(dynamic=True)
 
 
 def _dropout_free(model) -> bool:

@@ -150,3 +150,44 @@ def test_length_sorted_micro_batches_give_the_unsorted_gradient(tiny_model_dir, 
         assert abs(m_sorted[key] - m_plain[key]) < 1e-6 * max(1.0, abs(m_plain[key])), key
     for a, b in zip(g_sorted, g_plain):
         assert (a - b).abs().max() <= 1e-6 * max(1.0, float(b.abs().max()))
+
+
+def test_torch_compile_gives_the_eager_step(tiny_model_dir, tiny_tokenizer):
+    """--torch-compile: the decoder layers run through inductor from the first optimizer step on; two steps give the
+    eager trainer's metrics and weights up to float rounding (fused kernels sum in another order)."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples = _samples(tiny_tokenizer)
+    rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    runs = []
+    for compiled in (False, True):
+        model = copy.deepcopy(base)
+        trainer = _trainer(model, tiny_tokenizer, micro_batch_size=8, adam_eps=1.0, torch_compile=compiled)
+        metrics = [trainer.train_rollout(samples, rewards)[1][0] for _ in range(2)]
+        runs.append((metrics, torch.cat([p.detach().flatten() for p in model.parameters()]), model))
+    (eager, w_eager, _), (comp, w_comp, model) = runs
+    assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+    assert counters["stats"]["unique_graphs"] > graphs  # the compiled layers ran
+    for me, mc in zip(eager, comp):
+        for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
+            assert abs(mc[key] - me[key]) < 1e-4 * max(1.0, abs(me[key])), (key, mc[key], me[key])
+    moved = (w_eager - torch.cat([p.detach().flatten() for p in base.parameters()])).abs().max()
+    assert moved > 1e-6 and (w_comp - w_eager).abs().max() < 1e-3 * moved
+
+
+def test_torch_compile_needs_a_layer_list_and_the_torch_backend(tiny_tokenizer):
+    import pytest
+
+    class Flat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(2, 2)
+
+    with pytest.raises(ValueError, match="torch_compile: the policy .*base_model.layers"):
+        _trainer(Flat(), tiny_tokenizer, torch_compile=True)
+    with pytest.raises(ValueError, match="torch_compile .*train_backend megatron"):
+        load_config("tiny", {"torch_compile": True, "runtime": "ray", "train_backend": "megatron"})

@@ -22,6 +22,8 @@ ENV_NOTES: dict[str, str] = {
     "MILES_ENGINE_FAULT_INJECTION": "Tests only: engine servers serve POST /debug/fail (the Ray runtime passes it from the driver to its engines).",
     "RAY_TMPDIR": "Ray's temp dir (short, per user: Ray's socket paths have a length limit).",
     "MPLCONFIGDIR": "matplotlib's config dir (pulled in by MLflow) inside the project cache.",
+    "TORCHINDUCTOR_CACHE_DIR": "torch.compile's generated kernels (`torch_compile`) inside the project cache, not /tmp/torchinductor_<user>.",
+    "TRITON_CACHE_DIR": "Triton's kernel cache (torch.compile on CUDA) inside the project cache.",
     "DO_NOT_TRACK": "Opt out of telemetry in every library that honours it.",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "Prefect server analytics off.",
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "Prefect orchestration telemetry off.",
