@@ -134,7 +134,7 @@ def math_reward(completions, label, **_) -> list[float]:
     return [float(reward_value(score("math", c, lab), None)) for c, lab in zip(completions, label)]
 
 
-def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, compile: bool = False):
+def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, torch_compile: bool = False):
     """GRPOTrainer on a fresh copy of the same builtin model, settings taken from the miles config."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -158,7 +158,7 @@ def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, compile
         weight_decay=a.weight_decay, max_grad_norm=a.clip_grad, lr_scheduler_type="constant", warmup_steps=0,
         beta=0.0, epsilon=a.eps_clip, loss_type="grpo", scale_rewards="group", num_iterations=1,
         max_steps=steps, logging_steps=10**9, save_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_num_workers=0, log_completions=False, torch_compile=compile,
+        dataloader_num_workers=0, log_completions=False, torch_compile=torch_compile,
     )
     return GRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=Dataset.from_list(arith_rows()),
                        processing_class=tok, callbacks=callbacks)
@@ -207,16 +207,16 @@ def _trl_reward_tracker(trainer, trl: Trace) -> None:
 
 
 def run_pair(shape: Shape, steps: int, warmup: int, seed: int, miles_extra: dict | None = None,
-             compile: bool = False) -> tuple[Trace, Trace, dict]:
+             torch_compile: bool = False) -> tuple[Trace, Trace, dict]:
     """-> (miles trace, TRL trace, miles config summary); both sides alternate step by step."""
-    miles = MilesSide(shape, seed, {**(miles_extra or {}), **({"torch_compile": True} if compile else {})})
+    miles = MilesSide(shape, seed, {**(miles_extra or {}), **({"torch_compile": True} if torch_compile else {})})
     trl = Trace()
-    trainer = build_trl(shape, seed, miles.cfg, warmup + steps, [_trl_callback(trl, miles.step)], compile=compile)
+    trainer = build_trl(shape, seed, miles.cfg, warmup + steps, [_trl_callback(trl, miles.step)], torch_compile=torch_compile)
     _trl_reward_tracker(trainer, trl)
     trainer.train()
     cfg = {"lr": miles.cfg.algo.lr, "adam_betas": [miles.cfg.algo.adam_beta1, miles.cfg.algo.adam_beta2],
            "eps_clip": miles.cfg.algo.eps_clip, "clip_grad": miles.cfg.algo.clip_grad, "micro_batch_size": shape.micro_batch_size,
-           "miles_overrides": miles_extra or {}, "torch_compile": compile}
+           "miles_overrides": miles_extra or {}, "torch_compile": torch_compile}
     return miles.trace, trl, cfg
 
 
@@ -246,8 +246,8 @@ def _round(d: dict) -> dict:
 
 
 def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, miles_extra: dict | None = None,
-          name: str = "grpo_vs_trl", compile: bool = False) -> Result:
-    res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail, "torch_compile": compile,
+          name: str = "grpo_vs_trl", torch_compile: bool = False) -> Result:
+    res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail, "torch_compile": torch_compile,
                         "model": "builtin://tiny-qwen2", "prompts": "builtin://arith", "reward": "math",
                         "miles_core": _miles_core_dir()},
                  extra_packages=("trl", "accelerate", "datasets"))
@@ -255,7 +255,7 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
     for spec in shapes:
         shape = Shape.parse(spec)
         print(f"[grpo-trl] {shape}: {warmup} warm-up + {steps} alternating steps per side", flush=True)
-        miles, trl, cfg = run_pair(shape, steps, warmup, seed, miles_extra, compile)
+        miles, trl, cfg = run_pair(shape, steps, warmup, seed, miles_extra, torch_compile)
         fm, ft = _side_figures(miles, shape, warmup, tail), _side_figures(trl, shape, warmup, tail)
         # throughput ratio miles/TRL per back-to-back pair = TRL seconds / miles seconds
         ratio = paired_ratio(trl.seconds[warmup:], miles.seconds[warmup:])
@@ -272,7 +272,7 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
         print(f"[grpo-trl] {shape}: miles {fm['seconds_per_step']['median']:.3f} s/step, TRL {ft['seconds_per_step']['median']:.3f} s/step, "
               f"throughput miles/TRL {ratio['median']:.2f}x; reward last-{tail} miles {fm['reward_last']:.3f} TRL {ft['reward_last']:.3f}", flush=True)
         print(f"[grpo-trl]   parts (median s): miles {_round(fm['parts_median_s'])} TRL {_round(ft['parts_median_s'])}", flush=True)
-        if compile:
+        if torch_compile:
             res.notes.append(f"{shape}: warm-up steps (compiling) took {fm['warmup_seconds']:.1f} s for miles, "
                              f"{ft['warmup_seconds']:.1f} s for TRL.")
     res.tables.append(table(

