@@ -1,0 +1,59 @@
+"""The Trainer protocol: what a runtime asks of a training backend (ARCHITECTURE.md "Runtime").
+
+A trainer owns the policy, its optimizer and the forward-only models (reference for KL, critic for
+ppo, teacher for OPD). Implementations, by ``train_backend`` (backends.py): ``torch``
+(torch_trainer.py, in process or one rank of a Ray train group) and ``megatron`` (megatron/).
+
+    train_rollout  forward-only log-probs (old / ref / teacher; values for ppo), advantages, then
+                   num_steps_per_rollout optimizer steps -> TrainOutput
+    named_tensors  HF-named full tensors (gathered across TP/PP/EP shards) for weight sync and export
+    save / restore an atomic checkpoint of model + optimizer + RNG + the runtime's ``state``
+    export         an HF directory <export_dir>/<rollout_id>/
+    offload/onload free the device memory between train stages (colocate) and take it back
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import torch
+
+from miles_core.config import TrainConfig
+from miles_core.data.sample import Sample
+
+
+@dataclass(frozen=True)
+class TrainOutput:
+    """One rollout of training: ``rollout`` metrics (rollout/*, perf/*) once, ``steps`` one dict of
+    train/* metrics per optimizer step."""
+
+    rollout: dict[str, float]
+    steps: list[dict[str, float]]
+
+
+@dataclass(frozen=True)
+class TrainerContext:
+    """What a backend's builder gets: the config, the HF model dir, its tokenizer, and this process's
+    rank in the train group (0 of 1 in the local runtime)."""
+
+    cfg: TrainConfig
+    model_path: Path
+    tokenizer: object
+    rank: int = 0
+    world_size: int = 1
+
+
+class Trainer(Protocol):
+    steps_done: int
+
+    def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int) -> TrainOutput: ...
+    def named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+    def hf_config(self): ...
+    def mean_log_probs(self, samples: list[Sample]) -> list[float]: ...
+    def save(self, save_dir: Path, rollout_id: int, state: dict) -> None: ...
+    def restore(self, load_dir: Path) -> dict | None: ...
+    def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path: ...
+    def offload(self) -> None: ...
+    def onload(self) -> None: ...
