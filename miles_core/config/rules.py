@@ -60,18 +60,18 @@ def _rollout_rules(c: "TrainConfig") -> None:
 
 
 def _runtime_rules(c: "TrainConfig") -> None:
+    from .backends import unsupported
+
     cl = c.cluster
-    if cl.runtime == "local" and (cl.rollout_engine != "hf" or cl.train_backend != "torch"):
-        raise ValueError(
-            f"runtime local runs rollout_engine hf with train_backend torch (got {cl.rollout_engine}/{cl.train_backend}); "
-            "use runtime ray for sglang or megatron"
-        )
-    if cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
-        raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
-                         "process); set runtime: ray or drop update_weight_mode")
     if cl.torch_compile and cl.train_backend != "torch":
         raise ValueError(f"torch_compile compiles the torch trainer's layers; train_backend {cl.train_backend} has its own "
                          "kernels: drop torch_compile or use train_backend torch")
+    refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine)
+    if refused:
+        raise ValueError(refused)
+    if cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
+        raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
+                         "process); set runtime: ray or drop update_weight_mode")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")

@@ -44,7 +44,7 @@ from .protocol import GenerateRequest, SamplingParams
 FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutSpec:
     """What the loop needs from the config (hashable, built by the runtime)."""
 

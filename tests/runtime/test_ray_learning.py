@@ -14,23 +14,23 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 
 def test_policy_moves_towards_rewarded_responses(tmp_path):
     from miles_core.rewards import reward_value
-    from miles_core.runtime.ray_runtime import RayRuntime
+    from miles_core.runtime.placement import build_runtime
 
     cfg = load_config("tiny", {
         "run_dir": str(tmp_path / "run"), "runtime": "ray", "actor_num_gpus_per_node": 2, "rollout_num_gpus": 1,
         "rollout_batch_size": 4, "n_samples_per_prompt": 4, "rollout_max_response_len": 8, "rm_type": "deterministic_random",
         "lr": 1e-3, "eval_interval": None, "skip_eval_before_train": True, "num_threads": 1})
-    rt = RayRuntime(cfg)
+    rt = build_runtime(cfg)
     try:
         rt.sync_weights()
         rt.generate(0)
         samples = rt.load_rollout(0)
         rewards = [reward_value(s.reward, None) for s in samples]
         assert 0 < sum(rewards) < len(rewards)  # a learning signal
-        before = rt.train_group.rank0("mean_log_probs", samples)
+        before = rt.trainer.mean_log_probs(samples)
         for _ in range(3):
             rt.train(0)
-        after = rt.train_group.rank0("mean_log_probs", samples)
+        after = rt.trainer.mean_log_probs(samples)
         delta = [a - b for a, b in zip(after, before)]
         up = sum(d for d, r in zip(delta, rewards) if r > 0) / sum(r > 0 for r in rewards)
         down = sum(d for d, r in zip(delta, rewards) if r <= 0) / sum(r <= 0 for r in rewards)
@@ -38,7 +38,7 @@ def test_policy_moves_towards_rewarded_responses(tmp_path):
         rt.sync_weights()
         rt.generate(1)
         assert {s.weight_versions[0] for s in rt.load_rollout(1)} == {2}
-        _, steps = rt.train(1)
+        steps = rt.train(1).steps
         assert steps[0]["train/train_rollout_logprob_abs_diff"] < 1e-4  # the engine served the trained weights
     finally:
         rt.close()
