@@ -103,6 +103,13 @@ def _async_rules(c: "TrainConfig") -> None:
         raise ValueError(f"fully_async_buffer_groups ({r.fully_async_buffer_groups}) must be >= rollout_batch_size ({r.rollout_batch_size})")
 
 
+def _extension_rules(c: "TrainConfig") -> None:
+    """Every extension point (custom_rm_path, custom_loss_function_path, ...) resolves now, before any model loads."""
+    from miles_core.resolve import check_extension_points
+
+    check_extension_points(c)
+
+
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules):
+    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _extension_rules):
         rule(c)

@@ -18,11 +18,9 @@ EVAL_FUNCTIONS = {"default": default_eval}
 
 
 def resolve_eval_fn(path: str | None):
-    if path is None or path in EVAL_FUNCTIONS:
-        return EVAL_FUNCTIONS[path or "default"]
-    from miles_core.rewards import load_function
+    from miles_core.resolve import resolve
 
-    return load_function(path)
+    return resolve(path or "default", EVAL_FUNCTIONS, "eval_function_path")
 
 
 def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
