@@ -157,6 +157,29 @@ def convert_cmd(hf_checkpoint: str = typer.Argument(..., help="builtin://<name>,
     console.print(convert(hf_checkpoint))
 
 
+@app.command("model-args")
+def model_args_cmd(
+    name: str = typer.Argument(..., help="A named model spec (glm4.5-355B-A32B, qwen3-8B, ...)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Check the spec against this config.json (or HF dir) first."),
+) -> None:
+    """Print a named model spec as Megatron-LM flags (the reference's MODEL_ARGS), one per line."""
+    import json
+    from pathlib import Path
+
+    from miles_core.training.megatron.model_args import check_named, named
+
+    try:
+        if config is None:
+            spec = named(name)
+        else:
+            path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+            spec = check_named(name, json.loads(path.read_text()), str(path))
+    except (ValueError, OSError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    typer.echo("\n".join(spec.flags()))
+
+
 @app.command("serve")
 def serve_cmd(
     port: int = typer.Option(4200, help="Port of the Prefect server (and UI) on 127.0.0.1."),
