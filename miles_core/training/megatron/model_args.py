@@ -114,7 +114,8 @@ def _llama(c: dict) -> ModelArgs:
 def _qwen3_moe(c: dict) -> ModelArgs:
     sparse = [0 if i in (c.get("mlp_only_layers") or []) or (i + 1) % c.get("decoder_sparse_step", 1) else 1
               for i in range(c["num_hidden_layers"])]
-    return replace(_qwen3(c), num_experts=c["num_experts"], moe_ffn_hidden_size=c["moe_intermediate_size"],
+    experts = c["num_experts"] if "num_experts" in c else c["num_local_experts"]  # transformers 5 writes num_local_experts
+    return replace(_qwen3(c), num_experts=experts, moe_ffn_hidden_size=c["moe_intermediate_size"],
                    moe_router_topk=c["num_experts_per_tok"], moe_layer_freq=tuple(sparse))
 
 
