@@ -39,6 +39,8 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
     ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
+    ({"advantage_estimator": "ppo"}, "ppo .* not supported yet on train_backend megatron"),
+    ({"use_opd": True, "opd_teacher_load": "builtin://tiny-qwen2"}, "opd_teacher_load .* not supported yet on train_backend megatron"),
 ])
 def test_rules_name_the_fields(values, match):
     with pytest.raises(ConfigError, match=match):

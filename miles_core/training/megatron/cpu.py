@@ -12,6 +12,8 @@ redirected here, and only here, to their CPU equivalents:
     MoEAlltoAllTokenDispatcher.cuda_dtoh_stream, torch.cuda.current_stream / stream  -> one synchronous
         CPU "stream" (the MoE all-to-all dispatcher copies its token counts to the host on a side stream;
         on CPU there is nothing to overlap). torch.cuda.Stream itself stays: libraries annotate with it.
+    pipeline_parallel.schedules.torch  -> torch, with device="cuda" in tensor factories read as cpu (the
+        schedules allocate their token counter with a literal device="cuda")
 
 Each redirect replaces a call that would raise on a machine without CUDA, so nothing that works is
 changed. With CUDA present nothing is patched (``should_redirect``), whatever the device: the real
@@ -21,6 +23,7 @@ calls are then the right ones.
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 
@@ -46,8 +49,25 @@ class _CpuStream:
 _CPU_STREAM = _CpuStream()
 
 
+class _TorchOnCpu(types.ModuleType):
+    """torch, except that zeros / ones / empty / tensor / full read device="cuda" as the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+
+    def __getattr__(self, name: str):
+        value = getattr(torch, name)
+        if name not in ("zeros", "ones", "empty", "tensor", "full"):
+            return value
+
+        def factory(*args, device=None, **kwargs):
+            return value(*args, device="cpu" if str(device).startswith("cuda") else device, **kwargs)
+        return factory
+
+
 def _redirects() -> list[tuple[object, str, object]]:
     import megatron.core.tensor_parallel.random as mrandom
+    from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
     cpu = torch.device("cpu")
@@ -60,6 +80,7 @@ def _redirects() -> list[tuple[object, str, object]]:
         (MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", _CPU_STREAM),
         (torch.cuda, "current_stream", lambda device=None: _CPU_STREAM),
         (torch.cuda, "stream", lambda stream: contextlib.nullcontext()),
+        (schedules, "torch", _TorchOnCpu()),
         (mrandom, "_get_cuda_rng_state", lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()),
         (mrandom, "_set_cuda_rng_state", lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)),
     ]
@@ -75,7 +96,7 @@ def install(device: str, cuda_available: bool | None = None) -> list[str]:
     for owner, name, replacement in _redirects():
         _ORIGINALS.setdefault((owner, name), getattr(owner, name))
         setattr(owner, name, replacement)
-        patched.append(f"{owner.__name__}.{name}")
+        patched.append(f"{getattr(owner, '__name__', owner)}.{name}")
     return patched
 
 
