@@ -36,7 +36,7 @@ from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch, make_batch, per_token
 from miles_core.training.protocol import TrainOutput
 
-from . import batching, logprobs, model, optim, parallel, weights
+from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .model_args import ModelArgs, from_hf_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -248,6 +248,13 @@ class MegatronTrainer:
         logp = self.compute_log_probs(self.model, batch)
         means = None if logp is None else ((logp * batch.loss_mask).sum(-1) / batch.loss_mask.sum(-1).clamp(min=1)).tolist()
         return _from_last_stage(means)
+
+    def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
+        """An atomic torch_dist checkpoint (checkpoint.py); collective over the train group."""
+        checkpoint.save(self, save_dir, rollout_id, state)
+
+    def restore(self, load_dir: Path) -> dict | None:
+        return checkpoint.restore(self, load_dir)
 
     def offload(self) -> None:
         if self.cfg.cluster.device != "cpu":
