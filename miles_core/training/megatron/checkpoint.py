@@ -19,6 +19,7 @@ temp dir, which readers skip. RNG resumes exactly when the parallel layout is un
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -99,7 +100,8 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
     torch.save(_rng_state(), tmp / "rng" / f"{_rank()}.pt")
     _barrier()
     if _rank() == 0:
-        (tmp / ARGS_FILE).write_text(json.dumps(asdict(trainer.args), indent=1))
+        (tmp / ARGS_FILE).write_text(json.dumps(args_json(trainer.args), indent=1))
+        shutil.copy(trainer.model_path / "config.json", tmp / "config.json")
         meta = {**state, "rollout_id": rollout_id, "steps_done": trainer.steps_done, "world_size": dist.get_world_size(),
                 "optimizer": "optimizer" in sharded}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
@@ -119,12 +121,17 @@ def latest(load_dir: Path) -> Path | None:
     return path if path.is_dir() and marker_problem(path) is None else None
 
 
+def args_json(args: ModelArgs) -> dict:
+    """ModelArgs as model_args.json holds them (tuples as lists)."""
+    return json.loads(json.dumps(asdict(args)))
+
+
 def check_args(path: Path, args: ModelArgs) -> None:
     """Refuse a checkpoint of another model shape, naming each differing field."""
-    saved = json.loads((path / ARGS_FILE).read_text())
-    diffs = [f"{k} {v!r} (this model: {asdict(args)[k]!r})" for k, v in saved.items() if asdict(args).get(k) != v and k != "moe_layer_freq"]
-    if saved.get("moe_layer_freq") != (list(args.moe_layer_freq) if args.moe_layer_freq else None):
-        diffs.append(f"moe_layer_freq {saved.get('moe_layer_freq')} (this model: {args.moe_layer_freq})")
+    if not (path / ARGS_FILE).is_file():
+        raise ValueError(f"{path} is not a torch_dist checkpoint of miles: it has no {ARGS_FILE}")
+    saved, mine = json.loads((path / ARGS_FILE).read_text()), args_json(args)
+    diffs = [f"{k} {v!r} (this model: {mine.get(k)!r})" for k, v in saved.items() if mine.get(k) != v]
     if diffs:
         raise ValueError(f"torch_dist checkpoint {path} is of another model shape: " + "; ".join(diffs))
 
