@@ -6,12 +6,15 @@ redirected here, and only here, to their CPU equivalents:
 
     torch.cuda.current_device  -> torch.device("cpu")  (tensors megatron allocates "on the GPU")
     torch.cuda.synchronize     -> no-op
+    Tensor.cuda                -> the tensor itself (e.g. the tied-embedding copy of the last pipeline stage)
     torch.cuda.get_rng_state / set_rng_state / manual_seed  -> the CPU generator's
     tensor_parallel.random._get_cuda_rng_state / _set_cuda_rng_state  -> the CPU generator's
         (so the RNG tracker's forks, e.g. for TP-sharded init and dropout, fork the CPU generator)
     MoEAlltoAllTokenDispatcher.cuda_dtoh_stream, torch.cuda.current_stream / stream  -> one synchronous
         CPU "stream" (the MoE all-to-all dispatcher copies its token counts to the host on a side stream;
         on CPU there is nothing to overlap). torch.cuda.Stream itself stays: libraries annotate with it.
+    moe token_dispatcher.maybe_move_tensor_to_cpu  -> also for CPU tensors: the all-to-all split sizes become
+        numpy arrays (it converts only CUDA tensors, and all_to_all_single takes no tensor as split sizes)
     pipeline_parallel.schedules.torch  -> torch, with device="cuda" in tensor factories read as cpu (the
         schedules allocate their token counter with a literal device="cuda")
 
@@ -65,15 +68,21 @@ class _TorchOnCpu(types.ModuleType):
         return factory
 
 
+def _to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+    return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+
 def _redirects() -> list[tuple[object, str, object]]:
     import megatron.core.tensor_parallel.random as mrandom
     from megatron.core.pipeline_parallel import schedules
+    from megatron.core.transformer.moe import token_dispatcher
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
     cpu = torch.device("cpu")
     return [
         (torch.cuda, "current_device", lambda: cpu),
         (torch.cuda, "synchronize", lambda device=None: None),
+        (torch.Tensor, "cuda", lambda self, *args, **kwargs: self),
         (torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state()),
         (torch.cuda, "set_rng_state", lambda new_state, device="cuda": torch.set_rng_state(new_state)),
         (torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed)),
@@ -81,6 +90,7 @@ def _redirects() -> list[tuple[object, str, object]]:
         (torch.cuda, "current_stream", lambda device=None: _CPU_STREAM),
         (torch.cuda, "stream", lambda stream: contextlib.nullcontext()),
         (schedules, "torch", _TorchOnCpu()),
+        (token_dispatcher, "maybe_move_tensor_to_cpu", _to_host),
         (mrandom, "_get_cuda_rng_state", lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()),
         (mrandom, "_set_cuda_rng_state", lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)),
     ]

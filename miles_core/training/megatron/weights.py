@@ -227,17 +227,17 @@ def gather(model) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     out = {}
-    for name, t in local_tensors(model).items():
-        t = t.detach()
+    for name, param in local_tensors(model).items():
+        t = param.detach()
         rank, size, group = _tp(name)
-        if _split(t) and size > 1:
+        if _split(param) and size > 1:
             parts = [torch.empty_like(t) for _ in range(size)]
             dist.all_gather(parts, t.contiguous(), group=group)
             if name.endswith("linear_fc1.weight"):
                 halves = [p.chunk(2) for p in parts]
                 t = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
             else:
-                t = torch.cat(parts, dim=t.partition_dim)
+                t = torch.cat(parts, dim=param.partition_dim)
         if _tied(model, global_name(model, name)) == global_name(model, name):
             out[global_name(model, name)] = t.clone()
     return out
