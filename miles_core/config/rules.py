@@ -138,8 +138,9 @@ def _parallel_rules(c: "TrainConfig") -> None:
     if p.context_parallel_size > 1:
         raise ValueError(f"context_parallel_size {p.context_parallel_size} is not supported yet (context parallel needs Transformer "
                          "Engine's attention); set context_parallel_size: 1")
-    if p.sequence_parallel and p.tensor_model_parallel_size == 1:
-        raise ValueError("sequence_parallel needs tensor_model_parallel_size > 1; set both or drop sequence_parallel")
+    if p.sequence_parallel:
+        raise ValueError("sequence_parallel is not supported yet: the trainer builds megatron-core's local layer spec, whose torch "
+                         "norms refuse sequence parallel (it needs Transformer Engine or Apex norms); set sequence_parallel: false")
     full = p.recompute_granularity == "full"
     if (p.recompute_method is not None or p.recompute_num_layers is not None) and not full:
         raise ValueError("recompute_method and recompute_num_layers apply only with recompute_granularity full; set it or drop them")

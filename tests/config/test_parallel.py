@@ -34,7 +34,7 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"offload_train": True}, "offload_train is not supported yet"),
     ({"offload_train_target": "disk"}, "apply only with offload_train"),
     ({"context_parallel_size": 2, "actor_num_gpus_per_node": 2}, "context_parallel_size 2 is not supported yet"),
-    ({"sequence_parallel": True}, "sequence_parallel needs tensor_model_parallel_size > 1"),
+    ({"sequence_parallel": True}, "sequence_parallel is not supported yet"),
     ({"recompute_granularity": "full"}, "needs recompute_method"),
     ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 
-def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out: str) -> None:
+def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out: str, convert_to: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -17,6 +17,10 @@ def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out
     from miles_core.training.megatron.trainer import MegatronTrainer, _from_last_stage
 
     trainer = MegatronTrainer(cfg, model_dir, pad_id=0)
+    if convert_to:  # HF -> torch_dist at this world's parallel layout
+        from miles_core.training.megatron.convert import hf_to_torch_dist
+
+        hf_to_torch_dist(model_dir, convert_to)
     logp = _from_last_stage(trainer.compute_log_probs(trainer.model, make_batch(samples, 0)))
     result = trainer.train_rollout(samples, [s.reward for s in samples])
     tensors = dict(trainer.named_tensors())

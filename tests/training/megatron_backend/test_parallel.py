@@ -1,5 +1,6 @@
-"""Two processes under gloo: TP=2, PP=2 (tied embeddings) and EP=2 (MoE, with DP=2 for the dense part)
-give the one-rank run's response log-probs, first step's loss and grad norm (1e-5) and weight update."""
+"""Two processes under gloo: TP=2, PP=2 (tied embeddings) and EP=2 (MoE, with DP=2 for
+the dense part) give the one-rank run's response log-probs, first step's loss and grad norm (1e-5) and
+weight update; an HF -> torch_dist conversion written at TP=2 reads back at TP=1 bit-exactly."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import torch
 import torch.multiprocessing as mp
 
 from miles_core.training.batch import make_batch
+from safetensors.torch import load_file
+
+from miles_core.training.megatron.convert import torch_dist_to_hf
 from miles_core.training.megatron.trainer import MegatronTrainer
 
-from .conftest import tiny_hf
+from .conftest import hf_state, tiny_hf
 
 sys.path.insert(0, str(Path(__file__).parent))  # the spawned ranks import _ranks by this name
 import _ranks  # noqa: E402
@@ -42,8 +46,9 @@ def test_two_ranks_equal_one(megatron_world, tmp_path, cfg, samples, kind, tie, 
     after = dict(one.named_tensors())
 
     out = tmp_path / "rank0.pt"
-    mp.spawn(_ranks.run_rank, args=(2, _port(), cfg(micro_batch_size=2, **MEGATRON, **sizes), str(tmp_path / "hf"), samples, str(out)),
-             nprocs=2, join=True)
+    convert_to = str(tmp_path / "td") if "tensor_model_parallel_size" in sizes else None
+    mp.spawn(_ranks.run_rank, args=(2, _port(), cfg(micro_batch_size=2, **MEGATRON, **sizes), str(tmp_path / "hf"), samples, str(out),
+                                    convert_to), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
     assert (two["logp"] - logp).abs().max() < 1e-5
     for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
@@ -51,3 +56,7 @@ def test_two_ranks_equal_one(megatron_world, tmp_path, cfg, samples, kind, tie, 
     for name, t in after.items():
         update = t - before[name]
         assert (two["tensors"][name] - before[name] - update).norm() <= 1e-3 * update.norm() + 1e-12, name
+    if convert_to:
+        torch_dist_to_hf(tmp_path / "td", tmp_path / "back")
+        back = load_file(tmp_path / "back" / "model.safetensors")
+        assert set(back) == set(hf_state(tiny_hf(kind, tie=tie))) and all(torch.equal(back[k], before[k]) for k in back)

@@ -27,6 +27,8 @@ def _updates(before: dict, after: dict) -> dict:
     ("qwen2", {"use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_coef": 0.01, "num_steps_per_rollout": 2, "micro_batch_size": 2}),
     ("qwen2", {**MEGATRON, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 24, "calculate_per_token_loss": True}),
     ("glm4_moe", {"micro_batch_size": 4}),
+    ("qwen2", {**MEGATRON, "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}),
+    ("qwen2", {**MEGATRON, "recompute_granularity": "selective"}),
 ])
 def test_grpo_step_equals_the_torch_trainer(megatron_world, tmp_path, lm, cfg, samples, model, overrides):
     hf = lm(seed=0) if model == "qwen2" else tiny_hf(model)
