@@ -237,6 +237,25 @@ class MegatronTrainer:
     def named_tensors(self):
         return self.hf_state().items()
 
+    def hf_model(self):
+        """The policy as a transformers model (CPU, float32) holding the gathered weights."""
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_config(self.hf_config(), dtype=torch.float32)
+        hf.load_state_dict(self.hf_state())
+        return hf.eval()
+
+    def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path:
+        """An HF snapshot <export_dir>/<rollout_id>/ (checkpoint.export.export_hf), written by rank 0; collective."""
+        from miles_core.checkpoint.export import export_hf
+
+        hf = self.hf_model()  # every rank takes part in the gather
+        path = Path(export_dir) / str(rollout_id)
+        if dist.get_rank() == 0:
+            path = export_hf(hf, tokenizer, export_dir, rollout_id)
+        dist.barrier()
+        return path
+
     def hf_config(self):
         from transformers import AutoConfig
 

@@ -63,3 +63,20 @@ def test_three_rollouts_move_the_policy_toward_reward(megatron_world, tmp_path, 
     good = torch.tensor(rewards) == 1
     assert (end - start)[good].mean() > 0.05 and (end - start)[~good].mean() < -0.05
     assert mega.steps_done == 3 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_the_builder_makes_a_trainer_that_exports_hf(megatron_world, tmp_path, lm, cfg, samples, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from miles_core.training.megatron import build_megatron_trainer
+    from miles_core.training.protocol import TrainerContext, TrainOutput
+
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    trainer = build_megatron_trainer(TrainerContext(cfg=cfg(), model_path=tmp_path / "hf", tokenizer=tiny_tokenizer, rank=0, world_size=1))
+    assert isinstance(trainer.train_rollout(samples, [s.reward for s in samples]), TrainOutput)
+    path = trainer.export(tmp_path / "export", 0, tiny_tokenizer)
+    assert (path / ".complete").is_file()
+    exported = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    assert all(torch.equal(exported[k], v) for k, v in trainer.named_tensors())
+    with pytest.raises(RuntimeError, match="says rank 1 of 2"):
+        build_megatron_trainer(TrainerContext(cfg=cfg(), model_path=tmp_path / "hf", tokenizer=tiny_tokenizer, rank=1, world_size=2))
