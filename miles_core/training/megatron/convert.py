@@ -15,6 +15,7 @@ other way round. Collective when the world has several ranks; rank 0 writes the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -32,14 +33,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json", "chat_template.jinja")
 
 
-def _world(p: ParallelConfig | None) -> bool:
-    """Megatron groups for a conversion: the current ones, else a one-rank world. -> whether we started it."""
+@contextlib.contextmanager
+def _world():
+    """Megatron groups for a conversion: the current ones, else a one-rank world for its duration."""
     from megatron.core import parallel_state as ps
 
-    if ps.model_parallel_is_initialized():
-        return False
-    parallel.init_parallel(p or ParallelConfig(), seed=0, device="cuda" if torch.cuda.is_available() else "cpu")
-    return True
+    started = not ps.model_parallel_is_initialized()
+    if started:
+        parallel.init_parallel(ParallelConfig(), seed=0, device="cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        yield
+    finally:
+        if started:
+            parallel.teardown()
 
 
 def _stage(args: ModelArgs):
@@ -73,8 +79,7 @@ def hf_to_torch_dist(hf_dir: Path, out: Path) -> dict:
     config = json.loads((hf_dir / "config.json").read_text())
     args = from_hf_config(config, str(hf_dir / "config.json"))
     state = load_hf_state(hf_dir, args)
-    started = _world(None)
-    try:
+    with _world():
         stage = _stage(args)
         stage.load_state_dict(weights.shard(weights.hf_to_full(state, args), stage), strict=False)
         tmp = out.parent / f".tmp-{out.name}"
@@ -87,9 +92,6 @@ def hf_to_torch_dist(hf_dir: Path, out: Path) -> dict:
         dist_checkpointing.save({"model": checkpoint.model_sharded(stage)}, str(tmp / checkpoint.TORCH_DIST))
         dist.barrier()
         _publish(tmp, out)
-    finally:
-        if started:
-            parallel.teardown()
     return {"torch_dist": str(out), "tensors": len(state), "model_type": config.get("model_type")}
 
 
@@ -108,8 +110,7 @@ def torch_dist_to_hf(ckpt: Path, out: Path, config: Path | None = None, tokenize
     hf_config = json.loads(config_path.read_text())
     args = from_hf_config(hf_config, str(config_path))
     checkpoint.check_args(ckpt, args)
-    started = _world(None)
-    try:
+    with _world():
         stage = _stage(args)
         loaded = dist_checkpointing.load({"model": checkpoint.model_sharded(stage)}, str(ckpt / checkpoint.TORCH_DIST))
         stage.load_state_dict(loaded["model"], strict=False)
@@ -120,9 +121,6 @@ def torch_dist_to_hf(ckpt: Path, out: Path, config: Path | None = None, tokenize
             _write_hf(tmp, hf, config_path, tokenizer)
         dist.barrier()
         _publish(tmp, out)
-    finally:
-        if started:
-            parallel.teardown()
     return {"hf": str(out), "tensors": len(hf), "model_type": hf_config.get("model_type")}
 
 

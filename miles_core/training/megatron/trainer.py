@@ -35,6 +35,7 @@ from miles_core.data.sample import Sample
 from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch, make_batch, per_token
 from miles_core.training.protocol import TrainOutput
+from miles_core.training.schedule import set_lr
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .model_args import ModelArgs, from_hf_config
@@ -194,7 +195,7 @@ class MegatronTrainer:
             for name, v in r.items():
                 totals[name] = totals.get(name, 0.0) + v
         totals = _sum_over_data_parallel(totals)
-        lr = self._set_lr()
+        lr = set_lr(self.optimizer, self.algo, self.steps_done)
         optim.use_main_grads(self.params)
         grad_norm = optim.clip_(self.params, self.algo.clip_grad)
         self.optimizer.step()
@@ -215,16 +216,6 @@ class MegatronTrainer:
         )
         loss, metrics = actor_loss(self.loss_algo, inputs, reduce)
         return loss, torch.tensor(1), {name: float(v) for name, v in metrics.items()}
-
-    def _warmup(self) -> float:
-        w = self.algo.lr_warmup_iters
-        return min(1.0, (self.steps_done + 1) / w) if w else 1.0
-
-    def _set_lr(self) -> float:
-        lr = self.algo.lr * self._warmup()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
 
     # ---- weights ------------------------------------------------------------------------------
     def hf_state(self) -> dict[str, torch.Tensor]:
