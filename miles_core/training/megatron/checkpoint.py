@@ -9,7 +9,7 @@ layout for the model and optimizer (megatron's dist_checkpointing, format torch_
       rng/<rank>.pt        each rank's CPU (and CUDA) generator and megatron's RNG tracker states
       meta.json            the runtime's state (data cursor, run ids, weight version) + steps_done
       .complete            manifest of every file, written last (checkpoint/_fs.write_marker)
-    <save_dir>/latest      the rollout id, rewritten after the rename
+    <save_dir>/latest      the rollout id, rewritten after the rename; then keep_last retention
 
 Every rank writes its shards into ``<save_dir>/.tmp-<rollout_id>``; after a barrier rank 0 writes the
 rest, the marker, renames the directory into place and moves ``latest``; a killed save leaves only the
@@ -108,8 +108,17 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
         write_marker(tmp)
         replace_dir(tmp, final)
         atomic_write_text(save_dir / LATEST, f"{rollout_id}\n")
+        if trainer.cfg.checkpoint.keep_last is not None:
+            _retain(save_dir, rollout_id, trainer.cfg.checkpoint.keep_last)
     _barrier()
     return final
+
+
+def _retain(save_dir: Path, rollout_id: int, keep_last: int) -> None:
+    """keep_last: of the checkpoints with id <= rollout_id keep the newest keep_last (newer ids are never touched)."""
+    ids = sorted(int(p.name) for p in save_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) <= rollout_id)
+    for old in ids[:-keep_last]:
+        remove_tree(save_dir / str(old))
 
 
 def latest(load_dir: Path) -> Path | None:

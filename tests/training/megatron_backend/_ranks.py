@@ -3,15 +3,12 @@ train one rollout with the Megatron trainer and write what rank 0 sees."""
 
 from __future__ import annotations
 
-import os
-
 
 def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out: str, convert_to: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ["MILES_CACHE_DIR"] = os.environ.get("MILES_CACHE_DIR", "")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from miles_core.training.batch import make_batch
     from miles_core.training.megatron.trainer import MegatronTrainer, _from_last_stage

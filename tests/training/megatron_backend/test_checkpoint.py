@@ -32,10 +32,13 @@ def test_resume_is_exact(megatron_world, tmp_path, lm, cfg, samples):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["0", "latest"]  # the temp dir is gone
 
 
-def test_a_checkpoint_of_another_shape_is_named(megatron_world, tmp_path, lm, cfg):
+def test_a_checkpoint_of_another_shape_is_named_and_keep_last_holds(megatron_world, tmp_path, lm, cfg):
     lm(seed=0).save_pretrained(tmp_path / "hf")
-    trainer = MegatronTrainer(cfg(), tmp_path / "hf", pad_id=PAD)
-    path = checkpoint.save(trainer, tmp_path / "ckpt", 3, {})
+    trainer = MegatronTrainer(cfg(keep_last=2), tmp_path / "hf", pad_id=PAD)
+    for rollout_id in (1, 2, 3):
+        path = checkpoint.save(trainer, tmp_path / "ckpt", rollout_id, {})
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2", "3", "latest"]
+    assert checkpoint.latest(tmp_path / "ckpt") == path
     wider = trainer.args.__class__(**{**trainer.args.__dict__, "hidden_size": 64})
     with pytest.raises(ValueError, match=r"another model shape: hidden_size 32 \(this model: 64\)"):
         checkpoint.check_args(path, wider)
