@@ -10,7 +10,7 @@ config; constant lr; no KL term: TRL ``beta=0``), PPO-clip 0.2, per-sequence tok
 
 One RL step = generation + reward + update (+ miles' weight sync into its engine, which TRL does
 not need since it samples from the training model). miles runs through its library:
-``LocalRuntime.generate(i)``, ``.train(i)``, ``.sync_weights()`` with a config from
+``Runtime.generate(i)``, ``.train(i)``, ``.sync_weights()`` with a config from
 ``load_config("tiny", overrides)``.
 
 ``--compile``: both sides' models go through ``torch.compile`` (inductor, on this CPU: C++ kernels), each
@@ -81,16 +81,16 @@ def miles_overrides(shape: Shape, run_dir: str, seed: int, extra: dict | None = 
 
 
 class MilesSide:
-    """LocalRuntime driven stage by stage, as the train flow does (without Prefect)."""
+    """The local Runtime driven stage by stage, as the train flow does (without Prefect)."""
 
     def __init__(self, shape: Shape, seed: int, extra: dict | None = None, tag: str = "miles"):
         from miles_core.config import load_config
-        from miles_core.runtime.local import LocalRuntime
+        from miles_core.runtime.placement import build_runtime
 
         run_dir = TMP / "grpo_trl" / tag
         shutil.rmtree(run_dir, ignore_errors=True)
         self.cfg = load_config("tiny", miles_overrides(shape, str(run_dir), seed, extra))
-        self.rt = LocalRuntime(self.cfg)
+        self.rt = build_runtime(self.cfg)
         self.rt.sync_weights()  # version 1 before rollout 0 (REFERENCE §1)
         self.i = 0
         self.trace = Trace()

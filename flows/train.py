@@ -6,6 +6,8 @@
     2. generate + reward   3. train (old log-probs, advantages, optimizer steps)
     4. save if due         5. sync weights (version + 1)   6. eval if due   7. export if due
 
+A resume starts after the checkpoint's rollout i, first running what was due after that save and did
+not complete (its eval, its export; the sync is redone by restore): the stage ledger records them.
 async_mode one_step submits generate(i + 1) before train(i), so the two task runs overlap (rollout
 i + 1 is one weight sync stale); it is waited for before the weight sync and before a save.
 async_mode fully: generate(i) takes groups from a background worker's buffer (runtime side), and
@@ -16,23 +18,24 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import get_run_context
 
 from miles_core.config import TrainConfig
-from miles_core.runtime import registry
-from miles_core.tracking import progress
 from miles_core.env import cache_dir
+from miles_core.runtime import registry
+from miles_core.runtime.stage_ledger import StageLedger
+from miles_core.tracking import progress
 from tasks.convert import convert
 from tasks.export import export_live, register
 from tasks.prepare import prepare
-from tasks.stages import generate, restore, save, train_step, update_weights
+from tasks.stages import generate, restore, sample_rows, save, train_step, update_weights
 
 from .evaluate import eval_at, finish_evals
 from .tracking import RunTracker, open_run
-
 
 PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
 
@@ -40,6 +43,24 @@ PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this 
 def due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
     """An action with interval k runs after rollout i when (i+1) % k == 0, or i is the last rollout."""
     return interval is not None and ((rollout_id + 1) % interval == 0 or rollout_id == num_rollout - 1)
+
+
+@dataclass
+class TrainRun:
+    """One train flow run: its key in the runtime registry, config, length, tracker and stage ledger."""
+
+    key: str
+    config: TrainConfig
+    num_rollout: int
+    model_path: str
+    tracker: RunTracker
+    ledger: StageLedger
+
+    def eval_due(self, i: int) -> bool:
+        return self.config.eval.enabled and due(self.config.eval.eval_interval, i, self.num_rollout)
+
+    def export_due(self, i: int) -> bool:
+        return due(self.config.checkpoint.export_interval, i, self.num_rollout)
 
 
 def _on_failure(flow, flow_run, state) -> None:
@@ -54,7 +75,6 @@ def train(config: TrainConfig) -> dict:
     run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
     convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
     facts = prepare(run_key, config)
-    rt = registry.get_runtime(run_key)
     n = facts["num_rollout"]
     try:
         meta = restore(run_key)
@@ -62,61 +82,94 @@ def train(config: TrainConfig) -> dict:
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout,
                    "num_rollout": n, "num_prompts": facts["num_prompts"], "dropped_prompts": facts["dropped_prompts"]}
         reattach = meta["mlflow_run_id"] if meta and not config.tracking.mlflow_new_run else None
-        tracker = open_run(config, reattach, derived)
-        _record_run(config, tracker)
+        run = TrainRun(run_key, config, n, facts["model_path"], open_run(config, reattach, derived), StageLedger(config.run_dir))
+        run.ledger.forget_after(start - 1)
+        _record_run(config, run.tracker)
         if not meta:
-            update_weights(run_key)
-        if config.eval.enabled and not config.eval.skip_eval_before_train and start == 0:
-            eval_at(run_key, tracker, rt.weight_version)
-        artifact = create_progress_artifact(progress=100.0 * start / n, key="train-progress", description=f"rollouts of {config.misc.recipe}")
-        rewards, pending, shown = [], None, time.monotonic()
-        for i in range(start, n):
-            metrics, pending = _one_rollout(run_key, i, n, config, tracker, pending)
-            rewards.append(metrics)
-            if i == n - 1 or time.monotonic() - shown >= PROGRESS_EVERY_S:  # one API call per rollout is too many at small steps
-                update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
-                shown = time.monotonic()
-            progress.emit(i, n, rewards[-1])
-        finish_evals(run_key, tracker)  # background evals of eval_mode snapshot land before the run ends
-        tracker.mlflow.end("FINISHED")
-        return _summary(config, tracker, rewards, start, n)
+            update_weights(run_key)  # 1. version 1
+            if config.eval.enabled and not config.eval.skip_eval_before_train:
+                eval_at(run_key, run.tracker, config)
+        else:
+            _finish_interrupted(run, meta["rollout_id"])
+        rewards = _rollout_loop(run, start)
+        finish_evals(run_key, run.tracker, config)  # background evals of eval_mode snapshot land before the run ends
+        run.tracker.mlflow.end("FINISHED")
+        return _summary(config, run.tracker, rewards, start, n)
     finally:
         registry.release(run_key)
 
 
-def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: RunTracker, pending):
+def _rollout_loop(run: TrainRun, start: int) -> list[dict]:
+    n = run.num_rollout
+    artifact = create_progress_artifact(progress=100.0 * start / n, key="train-progress", description=f"rollouts of {run.config.misc.recipe}")
+    rewards, pending, shown = [], None, time.monotonic()
+    for i in range(start, n):
+        metrics, pending = _one_rollout(run, i, pending)
+        rewards.append(metrics)
+        if i == n - 1 or time.monotonic() - shown >= PROGRESS_EVERY_S:  # one API call per rollout is too many at small steps
+            update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
+            shown = time.monotonic()
+        progress.emit(i, n, rewards[-1])
+    return rewards
+
+
+def _one_rollout(run: TrainRun, i: int, pending):
     """-> (rollout metrics, the one_step generate future of rollout i + 1 or None)."""
-    mode = config.rollout.async_mode
-    metrics = pending.result() if pending is not None else generate(run_key, i)
-    nxt = generate.submit(run_key, i + 1) if mode == "one_step" and i + 1 < n else None
-    rollout_metrics, steps = train_step(run_key, i)
-    metrics |= rollout_metrics
-    k = config.num_steps_per_rollout
-    for j, step in enumerate(steps):
-        tracker.log(step, "train/step", i * k + j)
-    tracker.log(metrics, "rollout/step", i)  # before the save: a checkpoint never precedes its metrics
-    if config.tracking.log_samples and due(_samples_interval(config), i, n) and i > tracker.marks.get("rollout/step", -1):
-        rows = registry.get_runtime(run_key).sample_rows(i, config.tracking.log_samples)
-        tracker.mlflow.log_table(rows, f"samples/rollout_{i:05d}.json")
-    save_due = due(config.checkpoint.save_interval, i, n) or i == n - 1
-    sync_due = mode == "off" or due(config.rollout.update_weights_interval, i, n)
+    key, cfg, n = run.key, run.config, run.num_rollout
+    # 2. generate + reward (one_step: rollout i + 1 starts now, beside the train step)
+    metrics = pending.result() if pending is not None else generate(key, i)
+    nxt = generate.submit(key, i + 1) if cfg.rollout.async_mode == "one_step" and i + 1 < n else None
+    # 3. train
+    out = train_step(key, i)
+    metrics |= out.rollout
+    _track_rollout(run, i, metrics, out.steps)  # before the save: a checkpoint never precedes its metrics
+    save_due = due(cfg.checkpoint.save_interval, i, n) or i == n - 1
+    sync_due = cfg.rollout.async_mode == "off" or due(cfg.rollout.update_weights_interval, i, n)
     if nxt is not None and (save_due or sync_due):
         nxt.wait()  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
     perf = {}
+    # 4. save
     if save_due:
-        tracker.mlflow.flush()  # asynchronous metrics: on the store before the checkpoint that counts on them
-        perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe,
-                                  "tokenizer_dir": str(registry.get_runtime(run_key).model_path)})
+        run.tracker.mlflow.flush()  # asynchronous metrics: on the store before the checkpoint that counts on them
+        perf |= save(key, i, {"mlflow_run_id": run.tracker.mlflow.run_id, "recipe": cfg.misc.recipe, "tokenizer_dir": run.model_path})
+    # 5. sync weights
     if sync_due:
-        perf |= update_weights(run_key)
-    tracker.log_extra(perf, "rollout/step", i)
-    if due(config.eval.eval_interval, i, n) and config.eval.enabled:
-        eval_at(run_key, tracker, registry.get_runtime(run_key).weight_version)
-    if due(config.checkpoint.export_interval, i, n):
-        path = export_live(run_key, i)
-        register(config.tracking_uri, tracker.mlflow.run_id, path, i, (i + 1) * config.num_steps_per_rollout,
-                 config.checkpoint.registered_model_name, config.checkpoint.champion_metric)
+        perf |= update_weights(key)
+    run.tracker.log_extra(perf, "rollout/step", i)
+    _after_sync(run, i)
     return metrics, nxt
+
+
+def _after_sync(run: TrainRun, i: int) -> None:
+    """6. eval (at the engines' weight version) and 7. export + register, when due after rollout i; each recorded
+    in the stage ledger once complete, so a resume from the checkpoint of rollout i runs only what did not complete."""
+    if run.eval_due(i) and not run.ledger.done(i, "eval"):
+        eval_at(run.key, run.tracker, run.config)
+        run.ledger.mark(i, "eval")
+    if run.export_due(i) and not run.ledger.done(i, "export"):
+        c = run.config
+        path = export_live(run.key, i)
+        register(c.tracking_uri, run.tracker.mlflow.run_id, path, i, (i + 1) * c.num_steps_per_rollout,
+                 c.checkpoint.registered_model_name, c.checkpoint.champion_metric)
+        run.ledger.mark(i, "export")
+
+
+def _finish_interrupted(run: TrainRun, i: int) -> None:
+    """A resume from the checkpoint of rollout i: its eval and export, if due and not completed before the kill
+    (restore has redone the weight sync that followed the save)."""
+    if i < run.num_rollout:
+        _after_sync(run, i)
+
+
+def _track_rollout(run: TrainRun, i: int, metrics: dict[str, float], steps: list[dict[str, float]]) -> None:
+    """Tracking of rollout i, in one call: per-step metrics at train/step, the rollout's at rollout/step, sample rows."""
+    cfg, tracker = run.config, run.tracker
+    k = cfg.num_steps_per_rollout
+    for j, step in enumerate(steps):
+        tracker.log(step, "train/step", i * k + j)
+    tracker.log(metrics, "rollout/step", i)
+    if cfg.tracking.log_samples and due(_samples_interval(cfg), i, run.num_rollout) and i > tracker.marks.get("rollout/step", -1):
+        tracker.mlflow.log_table(sample_rows(run.key, i, cfg.tracking.log_samples), f"samples/rollout_{i:05d}.json")
 
 
 def _samples_interval(config: TrainConfig) -> int:

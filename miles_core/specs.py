@@ -25,19 +25,25 @@ def resolve_data_path(spec: str) -> str:
     return str(materialize_builtin(name, cache_dir())) + at + sl
 
 
-def prompt_spec(cfg: TrainConfig) -> PromptSpec:
+def prompt_spec(cfg: TrainConfig, keys=None) -> PromptSpec:
+    """How prompts are read: the data group's keys, or those of ``keys`` (an eval dataset's input_key,
+    label_key, metadata_key, tool_key); chat template and length limit from the config either way."""
     d = cfg.data
-    return PromptSpec(d.input_key, d.label_key, d.metadata_key, d.tool_key, d.apply_chat_template,
-                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len)
+    k = keys or d
+    return PromptSpec(input_key=k.input_key, label_key=k.label_key, metadata_key=k.metadata_key, tool_key=k.tool_key,
+                      apply_chat_template=d.apply_chat_template, apply_chat_template_kwargs=d.apply_chat_template_kwargs,
+                      max_prompt_len=cfg.rollout.rollout_max_prompt_len)
 
 
 def reward_options(cfg: TrainConfig) -> RewardOptions:
     r = cfg.rollout
-    return RewardOptions(r.rm_type, r.custom_rm_path, r.rm_url, r.group_rm, r.reward_key,
-                         r.custom_reward_post_process_path, r.rm_timeout, r.rm_max_retries)
+    return RewardOptions(rm_type=r.rm_type, custom_rm_path=r.custom_rm_path, rm_url=r.rm_url, group_rm=r.group_rm,
+                         reward_key=r.reward_key, custom_reward_post_process_path=r.custom_reward_post_process_path,
+                         rm_timeout=r.rm_timeout, rm_max_retries=r.rm_max_retries)
 
 
 def sampling_params(cfg: TrainConfig, eos_id: int) -> SamplingParams:
     r = cfg.rollout
-    return SamplingParams(r.rollout_temperature, r.rollout_top_p, r.rollout_top_k, r.rollout_max_response_len,
-                          tuple(r.rollout_stop_token_ids or ()) + (eos_id,), tuple(r.rollout_stop or ()))
+    return SamplingParams(temperature=r.rollout_temperature, top_p=r.rollout_top_p, top_k=r.rollout_top_k,
+                          max_new_tokens=r.rollout_max_response_len,
+                          stop_token_ids=tuple(r.rollout_stop_token_ids or ()) + (eos_id,), stop=tuple(r.rollout_stop or ()))

@@ -64,10 +64,11 @@ def _remove_snapshot(path: Path) -> None:
 
 
 @task(name="snapshot-eval-submit", cache_policy=NO_CACHE, retries=0)
-def snapshot_submit(run_key: str, step: int) -> PointResult | None:
-    """Export the live policy as weight version ``step`` and start its background eval (-> a skip result
+def snapshot_submit(run_key: str) -> PointResult | None:
+    """Export the live policy as its current weight version and start its background eval (-> a skip result
     when it cannot start: busy, export_failed)."""
-    return get_runtime(run_key).snapshot_evals().submit(step)
+    rt = get_runtime(run_key)
+    return rt.snapshot_evals().submit(rt.weight_version)
 
 
 @task(name="snapshot-eval-collect", cache_policy=NO_CACHE, retries=0)

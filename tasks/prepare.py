@@ -7,7 +7,6 @@ from prefect.cache_policies import NO_CACHE
 
 from miles_core.config import TrainConfig
 from miles_core.runtime import registry
-from miles_core.runtime.local import LocalRuntime
 
 
 @task(name="prepare", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -15,12 +14,9 @@ def prepare(run_key: str, config: TrainConfig) -> dict:
     """Build the live runtime of this run in this process. -> dataset and model facts."""
     from miles_core.checkpoint import validate_hf_dir
 
-    if config.cluster.runtime == "ray":
-        from miles_core.runtime.ray_runtime import RayRuntime  # ray loads only for runtime ray
+    from miles_core.runtime.placement import build_runtime
 
-        runtime = RayRuntime(config)
-    else:
-        runtime = LocalRuntime(config)
+    runtime = build_runtime(config)
     summary = validate_hf_dir(runtime.model_path)
     registry.register(run_key, runtime)
     return {"model_path": str(runtime.model_path), "num_prompts": runtime.num_prompts,

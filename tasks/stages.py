@@ -14,7 +14,9 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from miles_core.evaluation import PointResult
 from miles_core.runtime.registry import get_runtime
+from miles_core.training.protocol import TrainOutput
 
 
 @task(name="generate", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1)
@@ -23,7 +25,7 @@ def generate(run_key: str, rollout_id: int) -> dict[str, float]:
 
 
 @task(name="train", cache_policy=NO_CACHE, persist_result=False, retries=0)
-def train_step(run_key: str, rollout_id: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+def train_step(run_key: str, rollout_id: int) -> TrainOutput:
     return get_runtime(run_key).train(rollout_id)
 
 
@@ -38,13 +40,20 @@ def save(run_key: str, rollout_id: int, state: dict) -> dict[str, float]:
 
 
 @task(name="eval", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1)
-def evaluate(run_key: str) -> tuple[dict[str, float], list[dict]]:
+def evaluate(run_key: str) -> PointResult:
+    """Inline eval of the live engines at the current weight version."""
     return get_runtime(run_key).evaluate()
 
 
 @task(name="export", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1)
 def export(run_key: str, rollout_id: int) -> str:
     return str(get_runtime(run_key).export(rollout_id))
+
+
+@task(name="sample-rows", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1)
+def sample_rows(run_key: str, rollout_id: int, n: int) -> list[dict]:
+    """The first n samples of a rollout as table rows for the tracker."""
+    return get_runtime(run_key).sample_rows(rollout_id, n)
 
 
 @task(name="restore", cache_policy=NO_CACHE, persist_result=False, retries=0)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from miles_core.config.algo import AlgoConfig
 
-from ._resolve import resolve_callable
+from miles_core.resolve import resolve
 from .kl import kl_estimate
 from .policy_loss import LOG_RATIO_BOUND, ppo_clip
 from .reducer import Reducer
@@ -107,7 +107,7 @@ def resolve_loss(algo: AlgoConfig) -> LossFunction:
         raise ValueError(
             "loss_type='custom_loss' needs custom_loss_function_path (a dotted path 'package.module.function')"
         )
-    return resolve_callable(algo.custom_loss_function_path, LOSS_FUNCTIONS, "custom_loss_function_path")
+    return resolve(algo.custom_loss_function_path, LOSS_FUNCTIONS, "custom_loss_function_path")
 
 
 def actor_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from miles_core.config.algo import AlgoConfig
 
-from ._resolve import resolve_callable
+from miles_core.resolve import resolve
 from .kl import kl_estimate
 from .mis import compute_mis_weights
 from .reducer import Reducer
@@ -77,7 +77,7 @@ def load_options(path: str | None) -> Mapping[str, Any]:
 def resolve_tis_function(algo: AlgoConfig) -> TISFunction | None:
     """The active correction: custom_tis_function_path, else vanilla TIS with use_tis, else None."""
     if algo.custom_tis_function_path is not None:
-        return resolve_callable(algo.custom_tis_function_path, TIS_FUNCTIONS, "custom_tis_function_path")
+        return resolve(algo.custom_tis_function_path, TIS_FUNCTIONS, "custom_tis_function_path")
     return vanilla_tis if algo.use_tis else None
 
 

@@ -64,8 +64,10 @@ def export_hf(model, tokenizer, export_dir: Path, rollout_id: int, *, max_shard_
         (final / MARKER).unlink()
         fsync_path(final)
     tmp = export_dir / f"{TMP_PREFIX}{rollout_id}-{os.getpid()}"
+    for stale in export_dir.glob(f"{TMP_PREFIX}{rollout_id}-*"):  # left by a killed earlier export of this id
+        logger.warning("removing %s, an interrupted export of rollout %d", stale, rollout_id)
+        remove_tree(stale)
     try:
-        remove_tree(tmp)
         tmp.mkdir()
         _write_weights(model, tmp, max_shard_size)
         _write_config(model, tmp)

@@ -53,6 +53,7 @@ class CheckpointInfo:
     path: Path
     rollout_id: int
     meta: dict
+    verified: bool = False  # every file's SHA-256 checked against the manifest (find_latest does it)
 
 
 def extra_optimizer_file(name: str) -> str:

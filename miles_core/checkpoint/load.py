@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from miles_core.checkpoint import layout
+from miles_core.checkpoint._fs import checksum_problem
 from miles_core.checkpoint._tensors import load_into
 from miles_core.checkpoint.errors import CheckpointError
 from miles_core.checkpoint.layout import CheckpointInfo
@@ -32,7 +34,8 @@ def list_checkpoints(save_dir: Path) -> list[CheckpointInfo]:
 
 
 def find_latest(save_dir: Path) -> CheckpointInfo | None:
-    """The checkpoint named by `latest` if complete, else the newest complete one, else None."""
+    """The checkpoint named by `latest` if complete, else the newest complete one, else None; its files'
+    checksums verified: a corrupted one is skipped with a warning naming the file, the next older used."""
     save_dir = Path(save_dir)
     complete = list_checkpoints(save_dir)
     if not complete:
@@ -41,12 +44,16 @@ def find_latest(save_dir: Path) -> CheckpointInfo | None:
     text = pointer.read_text().strip() if pointer.is_file() else None
     by_id = {info.rollout_id: info for info in complete}
     pointed = layout.parse_rollout_id(text) if text is not None else None
-    if pointed in by_id:
-        return by_id[pointed]
-    newest = complete[-1]
-    why = "is missing" if text is None else f"names {text!r}, which is not a complete checkpoint"
-    logger.warning("%s %s; using the newest complete checkpoint %s", pointer, why, newest.path)
-    return newest
+    if pointed not in by_id:
+        why = "is missing" if text is None else f"names {text!r}, which is not a complete checkpoint"
+        logger.warning("%s %s; using the newest complete checkpoint %s", pointer, why, complete[-1].path)
+    order = ([by_id[pointed]] if pointed in by_id else []) + [i for i in reversed(complete) if i.rollout_id != pointed]
+    for info in order:
+        problem = checksum_problem(info.path)
+        if problem is None:
+            return replace(info, verified=True)
+        logger.warning("skipping checkpoint %s: %s", info.path, problem)
+    return None
 
 
 def load_checkpoint(
@@ -67,7 +74,7 @@ def load_checkpoint(
     saved, or saved with save_optim=False, leaves them fresh, with a warning).
     """
     path = Path(info.path)
-    problem = layout.checkpoint_problem(path)
+    problem = layout.checkpoint_problem(path) or (None if info.verified else checksum_problem(path))
     if problem:
         raise CheckpointError(f"{path}: not a complete checkpoint: {problem}")
     meta = json.loads((path / layout.META_FILE).read_text())

@@ -70,8 +70,9 @@ def save_checkpoint(
     save_dir.mkdir(parents=True, exist_ok=True)
     tmp = save_dir / f"{TMP_PREFIX}{rollout_id}-{os.getpid()}"
     final = save_dir / str(rollout_id)
+    for stale in save_dir.glob(f"{TMP_PREFIX}{rollout_id}-*"):  # left by a killed earlier save of this id
+        remove_tree(stale)
     try:
-        remove_tree(tmp)
         tmp.mkdir()
         _write_contents(tmp, model, optimizer if save_optim else None, extra_tensors, extra_optimizers, meta)
         write_marker(tmp)

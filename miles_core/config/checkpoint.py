@@ -14,6 +14,10 @@ class CheckpointConfig(Group):
     save: str | None = Field(None, description="Checkpoint dir (default <run_dir>/checkpoints).")
     save_interval: int | None = Field(None, ge=1, description="Save after rollout i when (i+1) % save_interval == 0; always after the last.")
     keep_last: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    keep_rollouts: int = Field(
+        4, ge=1, description="Rollout files (<run_dir>/rollouts/<id>.pt) kept besides those a resume can still need (after "
+        "the latest complete checkpoint); older ones are deleted after each save. Their samples live on in the MLflow "
+        "sample tables (log_samples).")
     no_save_optim: bool = Field(False, description="Do not save optimizer state.")
     export: str | None = Field(None, description="HF export dir (default <run_dir>/export).")
     export_interval: int | None = Field(None, ge=1, description="Export an HF snapshot every N rollouts (and after the last).")

@@ -60,18 +60,18 @@ def _rollout_rules(c: "TrainConfig") -> None:
 
 
 def _runtime_rules(c: "TrainConfig") -> None:
+    from .backends import unsupported
+
     cl = c.cluster
-    if cl.runtime == "local" and (cl.rollout_engine != "hf" or cl.train_backend != "torch"):
-        raise ValueError(
-            f"runtime local runs rollout_engine hf with train_backend torch (got {cl.rollout_engine}/{cl.train_backend}); "
-            "use runtime ray for sglang or megatron"
-        )
-    if cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
-        raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
-                         "process); set runtime: ray or drop update_weight_mode")
     if cl.torch_compile and cl.train_backend != "torch":
         raise ValueError(f"torch_compile compiles the torch trainer's layers; train_backend {cl.train_backend} has its own "
                          "kernels: drop torch_compile or use train_backend torch")
+    refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine)
+    if refused:
+        raise ValueError(refused)
+    if cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
+        raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
+                         "process); set runtime: ray or drop update_weight_mode")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
@@ -181,6 +181,10 @@ def _megatron_rules(c: "TrainConfig") -> None:
     shape = model_shape(c.checkpoint.hf_checkpoint)
     if shape is not None:
         check_model_divides(shape, p, c.checkpoint.hf_checkpoint)
+    if cl.runtime == "ray" and world > 1:
+        raise ValueError(f"train_backend megatron on {world} Ray train ranks (actor_num_nodes * actor_num_gpus_per_node) is not "
+                         "supported yet: the train group still sends weights, checkpoints and exports to rank 0 only, and the "
+                         "megatron ranks must all take part; use one rank (actor_num_gpus_per_node: 1) for now")
 
 
 def check_model_divides(shape, p, source: str) -> None:
@@ -197,6 +201,13 @@ def check_model_divides(shape, p, source: str) -> None:
                              f"choose a {field} that divides {n}")
 
 
+def _extension_rules(c: "TrainConfig") -> None:
+    """Every extension point (custom_rm_path, custom_loss_function_path, ...) resolves now, before any model loads."""
+    from miles_core.resolve import check_extension_points
+
+    check_extension_points(c)
+
+
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules):
+    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules, _extension_rules):
         rule(c)

@@ -62,7 +62,7 @@ def read_rows(spec: str) -> list[dict[str, Any]]:
     return rows[sl]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptSpec:
     input_key: str = "input"
     label_key: str | None = "label"

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from miles_core.config import TrainConfig
 from miles_core.data import PromptSpec, load_prompts
-from miles_core.specs import resolve_data_path, reward_options, sampling_params
+from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
 
 from .core import EvalDataset, eval_params
 from .point import EvalSuite, default_eval
@@ -18,11 +18,9 @@ EVAL_FUNCTIONS = {"default": default_eval}
 
 
 def resolve_eval_fn(path: str | None):
-    if path is None or path in EVAL_FUNCTIONS:
-        return EVAL_FUNCTIONS[path or "default"]
-    from miles_core.rewards import load_function
+    from miles_core.resolve import resolve
 
-    return load_function(path)
+    return resolve(path or "default", EVAL_FUNCTIONS, "eval_function_path")
 
 
 def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
@@ -42,6 +40,4 @@ def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
 
 
 def _prompt_spec(cfg: TrainConfig, ds: ResolvedDataset) -> PromptSpec:
-    d = cfg.data
-    return PromptSpec(ds.input_key, ds.label_key, ds.metadata_key, ds.tool_key, d.apply_chat_template,
-                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len)
+    return prompt_spec(cfg, keys=ds)

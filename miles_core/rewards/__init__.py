@@ -13,7 +13,7 @@ Public API::
 See docs/rewards.md for every family's rule and the extension points.
 """
 
-from miles_core.rewards._import import load_function
+from miles_core.resolve import resolve as load_function
 from miles_core.rewards.hub import async_rm, batched_async_rm, reward_value, score
 from miles_core.rewards.options import RewardOptions
 from miles_core.rewards.registry import RM_TYPES, validate_rm_type

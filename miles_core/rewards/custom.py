@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from miles_core.data.sample import Sample
-from miles_core.rewards._import import load_function
+from miles_core.resolve import resolve as load_function
 
 Reward = float | dict[str, Any]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from miles_core.rewards.registry import base_rm_type, validate_rm_type
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RewardOptions:
     """How samples are scored.
 

@@ -36,7 +36,7 @@ from miles_core.data.dataset import Prompt
 from miles_core.data.sample import Sample, Status
 from miles_core.data.source import DataSource
 from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
-from miles_core.utils import load_function
+from miles_core.resolve import resolve
 
 from .filters import FILTERS
 from .protocol import GenerateRequest, SamplingParams
@@ -44,7 +44,7 @@ from .protocol import GenerateRequest, SamplingParams
 FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutSpec:
     """What the loop needs from the config (hashable, built by the runtime)."""
 
@@ -130,7 +130,7 @@ def sample_groups(
 def generate_rollout(engine, source: DataSource, spec: RolloutSpec, reward: RewardOptions, rollout_id: int, decode) -> Rollout:
     """Sample, score and filter until rollout_batch_size groups are kept (see the module docstring)."""
     want = spec.rollout_batch_size
-    keep_filter = load_function(spec.filter_path, FILTERS) if spec.filter_path else None
+    keep_filter = resolve(spec.filter_path, FILTERS, "dynamic_sampling_filter_path") if spec.filter_path else None
     kept: list[list[Sample]] = []
     drops: Counter[str] = Counter()
     reused = 0

@@ -250,7 +250,7 @@ class HFEngine:
     def score(self, input_ids_list: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
         """Prefill-only scoring (SGLang input_token_logprobs without the leading None): for L ids,
         L - 1 log-probs, entry j = log p(ids[j+1] | ids[:j+1]) under logits / temperature."""
-        from miles_core.training.teacher import score_tokens
+        from miles_core.models.scoring import score_tokens
 
         return score_tokens(self.model, input_ids_list, temperature, self.max_batch_size)
 

@@ -8,7 +8,7 @@ from typing import Iterable, Protocol
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from .local import LocalRuntime
+from .runtime import Runtime
 
-_RUNTIMES: dict[str, LocalRuntime] = {}
+_RUNTIMES: dict[str, Runtime] = {}
 
 
-def register(key: str, runtime: LocalRuntime) -> None:
+def register(key: str, runtime: Runtime) -> None:
     _RUNTIMES[key] = runtime
 
 
-def get_runtime(key: str) -> LocalRuntime:
+def get_runtime(key: str) -> Runtime:
     try:
         return _RUNTIMES[key]
     except KeyError:
@@ -19,8 +19,7 @@ def get_runtime(key: str) -> LocalRuntime:
 
 
 def release(key: str) -> None:
-    """Forget the runtime; one that holds processes (RayRuntime: actors, engine servers) closes them."""
+    """Forget the runtime and close what it holds (background generation, engine servers, actors)."""
     runtime = _RUNTIMES.pop(key, None)
-    close = getattr(runtime, "close", None)
-    if close is not None:
-        close()
+    if runtime is not None:
+        runtime.close()

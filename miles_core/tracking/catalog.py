@@ -147,7 +147,7 @@ CATALOG: tuple[Metric, ...] = (
     Metric("perf/actor_train_tok_per_s", ROLLOUT, "trained tokens per second (tokens * num_steps_per_rollout / time)", "always", _TRAINER),
     Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
     Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far, cumulative: by the health monitor "
-           "(use_fault_tolerance) or found dead before a weight sync", "runtime: ray", "miles_core/runtime/ray_runtime.py"),
+           "(use_fault_tolerance) or found dead before a weight sync", "runtime: ray", "miles_core/rollout/http/fleet.py"),
     Metric("perf/update_weights_time", ROLLOUT, "seconds of the weight sync trainer -> engines (pause to continue, any "
            "update_weight_mode)", "always", "miles_core/weights/sync.py"),
     # ---- train: actor loss (summed over micro-batches of one optimizer step) ----------------------

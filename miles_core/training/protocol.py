@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, NamedTuple, Protocol
 
 import torch
 
@@ -24,10 +24,9 @@ from miles_core.config import TrainConfig
 from miles_core.data.sample import Sample
 
 
-@dataclass(frozen=True)
-class TrainOutput:
+class TrainOutput(NamedTuple):
     """One rollout of training: ``rollout`` metrics (rollout/*, perf/*) once, ``steps`` one dict of
-    train/* metrics per optimizer step."""
+    train/* metrics per optimizer step (a named pair: ``rollout, steps = trainer.train_rollout(...)``)."""
 
     rollout: dict[str, float]
     steps: list[dict[str, float]]
@@ -35,14 +34,16 @@ class TrainOutput:
 
 @dataclass(frozen=True)
 class TrainerContext:
-    """What a backend's builder gets: the config, the HF model dir, its tokenizer, and this process's
-    rank in the train group (0 of 1 in the local runtime)."""
+    """What a backend's builder gets: the config, the HF model dir, its tokenizer, this process's rank in
+    the train group (0 of 1 in the local runtime), and how to serve a model as an engine (opd_type sglang
+    scores with a teacher engine; the runtime passes the factory, trainers never import engines)."""
 
     cfg: TrainConfig
     model_path: Path
     tokenizer: object
     rank: int = 0
     world_size: int = 1
+    make_engine: Callable[[object], object] | None = None
 
 
 class Trainer(Protocol):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -17,6 +18,7 @@ from miles_core.data.sample import Sample
 
 from .batch import TokenBatch, forward_only, make_batch, per_token, prompt_units, response_log_probs
 from .critic import Critic, build_critic
+from .protocol import TrainOutput
 from .teacher import Teacher
 
 
@@ -27,6 +29,28 @@ class StepShape:
     num_steps: int
 
 
+@dataclass
+class RolloutTensors:
+    """The per-token tensors of one rollout of training, each [N, T] over the batch's response tokens
+    (N samples, T the longest response), built once by the forward-only passes and read by every step.
+
+    old       logp_old: the policy before this rollout's updates (None until filled: on-policy, the first
+              step writes it from its own forward, ``fill_old``)
+    ref       the reference model's log-probs (KL), None without one
+    teacher   the OPD teacher's log-probs, None without OPD
+    values    the critic's values (ppo), None without a critic
+    adv       advantages; ``returns`` the critic's targets (ppo), else None
+    """
+
+    old: torch.Tensor | None
+    ref: torch.Tensor | None
+    teacher: torch.Tensor | None
+    values: torch.Tensor | None
+    adv: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    fill_old: bool = False
+
+
 class TorchTrainer:
     """Owns the policy, its optimizer and the forward-only models: reference (KL), critic (ppo), teacher (OPD)."""
 
@@ -35,6 +59,7 @@ class TorchTrainer:
         self.ref_model = ref_model
         self.teacher = teacher
         self.algo = cfg.algo
+        self.checkpoint = cfg.checkpoint
         # use_kl_loss with kl_loss_coef 0 loads no reference model (REFERENCE §3), so the loss has no KL term
         no_ref_kl = ref_model is None and cfg.algo.use_kl_loss
         self.loss_algo = cfg.algo.model_copy(update={"use_kl_loss": False}) if no_ref_kl else cfg.algo
@@ -52,7 +77,7 @@ class TorchTrainer:
         if self._compile_pending:
             decoder_layers(model)  # fails here, before any step, for a model without a layer list
         self.steps_done = 0
-        self.dp = None  # data parallel (runtime/ray/train_group.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
+        self.dp = None  # data parallel (data_parallel.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
 
     @property
     def on_policy(self) -> bool:
@@ -71,7 +96,7 @@ class TorchTrainer:
         fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False)[0]  # noqa: E731
         return forward_only(fn, batch, self.shape.micro_batch_size)
 
-    def _forward_only(self, batch: TokenBatch, samples: list[Sample]) -> dict[str, torch.Tensor | None]:
+    def _forward_only(self, batch: TokenBatch, samples: list[Sample]) -> RolloutTensors:
         """REFERENCE §1.3: old (and ref, teacher, critic values when used) per-token tensors [N, T]."""
         if self.algo.use_rollout_logprobs:
             old = batch.rollout_log_probs
@@ -81,7 +106,7 @@ class TorchTrainer:
             old = self.compute_log_probs(self.model, batch)
         ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
         values = self.critic.values(batch) if self.critic is not None else None
-        return {"old": old, "ref": ref, "teacher": self._teacher_log_probs(batch, samples), "values": values}
+        return RolloutTensors(old=old, ref=ref, teacher=self._teacher_log_probs(batch, samples), values=values)
 
     def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
         """OPD: from the teacher (model or engine), else from the samples' teacher_log_probs; None without OPD."""
@@ -92,8 +117,8 @@ class TorchTrainer:
         return None
 
     # ---- one rollout of training ----------------------------------------------------------------
-    def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """-> (rollout-level metrics, one metrics dict per optimizer step).
+    def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> TrainOutput:
+        """-> rollout-level metrics and one metrics dict per optimizer step.
 
         With a critic, rollouts before `num_critic_only_steps` update only the critic."""
         batch = make_batch(samples, self.pad_id)
@@ -101,39 +126,39 @@ class TorchTrainer:
         tensors = self._forward_only(batch, samples)
         adv_in = AdvantageInputs(
             rewards=torch.tensor(rewards, dtype=torch.float), group_index=torch.tensor([s.group_index for s in samples]),
-            loss_mask=batch.loss_mask, old_log_probs=tensors["old"], ref_log_probs=tensors["ref"],
-            values=tensors["values"], teacher_log_probs=tensors["teacher"],
+            loss_mask=batch.loss_mask, old_log_probs=tensors.old, ref_log_probs=tensors.ref,
+            values=tensors.values, teacher_log_probs=tensors.teacher,
         )
-        tensors["adv"], tensors["returns"], adv_metrics = compute_advantages(self.algo, adv_in)
-        if tensors["old"] is None:
-            tensors["old"], tensors["fill_old"] = torch.zeros_like(batch.loss_mask), True  # [N, T], written by the step
+        tensors.adv, tensors.returns, adv_metrics = compute_advantages(self.algo, adv_in)
+        if tensors.old is None:
+            tensors.old, tensors.fill_old = torch.zeros_like(batch.loss_mask), True  # [N, T], written by the step
         train_actor = self.critic is None or rollout_id >= self.algo.num_critic_only_steps
         steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
         rollout_metrics = {
-            "rollout/log_probs": float(masked_mean(tensors["old"], batch.loss_mask)),
+            "rollout/log_probs": float(masked_mean(tensors.old, batch.loss_mask)),
             "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
             **{f"rollout/{k}": v for k, v in adv_metrics.items()},
         }
-        if tensors["ref"] is not None:
-            rollout_metrics["rollout/ref_log_probs"] = float(masked_mean(tensors["ref"], batch.loss_mask))
+        if tensors.ref is not None:
+            rollout_metrics["rollout/ref_log_probs"] = float(masked_mean(tensors.ref, batch.loss_mask))
         dt = time.perf_counter() - t0
         tokens = float(batch.attention_mask.sum())
         rollout_metrics["perf/actor_train_time"] = dt
         rollout_metrics["perf/actor_train_tok_per_s"] = tokens * self.shape.num_steps / max(dt, 1e-9)
-        return rollout_metrics, steps
+        return TrainOutput(rollout=rollout_metrics, steps=steps)
 
-    def _optimizer_step(self, batch: TokenBatch, tensors: dict, k: int, train_actor: bool = True) -> dict[str, float]:
+    def _optimizer_step(self, batch: TokenBatch, tensors: RolloutTensors, k: int, train_actor: bool = True) -> dict[str, float]:
         gbs = self.shape.global_batch_size
         rows = range(k * gbs, (k + 1) * gbs)
         reduce = Reducer(self.algo.calculate_per_token_loss, num_samples=gbs, num_tokens=float(batch.loss_mask[rows.start : rows.stop].sum()))
         metrics = self._actor_step(batch, tensors, rows, reduce) if train_actor else {}
         if self.critic is not None:
-            critic_metrics = self.critic.step(batch, tensors["values"], tensors["returns"], rows, reduce, self._warmup(), self.dp)
+            critic_metrics = self.critic.step(batch, tensors.values, tensors.returns, rows, reduce, self._warmup(), self.dp)
             metrics |= {f"train/{name}": v for name, v in critic_metrics.items()}
         self.steps_done += 1
         return metrics
 
-    def _actor_step(self, batch: TokenBatch, tensors: dict, rows: range, reduce: Reducer) -> dict[str, float]:
+    def _actor_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
         if self._compile_pending:
             compile_layers(self.model)
             self._compile_pending = False
@@ -152,12 +177,12 @@ class TorchTrainer:
             cut = lambda x: None if x is None else x[idx, :T]  # noqa: E731
             logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True,
                                                entropy_grad=self.algo.entropy_coef > 0)
-            if tensors.get("fill_old"):
-                tensors["old"][idx, :T] = logp.detach()
+            if tensors.fill_old:
+                tensors.old[idx, :T] = logp.detach()
             inputs = LossInputs(
-                log_probs=logp, old_log_probs=cut(tensors["old"]), advantages=cut(tensors["adv"]), loss_mask=piece.loss_mask,
-                entropy=entropy, rollout_log_probs=piece.rollout_log_probs, ref_log_probs=cut(tensors["ref"]),
-                teacher_log_probs=cut(tensors["teacher"]),
+                log_probs=logp, old_log_probs=cut(tensors.old), advantages=cut(tensors.adv), loss_mask=piece.loss_mask,
+                entropy=entropy, rollout_log_probs=piece.rollout_log_probs, ref_log_probs=cut(tensors.ref),
+                teacher_log_probs=cut(tensors.teacher),
             )
             loss, metrics = actor_loss(self.loss_algo, inputs, reduce)
             loss.backward()
@@ -182,10 +207,60 @@ class TorchTrainer:
             group["lr"] = lr
         return lr
 
-    # ---- weights ------------------------------------------------------------------------------
+    # ---- weights, checkpoints, export (the Trainer protocol) --------------------------------------
     def named_tensors(self):
         """HF-format names and tensors for weight sync and export."""
         return self.model.state_dict().items()
+
+    def hf_config(self):
+        return self.model.config
+
+    def mean_log_probs(self, samples: list[Sample]) -> list[float]:
+        """Per sample: the mean log-prob of its response tokens under the policy now (tests, diagnostics)."""
+        batch = make_batch(samples, self.pad_id)
+        logp = self.compute_log_probs(self.model, batch)  # [N, T]
+        mask = batch.loss_mask.float()
+        return ((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+
+    def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
+        """An atomic checkpoint <save_dir>/<rollout_id>/ of policy, optimizer, RNG, critic and ``state``."""
+        from miles_core import checkpoint as ckpt
+
+        c = self.checkpoint
+        ckpt.save_checkpoint(save_dir, rollout_id, model=self.model, optimizer=self.optimizer,
+                             state={**state, "steps_done": self.steps_done}, keep_last=c.keep_last,
+                             save_optim=not c.no_save_optim, extra_tensors=self.extra_modules() or None,
+                             extra_optimizers=self.extra_optimizers() or None)
+
+    def restore(self, load_dir: Path) -> dict | None:
+        """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none."""
+        from miles_core import checkpoint as ckpt
+
+        info = ckpt.find_latest(load_dir)
+        if info is None:
+            return None
+        meta = ckpt.load_checkpoint(info, model=self.model, optimizer=self.optimizer,
+                                    extra_modules=self.extra_modules() or None, extra_optimizers=self.extra_optimizers() or None)
+        self.steps_done = meta["steps_done"]
+        return meta
+
+    def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path:
+        from miles_core import checkpoint as ckpt
+
+        return ckpt.export_hf(self.model, tokenizer, export_dir, rollout_id)
+
+    def offload(self) -> None:
+        """Colocated training on a GPU frees device memory between train stages; on CPU there is none to free."""
+        if self.device.type != "cpu":
+            raise NotImplementedError("offload of the torch trainer on a GPU is not supported yet")
+
+    def onload(self) -> None:
+        if self.device.type != "cpu":
+            raise NotImplementedError("onload of the torch trainer on a GPU is not supported yet")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def extra_modules(self) -> dict[str, torch.nn.Module]:
         """Trained modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo."""

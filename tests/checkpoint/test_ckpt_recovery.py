@@ -164,3 +164,19 @@ def test_failed_publish_in_two_rename_swap_restores_old_dir(two_checkpoints, mak
     monkeypatch.undo()
     assert sorted(p.name for p in two_checkpoints.iterdir()) == ["1", "2", "latest"]
     assert find_latest(two_checkpoints).meta["i"] == 2
+
+
+def test_same_size_corruption_of_newest_is_caught_by_checksum(two_checkpoints, caplog, make_model):
+    """A flipped byte inside the model file keeps its size (the listing still counts it complete); the
+    SHA-256 in the manifest catches it at load: the resume falls back to checkpoint 1, naming the file."""
+    f = two_checkpoints / "2" / "model" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    assert [i.rollout_id for i in list_checkpoints(two_checkpoints)] == [1, 2]  # sizes only: still listed
+    with caplog.at_level(logging.WARNING):
+        latest = find_latest(two_checkpoints)
+    assert latest.rollout_id == 1 and latest.verified
+    assert f"skipping checkpoint {two_checkpoints / '2'}: {f} does not match its SHA-256" in caplog.text
+    with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+        load_checkpoint(CheckpointInfo(two_checkpoints / "2", 2, {}), model=make_model())

@@ -33,7 +33,7 @@ def source(tiny_tokenizer):
 
 def _spec(tiny_tokenizer, want: int, over: int | None, filter_path: str | None) -> RolloutSpec:
     params = SamplingParams(temperature=1.0, max_new_tokens=3, stop_token_ids=(tiny_tokenizer.eos_token_id,))
-    return RolloutSpec(want, G, params, over_sampling_batch_size=over, filter_path=filter_path, seed=1)
+    return RolloutSpec(rollout_batch_size=want, n_samples_per_prompt=G, params=params, over_sampling_batch_size=over, filter_path=filter_path, seed=1)
 
 
 def _run(engine, source, spec, tok):

@@ -57,7 +57,7 @@ class Version:
 
 def _worker(engine, source, tok, version, *, capacity=4, max_staleness=None, policy="recycle", filter_path=None, want=2):
     params = SamplingParams(temperature=1.0, max_new_tokens=2, stop_token_ids=(tok.eos_token_id,))
-    spec = RolloutSpec(want, G, params, filter_path=filter_path, seed=3)
+    spec = RolloutSpec(rollout_batch_size=want, n_samples_per_prompt=G, params=params, filter_path=filter_path, seed=3)
     return FullyAsyncWorker(engine, source, spec, RewardOptions(), tok.decode, version, capacity=capacity,
                             max_staleness=max_staleness, policy=policy)
 

@@ -62,7 +62,7 @@ class CountingEngine:
 
 def _spec(tok, want, over, filter_path="check_reward_nonzero_std", partial=True) -> RolloutSpec:
     params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, stop_token_ids=(tok.eos_token_id,))
-    return RolloutSpec(want, G, params, over_sampling_batch_size=over, filter_path=filter_path, seed=1, partial_rollout=partial)
+    return RolloutSpec(rollout_batch_size=want, n_samples_per_prompt=G, params=params, over_sampling_batch_size=over, filter_path=filter_path, seed=1, partial_rollout=partial)
 
 
 def _run(engine, source, spec, tok, rollout_id):

@@ -8,7 +8,7 @@ import httpx
 import torch
 
 from miles_core.rollout.http import load_engine, serve_in_thread
-from miles_core.runtime.ray.health import HealthMonitor
+from miles_core.rollout.http.health import HealthMonitor
 
 
 def test_hung_engine_is_dead_and_rounds_skip_when_busy(tiny_model_dir):

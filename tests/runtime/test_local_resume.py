@@ -1,4 +1,4 @@
-"""LocalRuntime save / restore with PPO and partial rollout: N rollouts straight == k rollouts,
+"""The local Runtime's save / restore with PPO and partial rollout: N rollouts straight == k rollouts,
 checkpoint, a new runtime (as after a SIGKILL) restores, N - k more. Actor and critic weights,
 the critic's AdamW state and every sample are equal bit for bit (CPU, one thread).
 
@@ -12,7 +12,7 @@ import torch
 
 from miles_core.config import build_config
 from miles_core.config.loader import read_recipe
-from miles_core.runtime.local import LocalRuntime
+from miles_core.runtime.placement import build_runtime
 
 N, K = 4, 2
 
@@ -24,7 +24,7 @@ def _cfg(run_dir):
     return build_config(values)
 
 
-def _run(rt: LocalRuntime, ids, save_at=None) -> list[dict]:
+def _run(rt, ids, save_at=None) -> list[dict]:
     metrics = []
     for i in ids:
         metrics.append(rt.generate(i))
@@ -35,7 +35,7 @@ def _run(rt: LocalRuntime, ids, save_at=None) -> list[dict]:
     return metrics
 
 
-def _state(rt: LocalRuntime) -> dict[str, torch.Tensor]:
+def _state(rt) -> dict[str, torch.Tensor]:
     t = rt.trainer
     out = {**{f"actor.{k}": v for k, v in t.model.state_dict().items()},
            **{f"critic.{k}": v for k, v in t.critic.module.state_dict().items()}}
@@ -44,23 +44,23 @@ def _state(rt: LocalRuntime) -> dict[str, torch.Tensor]:
     return out
 
 
-def _samples(rt: LocalRuntime) -> list[list[dict]]:
+def _samples(rt) -> list[list[dict]]:
     return [[s.to_dict() for s in rt.load_rollout(i)] for i in range(N)]
 
 
 def test_ppo_with_partial_rollout_resumes_exactly(tmp_path, tiny_model_dir):
-    straight = LocalRuntime(_cfg(tmp_path / "straight"))
+    straight = build_runtime(_cfg(tmp_path / "straight"))
     straight.sync_weights()
     want_metrics = _run(straight, range(N))
     assert straight.source.buffer and want_metrics[-1]["rollout/partial_rollout/buffer_groups"] == 1.0
     assert want_metrics[1]["rollout/partial_rollout/reused_groups"] == 1.0
 
-    first = LocalRuntime(_cfg(tmp_path / "killed"))
+    first = build_runtime(_cfg(tmp_path / "killed"))
     first.sync_weights()
     _run(first, range(K), save_at=K - 1)
     del first  # the process dies after the save (and the sync that followed it)
 
-    resumed = LocalRuntime(_cfg(tmp_path / "killed"))
+    resumed = build_runtime(_cfg(tmp_path / "killed"))
     meta = resumed.restore()
     assert meta["rollout_id"] == K - 1 and meta["data_source"]["buffer"]
     assert resumed.trainer.critic.optimizer.state  # the critic's AdamW moments came back

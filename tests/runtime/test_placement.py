@@ -6,7 +6,7 @@ import pytest
 
 from miles_core.config.cluster import ClusterConfig
 from miles_core.runtime.ray.placement import plan_placement
-from miles_core.runtime.ray.train_group import split_rows
+from miles_core.training.data_parallel import split_rows
 
 
 def test_disaggregated_gets_own_bundles():

@@ -23,7 +23,7 @@ def _cfg(tmp_path, **over):
 def _engine_weights_equal_trainer(rt, url: str) -> bool:
     from miles_core.rollout.http import HTTPEngineClient
 
-    named = rt.train_group.rank0("named_tensors")
+    named = rt.trainer.named_tensors()
     with HTTPEngineClient(url) as c:
         return all(torch.equal(c.get_weights_by_name(n), t) for n, t in named)
 
@@ -35,16 +35,16 @@ def test_engine_killed_mid_rollout_is_restarted(tmp_path, monkeypatch):
     router; the restart is counted in rollout/engine_restarts."""
     from miles_core.rollout.http import HTTPEngineClient
     from miles_core.rollout.http.server import FAULT_ENV
-    from miles_core.runtime.ray_runtime import RayRuntime
+    from miles_core.runtime.placement import build_runtime
 
     monkeypatch.setenv(FAULT_ENV, "1")
     cfg = _cfg(tmp_path, rollout_num_gpus=2, use_fault_tolerance=True, rollout_health_check_interval=0.5,
                rollout_health_check_timeout=5.0)
     assert cfg.cluster.weight_sync_mode == "broadcast"
-    rt = RayRuntime(cfg)
+    rt = build_runtime(cfg)
     try:
         rt.sync_weights()
-        dead_url = rt.engines.urls[0]
+        dead_url = rt.fleet.launcher.urls[0]
         with HTTPEngineClient(dead_url) as c:
             c.request("POST", "/debug/fail", json={"mode": "crash", "on": "generate", "after": 1})
         rt.generate(0)
@@ -56,14 +56,14 @@ def test_engine_killed_mid_rollout_is_restarted(tmp_path, monkeypatch):
         deadline = time.monotonic() + 120
         while rt.engine.slots[0].url == dead_url and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert rt.engines.restarts == 1 and rt.engines.urls[0] != dead_url
-        assert rt.engine.engine_versions() == {u: 1 for u in rt.engines.urls}  # the new engine has the served weights
-        assert _engine_weights_equal_trainer(rt, rt.engines.urls[0])
+        assert rt.fleet.restarts == 1 and rt.fleet.launcher.urls[0] != dead_url
+        assert rt.engine.engine_versions() == {u: 1 for u in rt.fleet.launcher.urls}  # the new engine has the served weights
+        assert _engine_weights_equal_trainer(rt, rt.fleet.launcher.urls[0])
         rt.generate(1)
         assert rt.engine.slots[0].served > 0  # back in the router
         metrics = rt.sync_weights()
         assert metrics["rollout/engine_restarts"] == 1.0 and metrics["perf/update_weights_time"] > 0
-        assert rt.weight_sync._groups == 3  # the first group, the restarted engine's own, then all engines again
+        assert rt.fleet.weight_sync._groups == 3  # the first group, the restarted engine's own, then all engines again
     finally:
         rt.close()
 
@@ -72,15 +72,15 @@ def test_colocated_offload_order_disk_mode(tmp_path):
     """Colocated: engines release their memory for the train stage and resume it at the sync (weights,
     then the buckets, then the rest); the engines then hold the trained weights (disk mode)."""
     from miles_core.rollout.http import HTTPEngineClient
-    from miles_core.runtime.ray_runtime import RayRuntime
+    from miles_core.runtime.placement import build_runtime
 
     cfg = _cfg(tmp_path, rollout_num_gpus=1, colocate=True, update_weight_mode="disk")
-    rt = RayRuntime(cfg)
+    rt = build_runtime(cfg)
     try:
         rt.sync_weights()
         rt.generate(0)
         rt.train(0)
-        with HTTPEngineClient(rt.engines.urls[0]) as c:
+        with HTTPEngineClient(rt.fleet.launcher.urls[0]) as c:
             assert c.server_info()["released"] == ["cuda_graph", "kv_cache", "weights"]  # released during train
             rt.sync_weights()
             info = c.server_info()
@@ -89,7 +89,7 @@ def test_colocated_offload_order_disk_mode(tmp_path):
         i = ev.index("release:cuda_graph,kv_cache,weights")
         assert ev[i + 1 :] == ["resume:weights", ev[i + 2], "version:2", "resume:cuda_graph,kv_cache"], ev
         assert ev[i + 2].startswith("weights:")  # every tensor from the disk dir, after the resume
-        assert _engine_weights_equal_trainer(rt, rt.engines.urls[0])
+        assert _engine_weights_equal_trainer(rt, rt.fleet.launcher.urls[0])
         assert [p.name for p in (cfg.run_dir / "weight_sync").iterdir()] == ["v2"]
         rt.generate(1)  # serves again
         assert {s.weight_versions[0] for s in rt.load_rollout(1)} == {2}

@@ -37,9 +37,9 @@ def _train_on_two_ranks(cfg, model_dir, samples, rewards, *fetch: str):
 
     plan = plan_placement(cfg.cluster, use_gpu=False)
     pg = create_placement_group(plan)
-    group = TrainGroup(cfg, str(model_dir), pg, plan.train_bundles, plan.actor_resources())
+    group = TrainGroup(cfg, str(model_dir), pg, plan.train_bundles, plan.actor_resources(), "gloo")
     try:
-        result = group.call("train_rollout", samples, rewards, 0)
+        result = group.train_rollout(samples, rewards, 0)
         return result, [ray.get([getattr(w, name).remote() for w in group.workers]) for name in fetch]
     finally:
         group.shutdown()
@@ -48,23 +48,26 @@ def _train_on_two_ranks(cfg, model_dir, samples, rewards, *fetch: str):
 
 @pytest.mark.parametrize("balance", [True])  # contiguous shares: the same code path with another split
 def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
-    from miles_core.runtime.ray.train_group import build_trainer
+    from miles_core.training.backends import build_torch_trainer
+    from miles_core.training.protocol import TrainerContext
 
     cfg = load_config("tiny", {**TWO_RANKS, "balance_data": balance})
     samples, rewards = _samples(tiny_tokenizer), REWARDS
 
-    one = build_trainer(cfg, str(tiny_model_dir), tiny_tokenizer)
+    one = build_torch_trainer(TrainerContext(cfg=cfg, model_path=tiny_model_dir, tokenizer=tiny_tokenizer))
     flat = lambda: torch.cat([t.detach().flatten().clone() for _, t in one.named_tensors()])  # noqa: E731
     w0 = flat()
-    roll1, steps1 = one.train_rollout(samples, rewards)
+    out1 = one.train_rollout(samples, rewards)
+    roll1, steps1 = out1.rollout, out1.steps
     w1 = flat()
 
-    (roll2, steps2), (ranks,) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors")
+    out2, (ranks,) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors")
     w_ranks = [torch.cat([t.flatten() for _, t in named]) for named in ranks]
     moved = (w1 - w0).abs().max()
     assert moved > 1e-6
     assert torch.equal(w_ranks[0], w_ranks[1])  # the replicas apply the same update
     assert (w_ranks[0] - w1).abs().max() < 1e-3 * moved, ((w_ranks[0] - w1).abs().max(), moved)
+    roll2, steps2 = out2.rollout, out2.steps
     assert len(steps2) == 2
     for a, b in zip(steps1, steps2):
         for key in ("train/loss", "train/pg_loss", "train/entropy_loss", "train/grad_norm", "train/pg_clipfrac"):
@@ -75,18 +78,20 @@ def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
 def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
     """ppo: the critic trains data-parallel too (its share of rows per rank, gradients summed): policy
     and critic weights and the value metrics of 2 ranks equal one process's."""
-    from miles_core.runtime.ray.train_group import build_trainer
+    from miles_core.training.backends import build_torch_trainer
+    from miles_core.training.protocol import TrainerContext
 
     cfg = load_config("tiny", {**TWO_RANKS, "advantage_estimator": "ppo", "normalize_advantages": True})
     samples, rewards = _samples(tiny_tokenizer), REWARDS
 
-    one = build_trainer(cfg, str(tiny_model_dir), tiny_tokenizer)
+    one = build_torch_trainer(TrainerContext(cfg=cfg, model_path=tiny_model_dir, tokenizer=tiny_tokenizer))
     flat = lambda named: torch.cat([t.detach().flatten().clone() for _, t in named])  # noqa: E731
     c0 = flat(one.critic.module.state_dict().items())
-    _, steps1 = one.train_rollout(samples, rewards, 0)
+    steps1 = one.train_rollout(samples, rewards, 0).steps
     w1, c1 = flat(one.named_tensors()), flat(one.critic.module.state_dict().items())
 
-    (_, steps2), (ranks, critics) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors", "extra_tensors")
+    out2, (ranks, critics) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors", "extra_tensors")
+    steps2 = out2.steps
     moved = (c1 - c0).abs().max()
     assert moved > 1e-6
     c_ranks = [flat(c["critic"]) for c in critics]

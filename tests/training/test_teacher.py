@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from miles_core.training.batch import make_batch, response_log_probs
-from miles_core.training.teacher import EngineTeacher, ModelTeacher, load_teacher, score_tokens
+from miles_core.models.scoring import score_tokens
+from miles_core.training.teacher import EngineTeacher, ModelTeacher, load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
 
 PAD = 0

@@ -4,6 +4,8 @@
     launch.py   serve_in_thread / launch_server_process
     client.py   HTTPEngineClient: the RolloutEngine protocol against our server or a real SGLang
     router.py   EngineRouter: the RolloutEngine protocol over N clients (least-loaded, failover)
+    fleet.py    HTTPFleet: the router as an EngineFleet (weight sync modes, colocate, restarts)
+    health.py   HealthMonitor: polls the engines, restarts dead ones (use_fault_tolerance)
     engine.py   load_engine (an HFEngine on an HF dir for the server); HF weight files
     wire.py     the JSON / safetensors formats shared by client and server
 
@@ -19,7 +21,7 @@ _EXPORTS = {
     "EngineRouter": "router", "NoHealthyEngine": "router", "EngineServer": "server", "ServerOptions": "server", "SERVER_NAME": "wire",
     "HFEngine": "engine", "load_engine": "engine", "request_seed": "engine",
     "ServerHandle": "launch", "ServerProcess": "launch", "launch_server_process": "launch", "serve_in_thread": "launch",
-    "spawn_server_process": "launch",
+    "spawn_server_process": "launch", "HTTPFleet": "fleet", "HealthMonitor": "health",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,16 +1,15 @@
 """EngineGroup: M EngineWorker actors, each holding one HTTP engine server process (SGLang protocol;
-our HF engine on CPU), behind one EngineRouter (least-loaded, failover; rollout/http/router.py).
+our HF engine on CPU); the HTTPFleet (rollout/http/fleet.py) routes to them and restarts them.
 
 The actor owns the process: placement (its bundle) and lifetime follow the actor; ``kill`` is the
 fault-injection switch (SIGKILL the server: a crash), ``restart`` starts a fresh server at the
-same place (a new port: the router's slot gets a new client, ``EngineRouter.replace_engine``).
+same place (a new port: the fleet gives the router's slot a new client, ``EngineRouter.replace_engine``).
 With ``MILES_ENGINE_FAULT_INJECTION`` set in the driver, the servers serve POST /debug/fail (tests).
 """
 
 from __future__ import annotations
 
 import os
-
 
 
 class EngineWorker:
@@ -45,19 +44,23 @@ class EngineWorker:
         self.proc.stop()
 
 
-def server_args(cfg, num_threads: int) -> list[str]:
+def hf_server_args(cfg, num_threads: int) -> list[str]:
+    """Arguments of our HTTP engine server (python -m miles_core.rollout.http.server)."""
     return ["--dtype", cfg.misc.dtype, "--num-threads", str(num_threads), "--batching", "exact"]
 
 
+ENGINE_SERVERS = {"hf": hf_server_args}  # by rollout_engine: the server each engine actor runs
+
+
 class EngineGroup:
-    def __init__(self, cfg, model_path: str, pg, bundles: list[int], resources: dict[str, float]):
+    """The engine actors of a run (the HTTPFleet's launcher: urls, restart, dead, shutdown)."""
+
+    def __init__(self, cfg, model_path: str, pg, bundles: list[int], resources: dict[str, float], server_args):
         import ray
 
-        from miles_core.rollout.http import EngineRouter
+        from miles_core.rollout.http.server import FAULT_ENV
 
         from .placement import in_bundle
-
-        from miles_core.rollout.http.server import FAULT_ENV
 
         threads = cfg.cluster.num_threads or 1
         env = {"OMP_NUM_THREADS": str(threads), **{k: os.environ[k] for k in (FAULT_ENV,) if k in os.environ}}
@@ -66,8 +69,6 @@ class EngineGroup:
                         for b in bundles]
         self.urls = ray.get([w.url.remote() for w in self.workers])
         self.bucket_bytes = cfg.cluster.update_weight_buffer_size
-        self.router = EngineRouter.from_urls(self.urls, {"bucket_bytes": self.bucket_bytes}, bucket_bytes=self.bucket_bytes)
-        self.restarts = 0
 
     def client(self, url: str):
         """A client like the router's (fails fast: the router fails over)."""
@@ -76,12 +77,10 @@ class EngineGroup:
         return HTTPEngineClient(url, max_retries=1, backoff_s=0.05, bucket_bytes=self.bucket_bytes)
 
     def restart(self, i: int) -> str:
-        """Kill engine i's server (if still running) and start a fresh one at the same place. -> its URL.
-        The router still has the old client: the caller loads weights, then ``router.replace_engine``."""
+        """Kill engine i's server (if still running) and start a fresh one at the same place. -> its URL."""
         import ray
 
         self.urls[i] = ray.get(self.workers[i].restart.remote())
-        self.restarts += 1
         return self.urls[i]
 
     def dead(self) -> list[int]:
@@ -90,18 +89,9 @@ class EngineGroup:
 
         return [i for i, ok in enumerate(ray.get([w.alive.remote() for w in self.workers])) if not ok]
 
-    def restart_dead(self) -> int:
-        """Restart every engine whose process died, into the router without weights (version -1: out of
-        generate until the sync that follows reaches it). -> how many."""
-        dead = self.dead()
-        for i in dead:
-            self.router.replace_engine(i, self.client(self.restart(i)), version=-1)
-        return len(dead)
-
     def shutdown(self) -> None:
         import ray
 
-        self.router.close()
         try:
             ray.get([w.stop.remote() for w in self.workers], timeout=30)
         finally:

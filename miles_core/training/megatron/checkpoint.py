@@ -171,4 +171,4 @@ def restore(trainer, load_dir: Path) -> dict | None:
     if meta["world_size"] == dist.get_world_size() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=False))
     trainer.steps_done = meta["steps_done"]
-    return {k: v for k, v in meta.items() if k not in ("steps_done", "world_size", "optimizer")}
+    return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer")}

@@ -22,7 +22,7 @@ def test_request_seed_is_stable_and_spread():
 def test_sampler_follows_the_filtered_distribution(make_engine):
     engine = make_engine("dynamic")
     prompt, n, temperature = [5, 6, 7], 4000, 0.02  # low temperature: top-5 probabilities 0.29 .. 0.15
-    out = engine.generate([GenerateRequest(prompt, SamplingParams(temperature, top_k=5, max_new_tokens=1))] * n, seed=0)
+    out = engine.generate([GenerateRequest(prompt, SamplingParams(temperature=temperature, top_k=5, max_new_tokens=1))] * n, seed=0)
     with torch.no_grad():
         logits = engine.model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / temperature  # [V]
     top = torch.topk(logits, 5)

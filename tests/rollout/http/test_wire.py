@@ -10,7 +10,7 @@ from miles_core.rollout.protocol import GenerateRequest, GenerateResult, Samplin
 
 
 def test_request_body_round_trips_through_the_server_parser():
-    reqs = [GenerateRequest([1, 2], SamplingParams(0.7, 0.9, 20, 5, (3,), ("\n\n",))), GenerateRequest([4], SamplingParams())]
+    reqs = [GenerateRequest([1, 2], SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=5, stop_token_ids=(3,), stop=("\n\n",))), GenerateRequest([4], SamplingParams())]
     body = wire.generate_body(reqs, [11, 12])
     assert body["sampling_params"][0] == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 5,
                                           "stop": ["\n\n"], "stop_token_ids": [3], "sampling_seed": 11}

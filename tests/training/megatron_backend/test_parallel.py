@@ -23,7 +23,15 @@ from .conftest import hf_state, tiny_hf
 sys.path.insert(0, str(Path(__file__).parent))  # the spawned ranks import _ranks by this name
 import _ranks  # noqa: E402
 
-MEGATRON = {"runtime": "ray", "train_backend": "megatron", "actor_num_gpus_per_node": 2}
+MEGATRON = {"runtime": "ray", "train_backend": "megatron"}
+
+
+def two_rank_cfg(cfg, sizes: dict):
+    """The config each of the 2 ranks holds: the run's (validated, one rank) with the parallel sizes of the
+    2-rank world set directly (config load refuses several Ray megatron ranks until the train group fans
+    out weights and checkpoints to every rank; the trainer itself checks the sizes against its world)."""
+    base = cfg(micro_batch_size=2, **MEGATRON)
+    return base.model_copy(update={"parallel": base.parallel.model_copy(update=sizes)})
 
 
 def _port() -> int:
@@ -47,7 +55,7 @@ def test_two_ranks_equal_one(megatron_world, tmp_path, cfg, samples, kind, tie, 
 
     out = tmp_path / "rank0.pt"
     convert_to = str(tmp_path / "td") if "tensor_model_parallel_size" in sizes else None
-    mp.spawn(_ranks.run_rank, args=(2, _port(), cfg(micro_batch_size=2, **MEGATRON, **sizes), str(tmp_path / "hf"), samples, str(out),
+    mp.spawn(_ranks.run_rank, args=(2, _port(), two_rank_cfg(cfg, sizes), str(tmp_path / "hf"), samples, str(out),
                                     convert_to), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
     assert (two["logp"] - logp).abs().max() < 1e-5

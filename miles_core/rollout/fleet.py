@@ -1,0 +1,64 @@
+"""The EngineFleet protocol: the rollout engines of a run as the Runtime sees them.
+
+    engine          the RolloutEngine the generate loop, the fully-async worker and eval call
+                    (generate, versions, pause / continue / flush, health; an EngineRouter also
+                    releases and resumes memory)
+    before_train    called as the train stage starts: colocated engines release their memory
+    update_weights  pause -> flush -> buckets (mode tensor / broadcast / disk) -> version -> continue,
+                    from a WeightSource (the trainer's side of a sync)
+    restarts        engines restarted by the fleet's health monitor so far
+    close           stop what the fleet started
+
+Implementations: ``InProcessFleet`` (one HF engine in this process; here), ``HTTPFleet`` (a router over
+HTTP engines speaking the SGLang protocol: our server or SGLang's; rollout/http/fleet.py).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+import torch
+
+from .protocol import RolloutEngine
+
+
+class WeightSource(Protocol):
+    """The trainer's side of a weight sync (weights/sync.py WeightSender, or a proxy of train rank 0)."""
+
+    def tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+
+
+class EngineFleet(Protocol):
+    @property
+    def engine(self) -> RolloutEngine: ...
+    def before_train(self) -> None: ...
+    def update_weights(self, source: WeightSource, version: int) -> dict[str, float]: ...
+    @property
+    def restarts(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class InProcessFleet:
+    """One engine in this process; weights are copied from the trainer's tensors (tensor mode)."""
+
+    def __init__(self, engine: RolloutEngine, bucket_bytes: int):
+        self._engine, self.bucket_bytes = engine, bucket_bytes
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self._engine
+
+    def before_train(self) -> None:
+        """Nothing to release: the engine and the trainer share this process's memory."""
+
+    def update_weights(self, source: WeightSource, version: int) -> dict[str, float]:
+        from miles_core.weights.sync import sync_weights
+
+        return sync_weights(source.tensors(), [self._engine], version, self.bucket_bytes)
+
+    @property
+    def restarts(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """The engine lives and dies with this process."""

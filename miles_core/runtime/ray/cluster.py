@@ -1,0 +1,47 @@
+"""The Ray placement: a placement group of train and engine bundles, a TrainGroup (the trainer ranks) and
+M engine actors, each holding an HTTP engine server, behind a router (an HTTPFleet). GPUs are reserved
+when the config's device asks for them (cuda, or auto on a cluster with GPUs); gloo on CPU, NCCL on GPU."""
+
+from __future__ import annotations
+
+from miles_core.config import TrainConfig
+from miles_core.weights.sync import WeightSync
+
+from ..runtime import RunData, RunParts
+from .engines import ENGINE_SERVERS, EngineGroup
+from .placement import create_placement_group, plan_placement
+from .session import start_ray
+from .train_group import RankZeroSender, TrainGroup
+
+
+def wants_gpu(cfg: TrainConfig) -> bool:
+    import ray
+
+    device = cfg.cluster.device
+    return device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+
+
+def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
+    import ray
+
+    from miles_core.rollout.http import EngineRouter, HTTPFleet
+
+    cl = cfg.cluster
+    started = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False).bundles))
+    plan = plan_placement(cl, use_gpu=wants_gpu(cfg))
+    if plan.num_train > cfg.global_batch_size:
+        raise ValueError(f"{plan.num_train} train ranks but global_batch_size {cfg.global_batch_size}: every rank needs rows")
+    pg = create_placement_group(plan)
+    closers = [lambda: ray.util.remove_placement_group(pg)] + ([ray.shutdown] if started else [])
+    backend = "nccl" if plan.bundles[0].get("GPU") else "gloo"
+    res = plan.actor_resources()
+    train_group = TrainGroup(cfg, str(data.model_path), pg, plan.train_bundles, res, backend)
+    closers.insert(0, train_group.shutdown)
+    engines = EngineGroup(cfg, data.model_path, pg, plan.engine_bundles, res, ENGINE_SERVERS[cl.rollout_engine])
+    bucket = cl.update_weight_buffer_size
+    router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket}, bucket_bytes=bucket)
+    fleet = HTTPFleet(router, WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend),
+                      colocate=cl.colocate, launcher=engines, client=engines.client)
+    if cl.use_fault_tolerance and "rollout" in cl.ft_components:
+        fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout)
+    return RunParts(trainer=train_group, fleet=fleet, weights=RankZeroSender(train_group.workers[0]), close=closers)

@@ -1,0 +1,256 @@
+"""The Runtime: the stage logic of a run, once, over the parts a placement built (ARCHITECTURE.md).
+
+    trainer   a Trainer (training/protocol.py): the torch trainer in process, or a Ray train group
+    fleet     an EngineFleet (rollout/fleet.py): one in-process HF engine, or a router over HTTP engines
+    weights   the trainer's side of a weight sync (a WeightSender, or train rank 0's proxy)
+
+Each stage method is what one Prefect task calls (tasks/stages.py). Stages take plain values (a rollout
+id) and return small typed results; the live objects stay here, looked up by run key (registry.py).
+The driver side (this object, in the flow's process) keeps tokenizer, data source, rewards, sampling
+parameters and rollout files, whatever the placement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miles_core import checkpoint as ckpt
+from miles_core.config import TrainConfig
+from miles_core.data import DataSource, Sample
+from miles_core.evaluation import EvalSuite, PointResult, SnapshotEvaluator, load_hf_engine, run_on_engine
+from miles_core.rewards import RewardOptions, reward_value
+from miles_core.rollout.fleet import EngineFleet, WeightSource
+from miles_core.rollout.fully_async import FullyAsyncWorker
+from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
+from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
+from miles_core.rollout.protocol import SamplingParams
+from miles_core.training.protocol import Trainer, TrainOutput
+
+from .rollout_store import RolloutFile, RolloutStore
+
+
+@dataclass
+class RunData:
+    """The driver's side of a run, built from the config before any model loads (except the tokenizer)."""
+
+    model_path: Path
+    tokenizer: object
+    source: DataSource
+    num_prompts: int
+    dropped_prompts: int
+    eval_suite: EvalSuite
+    params: SamplingParams
+    rewards: RewardOptions
+
+
+@dataclass
+class RunParts:
+    """What a placement builds: the trainer, the engine fleet, the trainer's side of a weight sync, and
+    ``close`` for what the placement itself holds (a placement group, a Ray session)."""
+
+    trainer: Trainer
+    fleet: EngineFleet
+    weights: WeightSource
+    close: list = field(default_factory=list)
+
+
+class Runtime:
+    def __init__(self, cfg: TrainConfig, data: RunData, parts: RunParts):
+        self.cfg, self.data = cfg, data
+        self.trainer, self.fleet, self.weights = parts.trainer, parts.fleet, parts.weights
+        self._closers = parts.close
+        self.rollouts = RolloutStore(cfg.run_dir / "rollouts", cfg.checkpoint.keep_rollouts)
+        self.weight_version = 0
+        self._snapshot_evals: SnapshotEvaluator | None = None
+        self._async_worker: FullyAsyncWorker | None = None
+        self._taken: dict[int, tuple[list, dict]] = {}  # fully async: groups taken per rollout id (a retried task reuses them)
+        self._accept_rollout: int | None = None  # one_step resume: the prefetched rollout file the checkpoint counts on
+
+    # ---- facts --------------------------------------------------------------------------------------
+    @property
+    def model_path(self) -> Path:
+        return self.data.model_path
+
+    @property
+    def tokenizer(self):
+        return self.data.tokenizer
+
+    @property
+    def source(self) -> DataSource:
+        return self.data.source
+
+    @property
+    def engine(self):
+        """The RolloutEngine the stages generate with (the fleet's)."""
+        return self.fleet.engine
+
+    @property
+    def num_prompts(self) -> int:
+        return self.data.num_prompts
+
+    @property
+    def dropped_prompts(self) -> int:
+        return self.data.dropped_prompts
+
+    @property
+    def num_rollout(self) -> int:
+        c = self.cfg
+        return c.rollout.num_rollout or max(1, self.num_prompts // c.rollout.rollout_batch_size * c.data.num_epoch)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def rollout_spec(self) -> RolloutSpec:
+        r = self.cfg.rollout
+        return RolloutSpec(rollout_batch_size=r.rollout_batch_size, n_samples_per_prompt=r.n_samples_per_prompt,
+                           params=self.data.params, max_context_len=r.rollout_max_context_len,
+                           over_sampling_batch_size=r.over_sampling_batch_size, filter_path=r.dynamic_sampling_filter_path,
+                           reward_key=r.reward_key, seed=self.cfg.misc.seed, partial_rollout=r.partial_rollout)
+
+    # ---- 2. generate -------------------------------------------------------------------------------
+    def generate(self, rollout_id: int) -> dict[str, float]:
+        """Generate and score rollout ``rollout_id``, written atomically; reused if it exists for this weight
+        version (or, after a one_step resume, if it is the prefetched rollout the checkpoint counts on). A
+        failed attempt leaves the data cursor and buffer as they were, so a retry draws the same prompts."""
+        fully = self.cfg.rollout.async_mode == "fully"
+        if self.rollouts.exists(rollout_id) and not fully:  # fully async: the checkpointed buffer says what is left
+            saved = self.rollouts.read(rollout_id)
+            if saved.weight_version == self.weight_version or rollout_id == self._accept_rollout:
+                self.source.load_state_dict(saved.cursor_after)
+                return saved.metrics
+        before = self.source.state_dict()
+        try:
+            return self._generate_new(rollout_id, fully)
+        except BaseException:
+            self.source.load_state_dict(before)
+            raise
+
+    def _generate_new(self, rollout_id: int, fully: bool) -> dict[str, float]:
+        t0 = time.perf_counter()
+        r = self.cfg.rollout
+        version = self.weight_version
+        if fully:
+            if rollout_id not in self._taken:
+                self._taken = {rollout_id: self.fully_async_worker().take(r.rollout_batch_size, rollout_id)}
+            groups, async_metrics = self._taken[rollout_id]
+            rollout = Rollout(rollout_id, [s for g in groups for s in g], dict(async_metrics))
+        else:
+            rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
+        dt = time.perf_counter() - t0
+        rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
+        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt)}
+        tokens = sum(len(s.tokens) for s in rollout.samples)
+        metrics |= {"perf/rollout_time": dt, "perf/tokens_per_gpu_per_sec": tokens / max(dt, 1e-9)}
+        self.rollouts.write(rollout_id, RolloutFile(samples=rollout.samples, metrics=metrics, weight_version=version,
+                                                    cursor_after=self.source.state_dict()))
+        return metrics
+
+    def load_rollout(self, rollout_id: int) -> list[Sample]:
+        return self.rollouts.read(rollout_id).samples
+
+    def sample_rows(self, rollout_id: int, n: int) -> list[dict]:
+        """The first n samples of a rollout as table rows (for the tracker)."""
+        return [
+            {"rollout_id": rollout_id, "group_index": s.group_index, "prompt": str(s.prompt), "response": s.response,
+             "label": str(s.label), "reward": reward_value(s.reward, self.cfg.rollout.reward_key), "status": s.status.value,
+             "weight_version": s.weight_versions[0]}
+            for s in self.load_rollout(rollout_id)[:n]
+        ]
+
+    # ---- 3. train ----------------------------------------------------------------------------------
+    def train(self, rollout_id: int) -> TrainOutput:
+        samples = self.load_rollout(rollout_id)
+        rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
+        self.fleet.before_train()
+        out = self.trainer.train_rollout(samples, rewards, rollout_id)
+        return TrainOutput(rollout=out.rollout | staleness_metrics(samples, self.weight_version), steps=out.steps)
+
+    # ---- 4. save / restore -------------------------------------------------------------------------
+    def save(self, rollout_id: int, state: dict) -> dict[str, float]:
+        t0 = time.perf_counter()
+        with self.paused():
+            state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version, **self.async_state()}
+            self.trainer.save(self.cfg.save_dir, rollout_id, state)
+        self.rollouts.prune(rollout_id)
+        return {"perf/save_model_time": time.perf_counter() - t0}
+
+    def restore(self) -> dict | None:
+        """Load the latest complete checkpoint of load_dir into the trainer and the engines; -> its meta, or None."""
+        meta = self.trainer.restore(self.cfg.load_dir)
+        if meta is None:
+            return None
+        self.source.load_state_dict(meta["data_source"])
+        self.weight_version = meta["weight_version"]
+        self.restore_async(meta)
+        self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
+        return meta
+
+    # ---- 5. weight sync ----------------------------------------------------------------------------
+    def sync_weights(self) -> dict[str, float]:
+        """The trainer's weights -> every engine (version + 1); background generation is paused meanwhile.
+        A failed sync leaves the version where it was (the engines resume generating on the weights they have)."""
+        with self.paused():
+            metrics = self.fleet.update_weights(self.weights, self.weight_version + 1)
+            self.weight_version += 1
+        return metrics
+
+    # ---- 6. eval -----------------------------------------------------------------------------------
+    def evaluate(self) -> PointResult:
+        """Inline eval of the live engines, pinned to the current weight version (a point that cannot run
+        gives eval/skipped_<reason>)."""
+        with self.paused():
+            return run_on_engine(self.engine, self.data.eval_suite, self.weight_version)
+
+    def snapshot_evals(self) -> SnapshotEvaluator:
+        """eval_mode snapshot: background evals of HF snapshots in <run_dir>/eval_snapshots/<weight version>/."""
+        if self._snapshot_evals is None:
+            e = self.cfg.eval
+            export = lambda root, version: self.trainer.export(root, version, self.tokenizer)  # noqa: E731
+            load = lambda path, version: load_hf_engine(path, version, self.cfg.misc.dtype)  # noqa: E731
+            self._snapshot_evals = SnapshotEvaluator(self.data.eval_suite, self.cfg.run_dir / "eval_snapshots", export, load,
+                                                     e.eval_max_in_flight, e.eval_overflow_policy, e.eval_keep_snapshots,
+                                                     version_now=lambda: self.weight_version)
+        return self._snapshot_evals
+
+    # ---- 7. export ---------------------------------------------------------------------------------
+    def export(self, rollout_id: int) -> Path:
+        return self.trainer.export(self.cfg.export_dir, rollout_id, self.tokenizer)
+
+    # ---- async ---------------------------------------------------------------------------------------
+    def fully_async_worker(self) -> FullyAsyncWorker:
+        """async_mode fully: the background generator (created here, started at the first take)."""
+        if self._async_worker is None:
+            r = self.cfg.rollout
+            self._async_worker = FullyAsyncWorker(
+                self.engine, self.source, self.rollout_spec(), self.data.rewards, self.decode, lambda: self.weight_version,
+                capacity=r.fully_async_buffer_groups or 2 * r.rollout_batch_size, max_staleness=r.max_weight_staleness,
+                policy=r.stale_group_policy)
+        return self._async_worker
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """No background generation inside (weight sync, save, inline eval); a no-op unless async_mode is fully."""
+        return self._async_worker.paused() if self._async_worker is not None else contextlib.nullcontext()
+
+    def async_state(self) -> dict:
+        """The async part of a checkpoint: the fully-async buffer (call inside paused())."""
+        return {"async_buffer": self._async_worker.state_dict()} if self._async_worker is not None else {}
+
+    def restore_async(self, meta: dict) -> None:
+        mode = self.cfg.rollout.async_mode
+        if mode == "one_step":  # rollout i+1 was generated (before training on i) and written before checkpoint i
+            self._accept_rollout = meta["rollout_id"] + 1
+        elif mode == "fully" and "async_buffer" in meta:
+            self.fully_async_worker().load_state_dict(meta["async_buffer"])
+
+    def close(self) -> None:
+        """Stop background generation, the fleet, then what the placement holds (in that order)."""
+        if self._async_worker is not None:
+            self._async_worker.stop()
+        if self._snapshot_evals is not None:
+            self._snapshot_evals.close()
+        self.fleet.close()
+        for close in self._closers:
+            close()
