@@ -1,6 +1,6 @@
 """``python -m bench <name> [options]``: run one benchmark and write bench/results/<name>.json + .md.
 
-Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, weight-sync, summary, all
+Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, weight-sync, megatron-step, summary, all
 (``all`` = every benchmark of the harness, then the stand-alone scripts in bench/, then summary).
 ``python -m bench bg start -- <name> [options]`` runs one in the background, detached, after waiting
 for a quiet machine (bench/background.py). Every run holds the bench lock (one benchmark at a time)
@@ -85,6 +85,13 @@ def cmd_weight_sync(a) -> None:
     print(bench(a.repeats, a.engines, a.bucket_mb).write())
 
 
+def cmd_megatron_step(a) -> None:
+    from .megatron_step import bench
+
+    shapes = dict(kv.split("=", 1) for kv in a.shapes)
+    print(bench(shapes, a.repeats).write())
+
+
 def cmd_summary(a) -> None:
     from .summary import write_summary
 
@@ -92,7 +99,7 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["smollm2", "--compile"], ["weight-sync"]):
+    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["smollm2", "--compile"], ["weight-sync"], ["megatron-step"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
@@ -147,6 +154,11 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--engines", type=int, default=1)
     w.add_argument("--bucket-mb", type=int, default=512, help="update_weight_buffer_size in MiB")
     w.set_defaults(fn=cmd_weight_sync)
+    mg = sub.add_parser("megatron-step", help="seconds per GRPO train step: Megatron vs torch trainer on CPU, alternating")
+    mg.add_argument("--shapes", nargs="+", default=["tiny=8x4x16x32", "smollm2=4x4x16x32"], metavar="NAME=BxGxPxT",
+                    help="model shape (tiny, smollm2) = prompts x samples x prompt tokens x response tokens")
+    mg.add_argument("--repeats", type=int, default=5)
+    mg.set_defaults(fn=cmd_megatron_step)
     sub.add_parser("summary", help="rebuild bench/results/README.md from the result files").set_defaults(fn=cmd_summary)
     sub.add_parser("all", help="everything above, then the stand-alone scripts").set_defaults(fn=cmd_all)
     sub.add_parser("bg", help="run a benchmark in the background on a quiet machine: `python -m bench bg --help`")

@@ -149,12 +149,64 @@ def export_cmd(
     console.print(result)
 
 
-@app.command("convert")
-def convert_cmd(hf_checkpoint: str = typer.Argument(..., help="builtin://<name>, an HF directory, or a hub id.")) -> None:
-    """Resolve and validate a model for the torch backend (config, weights, tokenizer, tied embeddings)."""
-    from flows.convert import convert
+CONVERSIONS = ("hf-to-torch-dist", "torch-dist-to-hf")
 
-    console.print(convert(hf_checkpoint))
+
+@app.command("convert")
+def convert_cmd(
+    args: list[str] = typer.Argument(..., metavar="[MODE] SOURCE [OUT]", help="HF_CHECKPOINT (builtin://<name>, an HF "
+                                     "directory or a hub id: resolve and validate it for the torch backend), or "
+                                     "hf-to-torch-dist HF_DIR OUT, or torch-dist-to-hf TORCH_DIST_DIR OUT."),
+    config: Optional[str] = typer.Option(None, "--config", help="torch-dist-to-hf: the HF config.json (or its dir) the "
+                                         "checkpoint must match (default the checkpoint's own)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="torch-dist-to-hf: copy this dir's tokenizer files."),
+) -> None:
+    """Resolve and validate a model for the torch backend, or convert HF <-> torch_dist (the Megatron backend's format)."""
+    if args[0] not in CONVERSIONS:
+        if len(args) != 1:
+            console.print(f"[red]error:[/red] expected one HF_CHECKPOINT or a mode of {CONVERSIONS}; got {args}")
+            raise typer.Exit(2)
+        from flows.convert import convert
+
+        console.print(convert(args[0]))
+        return
+    if len(args) != 3:
+        console.print(f"[red]error:[/red] miles convert {args[0]} takes SOURCE OUT; got {args[1:]}")
+        raise typer.Exit(2)
+    from miles_core.training.megatron import convert as mconvert
+
+    try:
+        if args[0] == "hf-to-torch-dist":
+            summary = mconvert.hf_to_torch_dist(args[1], args[2])
+        else:
+            summary = mconvert.torch_dist_to_hf(args[1], args[2], config, tokenizer)
+    except (ValueError, OSError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(summary)
+
+
+@app.command("model-args")
+def model_args_cmd(
+    name: str = typer.Argument(..., help="A named model spec (glm4.5-355B-A32B, qwen3-8B, ...)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Check the spec against this config.json (or HF dir) first."),
+) -> None:
+    """Print a named model spec as Megatron-LM flags (the reference's MODEL_ARGS), one per line."""
+    import json
+    from pathlib import Path
+
+    from miles_core.training.megatron.model_args import check_named, named
+
+    try:
+        if config is None:
+            spec = named(name)
+        else:
+            path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+            spec = check_named(name, json.loads(path.read_text()), str(path))
+    except (ValueError, OSError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    typer.echo("\n".join(spec.flags()))
 
 
 @app.command("serve")

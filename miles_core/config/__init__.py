@@ -7,12 +7,13 @@ from .data import DataConfig
 from .eval import EvalConfig
 from .loader import ConfigError, build_config, field_groups, list_recipes, load_config, read_recipe
 from .misc import MiscConfig
+from .parallel import ParallelConfig
 from .rollout import RolloutConfig
 from .tracking import TrackingConfig
 from .train import GROUPS, TrainConfig
 
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "ClusterConfig", "ConfigError", "DataConfig", "EvalConfig", "GROUPS",
-    "MiscConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "build_config", "field_groups",
+    "MiscConfig", "ParallelConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "build_config", "field_groups",
     "list_recipes", "load_config", "read_recipe",
 ]

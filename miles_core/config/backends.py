@@ -8,8 +8,8 @@ fields; a value is never replaced by another backend.
 from __future__ import annotations
 
 SUPPORTED: dict[str, dict[str, frozenset[str]]] = {
-    "local": {"train_backend": frozenset({"torch"}), "rollout_engine": frozenset({"hf"})},
-    "ray": {"train_backend": frozenset({"torch"}), "rollout_engine": frozenset({"hf"})},
+    "local": {"train_backend": frozenset({"torch", "megatron"}), "rollout_engine": frozenset({"hf"})},
+    "ray": {"train_backend": frozenset({"torch", "megatron"}), "rollout_engine": frozenset({"hf"})},
 }
 
 

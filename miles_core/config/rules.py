@@ -103,6 +103,104 @@ def _async_rules(c: "TrainConfig") -> None:
         raise ValueError(f"fully_async_buffer_groups ({r.fully_async_buffer_groups}) must be >= rollout_batch_size ({r.rollout_batch_size})")
 
 
+MEGATRON_CORE_MIN = (0, 16, 1)
+MEGATRON_INSTALL = "pip install 'megatron-core==0.16.1' psutil"
+# Fields the torch trainer does not read (it is data parallel only): name -> default
+MEGATRON_ONLY = {
+    "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+    "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
+    "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
+    "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
+}
+
+
+def _megatron_core_version() -> tuple[int, ...] | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(x) for x in version("megatron-core").split(".")[:3] if x.isdigit())
+    except PackageNotFoundError:
+        return None
+
+
+def _parallel_rules(c: "TrainConfig") -> None:
+    p, backend = c.parallel, c.cluster.train_backend
+    if backend == "torch":
+        for name, default in MEGATRON_ONLY.items():
+            if getattr(p, name) != default:
+                raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only (the torch trainer is data "
+                                 f"parallel only); set train_backend: megatron or drop {name}")
+    for name in ("use_distributed_optimizer", "offload_train"):
+        if getattr(p, name):
+            raise ValueError(f"{name} is not supported yet; drop it (set {name}: false)")
+    if p.offload_train_target != "cpu" or p.offload_train_disk_dir is not None:
+        raise ValueError("offload_train_target / offload_train_disk_dir apply only with offload_train, which is not supported yet; drop them")
+    if p.context_parallel_size > 1:
+        raise ValueError(f"context_parallel_size {p.context_parallel_size} is not supported yet (context parallel needs Transformer "
+                         "Engine's attention); set context_parallel_size: 1")
+    if p.sequence_parallel:
+        raise ValueError("sequence_parallel is not supported yet: the trainer builds megatron-core's local layer spec, whose torch "
+                         "norms refuse sequence parallel (it needs Transformer Engine or Apex norms); set sequence_parallel: false")
+    full = p.recompute_granularity == "full"
+    if (p.recompute_method is not None or p.recompute_num_layers is not None) and not full:
+        raise ValueError("recompute_method and recompute_num_layers apply only with recompute_granularity full; set it or drop them")
+    if full and (p.recompute_method is None or p.recompute_num_layers is None):
+        raise ValueError("recompute_granularity full needs recompute_method (uniform | block) and recompute_num_layers")
+    if p.use_dynamic_batch_size and p.max_tokens_per_gpu is None:
+        raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu (tokens per packed micro-batch)")
+    if not p.use_dynamic_batch_size and (p.max_tokens_per_gpu is not None or p.log_probs_max_tokens_per_gpu is not None):
+        raise ValueError("max_tokens_per_gpu / log_probs_max_tokens_per_gpu apply only with use_dynamic_batch_size; set it or drop them")
+    if backend == "megatron":
+        _megatron_rules(c)
+
+
+def _megatron_rules(c: "TrainConfig") -> None:
+    found = _megatron_core_version()
+    if found is None or found < MEGATRON_CORE_MIN:
+        have = "not installed" if found is None else "version " + ".".join(map(str, found))
+        raise ValueError(f"train_backend megatron needs megatron-core >= 0.16.1 ({have}); install it: {MEGATRON_INSTALL}")
+    a = c.algo
+    if a.advantage_estimator == "ppo":
+        raise ValueError("advantage_estimator ppo (the critic) is not supported yet on train_backend megatron; "
+                         "use train_backend torch for ppo, or another advantage_estimator")
+    if a.use_opd and a.opd_teacher_load:
+        raise ValueError("use_opd with opd_teacher_load (an in-process teacher model) is not supported yet on train_backend "
+                         "megatron; drop opd_teacher_load (the samples then carry teacher_log_probs) or use train_backend torch")
+    p, cl = c.parallel, c.cluster
+    tp, pp, ep, etp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.expert_model_parallel_size, p.expert_tp
+    world = cl.actor_num_nodes * cl.actor_num_gpus_per_node if cl.runtime == "ray" else 1
+    sizes = f"tensor_model_parallel_size ({tp}) * pipeline_model_parallel_size ({pp}) * context_parallel_size ({p.context_parallel_size})"
+    if world % p.model_parallel:
+        raise ValueError(f"world size {world} (actor_num_nodes * actor_num_gpus_per_node; 1 on runtime local) must be a multiple "
+                         f"of {sizes} = {p.model_parallel} (world = TP * PP * CP * DP); change the sizes or the actor counts")
+    if world % (etp * ep * pp):
+        raise ValueError(f"world size {world} must be a multiple of expert_tensor_parallel_size ({etp}) * expert_model_parallel_size "
+                         f"({ep}) * pipeline_model_parallel_size ({pp}); change the expert sizes or the actor counts")
+    from miles_core.models.shape import model_shape
+
+    shape = model_shape(c.checkpoint.hf_checkpoint)
+    if shape is not None:
+        check_model_divides(shape, p, c.checkpoint.hf_checkpoint)
+    if cl.runtime == "ray" and world > 1:
+        raise ValueError(f"train_backend megatron on {world} Ray train ranks (actor_num_nodes * actor_num_gpus_per_node) is not "
+                         "supported yet: the train group still sends weights, checkpoints and exports to rank 0 only, and the "
+                         "megatron ranks must all take part; use one rank (actor_num_gpus_per_node: 1) for now")
+
+
+def check_model_divides(shape, p, source: str) -> None:
+    """heads and kv heads by TP, layers by PP, routed experts by EP; each error names both fields and the fix."""
+    tp, pp, ep = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.expert_model_parallel_size
+    pairs = [("num_attention_heads", shape.num_attention_heads, "tensor_model_parallel_size", tp),
+             ("num_key_value_heads", shape.num_key_value_heads, "tensor_model_parallel_size", tp),
+             ("num_hidden_layers", shape.num_hidden_layers, "pipeline_model_parallel_size", pp)]
+    if shape.num_experts or ep > 1:
+        pairs.append(("num_experts", shape.num_experts, "expert_model_parallel_size", ep))
+    for model_field, n, field, size in pairs:
+        if n % size or n == 0:
+            raise ValueError(f"{field} ({size}) must divide the model's {model_field} ({n}, {source}); "
+                             f"choose a {field} that divides {n}")
+
+
 def _extension_rules(c: "TrainConfig") -> None:
     """Every extension point (custom_rm_path, custom_loss_function_path, ...) resolves now, before any model loads."""
     from miles_core.resolve import check_extension_points
@@ -111,5 +209,5 @@ def _extension_rules(c: "TrainConfig") -> None:
 
 
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _extension_rules):
+    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules, _extension_rules):
         rule(c)

@@ -13,6 +13,7 @@ from .cluster import ClusterConfig
 from .data import DataConfig
 from .eval import EvalConfig
 from .misc import MiscConfig
+from .parallel import ParallelConfig
 from .rollout import RolloutConfig
 from .tracking import TrackingConfig
 from .rules import check_rules
@@ -25,6 +26,7 @@ GROUPS: dict[str, type[Group]] = {
     "checkpoint": CheckpointConfig,
     "eval": EvalConfig,
     "tracking": TrackingConfig,
+    "parallel": ParallelConfig,
     "misc": MiscConfig,
 }
 
@@ -39,6 +41,7 @@ class TrainConfig(Group):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     misc: MiscConfig = Field(default_factory=MiscConfig)
 
     @model_validator(mode="after")

@@ -40,6 +40,14 @@ def build_torch_trainer(ctx: TrainerContext) -> Trainer:
     return trainer
 
 
+def build_megatron_trainer(ctx: TrainerContext) -> Trainer:
+    """megatron-core's trainer (training/megatron/), imported only here."""
+    from .megatron import build_megatron_trainer as build
+
+    return build(ctx)
+
+
 TRAINERS: dict[str, Callable[[TrainerContext], Trainer]] = {
     "torch": build_torch_trainer,
+    "megatron": build_megatron_trainer,
 }

@@ -1,0 +1,42 @@
+"""Model parallelism, recompute, dynamic batching and train offload (the reference's Megatron-LM names).
+
+Read by ``train_backend: megatron`` (miles_core/training/megatron/). The torch trainer is data parallel
+only: a value here other than its default with train_backend torch is refused at load (rules.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ._base import Group
+
+
+class ParallelConfig(Group):
+    tensor_model_parallel_size: int = Field(1, ge=1, description="Tensor parallel size (TP): each layer's weights split over TP ranks (train_backend megatron).")
+    pipeline_model_parallel_size: int = Field(1, ge=1, description="Pipeline parallel size (PP): the layers split into PP stages (train_backend megatron).")
+    context_parallel_size: int = Field(1, ge=1, description="Context parallel size (CP): sequences split over CP ranks. Only 1 is supported yet (CP needs Transformer Engine's attention).")
+    expert_model_parallel_size: int = Field(1, ge=1, description="Expert parallel size (EP): the MoE experts split over EP ranks (train_backend megatron).")
+    expert_tensor_parallel_size: int | None = Field(None, ge=1, description="Tensor parallel size inside each expert (ETP); None = tensor_model_parallel_size.")
+    sequence_parallel: bool = Field(False, description="Split norms and dropout along the sequence over the TP ranks. Not supported yet (needs Transformer Engine norms).")
+    recompute_granularity: Literal["full", "selective"] | None = Field(None, description="Activation recompute: full (whole layers) or selective (core attention only); None = off.")
+    recompute_method: Literal["uniform", "block"] | None = Field(None, description="With recompute_granularity full: uniform (chunks of recompute_num_layers) or block (the first recompute_num_layers layers of each stage).")
+    recompute_num_layers: int | None = Field(None, ge=1, description="Layers per recompute chunk (uniform) or recomputed layers per stage (block).")
+    use_distributed_optimizer: bool = Field(False, description="Shard optimizer state over the data-parallel ranks (Megatron's distributed optimizer). Not supported yet.")
+    use_dynamic_batch_size: bool = Field(False, description="train_backend megatron: pack each micro-batch's sequences (THD, no padding) up to max_tokens_per_gpu tokens instead of micro_batch_size samples.")
+    max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed training micro-batch (use_dynamic_batch_size).")
+    log_probs_max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed forward-only micro-batch (use_dynamic_batch_size); default max_tokens_per_gpu.")
+    offload_train: bool = Field(False, description="Move the trainer's weights and optimizer state off the device between train stages. Not supported yet.")
+    offload_train_target: Literal["cpu", "disk"] = Field("cpu", description="Where offload_train puts them: host memory (cpu) or offload_train_disk_dir (disk).")
+    offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")
+
+    @property
+    def expert_tp(self) -> int:
+        """expert_tensor_parallel_size, defaulting to tensor_model_parallel_size."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
+    @property
+    def model_parallel(self) -> int:
+        """TP * PP * CP: ranks holding one copy of the model."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size

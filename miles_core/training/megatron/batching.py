@@ -1,0 +1,70 @@
+"""Rollout rows -> Megatron micro-batches.
+
+Fixed size (``micro_batch_size`` samples, right-padded [b, S]) or, with ``use_dynamic_batch_size``,
+packed: the rows' real tokens concatenated into one sequence [1, W] of at most ``max_tokens_per_gpu``
+tokens with a block-diagonal causal mask, so no token is padding and none sees another sample. (On
+GPU, Transformer Engine's attention takes the same packing as THD with cu_seqlens; the local CPU spec
+takes the mask.) RoPE is relative, so a sample's scores do not depend on where in the packed row it
+starts. Megatron's attention mask is boolean [b, 1, S, S], True = masked out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from miles_core.training.batch import TokenBatch, pack_rows
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """rows: the samples (rollout batch rows, n of them) it holds; flat_index [n, T] the positions in the
+    flattened [b * S] sequence whose logits predict each response token; T = the rows' longest response."""
+
+    rows: list[int]
+    input_ids: torch.Tensor  # [b, S]
+    position_ids: torch.Tensor  # [b, S]
+    attention_mask: torch.Tensor  # [b, 1, S, S] True = masked
+    flat_index: torch.Tensor  # [n, T]
+    resp_tokens: torch.Tensor  # [n, T]
+    loss_mask: torch.Tensor  # [n, T]
+    rollout_log_probs: torch.Tensor  # [n, T]
+
+
+def padded(batch: TokenBatch, rows: list[int]) -> MicroBatch:
+    piece = batch.take(rows)
+    n, S = piece.input_ids.shape
+    causal = torch.ones((S, S), dtype=torch.bool).tril()
+    visible = causal[None] & piece.attention_mask.bool()[:, None, :]  # [n, S(query), S(key)]
+    flat = torch.arange(n)[:, None] * S + piece.resp_index.clamp(min=0)  # [n, T]
+    return MicroBatch(rows=list(rows), input_ids=piece.input_ids, position_ids=torch.arange(S).expand(n, S),
+                      attention_mask=~visible[:, None], flat_index=flat, resp_tokens=piece.resp_tokens,
+                      loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs)
+
+
+def packed(batch: TokenBatch, rows: list[int]) -> MicroBatch:
+    piece = batch.take(rows)
+    lengths = piece.attention_mask.sum(-1).tolist()  # [n]
+    W = sum(lengths)
+    seg = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))  # [W] sample of each slot
+    starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)  # [n]
+    ids = torch.cat([piece.input_ids[i, :n] for i, n in enumerate(lengths)])[None]  # [1, W]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]  # [1, W] each sample's own positions
+    visible = (seg[:, None] == seg[None, :]) & torch.ones((W, W), dtype=torch.bool).tril()  # [W, W]
+    flat = starts[:, None] + piece.resp_index.clamp(min=0)  # [n, T]
+    return MicroBatch(rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=~visible[None, None], flat_index=flat,
+                      resp_tokens=piece.resp_tokens, loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs)
+
+
+def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None) -> list[MicroBatch]:
+    """rows as micro-batches: packed into at most max_tokens tokens each when given, else micro_batch_size per
+    micro-batch after a stable sort by length (less padding)."""
+    lengths = batch.attention_mask.sum(-1).tolist()  # [N]
+    if max_tokens is not None:
+        longest = max(lengths[r] for r in rows)
+        if longest > max_tokens:
+            raise ValueError(f"a sample of {longest} tokens does not fit max_tokens_per_gpu ({max_tokens}); raise it")
+        return [packed(batch, [rows[i] for i in sorted(group)]) for group in pack_rows([lengths[r] for r in rows], max_tokens)]
+    order = sorted(rows, key=lambda r: lengths[r])
+    return [padded(batch, order[s : s + micro_batch_size]) for s in range(0, len(order), micro_batch_size)]

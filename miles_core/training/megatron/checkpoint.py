@@ -1,0 +1,174 @@
+"""torch_dist checkpoints of the Megatron trainer: atomic, resumable exactly, independent of the parallel
+layout for the model and optimizer (megatron's dist_checkpointing, format torch_dist).
+
+    <save_dir>/<rollout_id>/
+      torch_dist/          {"model": the GPT model's sharded state, "optimizer": AdamW's exp_avg /
+                           exp_avg_sq sharded like their parameters, plus its common step}
+      model_args.json      the ModelArgs the model was built from (checked before loading: a checkpoint
+                           of another shape is refused naming the fields)
+      rng/<rank>.pt        each rank's CPU (and CUDA) generator and megatron's RNG tracker states
+      meta.json            the runtime's state (data cursor, run ids, weight version) + steps_done
+      .complete            manifest of every file, written last (checkpoint/_fs.write_marker)
+    <save_dir>/latest      the rollout id, rewritten after the rename; then keep_last retention
+
+Every rank writes its shards into ``<save_dir>/.tmp-<rollout_id>``; after a barrier rank 0 writes the
+rest, the marker, renames the directory into place and moves ``latest``; a killed save leaves only the
+temp dir, which readers skip. RNG resumes exactly when the parallel layout is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from miles_core.checkpoint._fs import TMP_PREFIX, atomic_write_text, marker_problem, remove_tree, replace_dir, write_marker
+
+from .model_args import ModelArgs
+
+TORCH_DIST = "torch_dist"
+ARGS_FILE = "model_args.json"
+META_FILE = "meta.json"
+LATEST = "latest"
+
+
+def _rank() -> int:
+    return dist.get_rank()
+
+
+def _barrier() -> None:
+    dist.barrier()
+
+
+def model_sharded(stage) -> dict:
+    return stage.sharded_state_dict(prefix="")
+
+
+def optimizer_sharded(optimizer: torch.optim.Optimizer, params: list, model_sd: dict) -> dict:
+    """AdamW's state as sharded tensors shaped like their parameters; the per-parameter step kept once."""
+    from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map, optim_state_to_sharding_state
+
+    state = optimizer.state_dict()
+    steps = {float(s["step"]) for s in state["state"].values() if "step" in s}
+    optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_sd, params), exclude_keys=("step",))
+    state["state"]["common_step"] = steps.pop() if steps else 0.0
+    return state
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer, params: list) -> None:
+    """Create AdamW's per-parameter state (zeros), so a loaded checkpoint has tensors to fill."""
+    for p in params:
+        optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+
+
+def _rng_state() -> dict:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "tracker": get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
+    """Collective: every rank calls it. -> the checkpoint dir."""
+    from megatron.core import dist_checkpointing
+
+    save_dir = Path(save_dir)
+    tmp, final = save_dir / f"{TMP_PREFIX}{rollout_id}", save_dir / str(rollout_id)
+    if _rank() == 0:
+        remove_tree(tmp)
+        (tmp / TORCH_DIST).mkdir(parents=True)
+        (tmp / "rng").mkdir()
+    _barrier()
+    model_sd = model_sharded(trainer.model.module)
+    sharded = {"model": model_sd}
+    if not trainer.cfg.checkpoint.no_save_optim:
+        sharded["optimizer"] = optimizer_sharded(trainer.optimizer, trainer.params, model_sd)
+    dist_checkpointing.save(sharded, str(tmp / TORCH_DIST))
+    torch.save(_rng_state(), tmp / "rng" / f"{_rank()}.pt")
+    _barrier()
+    if _rank() == 0:
+        (tmp / ARGS_FILE).write_text(json.dumps(args_json(trainer.args), indent=1))
+        shutil.copy(trainer.model_path / "config.json", tmp / "config.json")
+        meta = {**state, "rollout_id": rollout_id, "steps_done": trainer.steps_done, "world_size": dist.get_world_size(),
+                "optimizer": "optimizer" in sharded}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+        write_marker(tmp)
+        replace_dir(tmp, final)
+        atomic_write_text(save_dir / LATEST, f"{rollout_id}\n")
+        if trainer.cfg.checkpoint.keep_last is not None:
+            _retain(save_dir, rollout_id, trainer.cfg.checkpoint.keep_last)
+    _barrier()
+    return final
+
+
+def _retain(save_dir: Path, rollout_id: int, keep_last: int) -> None:
+    """keep_last: of the checkpoints with id <= rollout_id keep the newest keep_last (newer ids are never touched)."""
+    ids = sorted(int(p.name) for p in save_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) <= rollout_id)
+    for old in ids[:-keep_last]:
+        remove_tree(save_dir / str(old))
+
+
+def latest(load_dir: Path) -> Path | None:
+    """The checkpoint ``latest`` names, if it is complete."""
+    pointer = Path(load_dir) / LATEST
+    if not pointer.is_file():
+        return None
+    path = Path(load_dir) / pointer.read_text().strip()
+    return path if path.is_dir() and marker_problem(path) is None else None
+
+
+def args_json(args: ModelArgs) -> dict:
+    """ModelArgs as model_args.json holds them (tuples as lists)."""
+    return json.loads(json.dumps(asdict(args)))
+
+
+def check_args(path: Path, args: ModelArgs) -> None:
+    """Refuse a checkpoint of another model shape, naming each differing field."""
+    if not (path / ARGS_FILE).is_file():
+        raise ValueError(f"{path} is not a torch_dist checkpoint of miles: it has no {ARGS_FILE}")
+    saved, mine = json.loads((path / ARGS_FILE).read_text()), args_json(args)
+    diffs = [f"{k} {v!r} (this model: {mine.get(k)!r})" for k, v in saved.items() if mine.get(k) != v]
+    if diffs:
+        raise ValueError(f"torch_dist checkpoint {path} is of another model shape: " + "; ".join(diffs))
+
+
+def restore(trainer, load_dir: Path) -> dict | None:
+    """Collective. Load the latest complete checkpoint into the trainer; -> its meta state, None if there is none."""
+    from megatron.core import dist_checkpointing
+
+    path = latest(load_dir)
+    if path is None:
+        return None
+    check_args(path, trainer.args)
+    meta = json.loads((path / META_FILE).read_text())
+    model_sd = model_sharded(trainer.model.module)
+    sharded = {"model": model_sd}
+    if meta["optimizer"]:
+        init_optimizer_state(trainer.optimizer, trainer.params)
+        sharded["optimizer"] = optimizer_sharded(trainer.optimizer, trainer.params, model_sd)
+    loaded = dist_checkpointing.load(sharded, str(path / TORCH_DIST))
+    trainer.model.module.load_state_dict(loaded["model"], strict=False)
+    if meta["optimizer"]:
+        opt_state = loaded["optimizer"]
+        step = opt_state["state"].pop("common_step")
+        for s in opt_state["state"].values():
+            s["step"] = torch.tensor(float(step))
+        trainer.optimizer.load_state_dict(opt_state)
+    rng = path / "rng" / f"{_rank()}.pt"
+    if meta["world_size"] == dist.get_world_size() and rng.is_file():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    trainer.steps_done = meta["steps_done"]
+    return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer")}

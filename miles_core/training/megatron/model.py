@@ -1,0 +1,81 @@
+"""ModelArgs + ParallelConfig -> megatron-core ``TransformerConfig`` and this pipeline stage's ``GPTModel``
+with the local (non Transformer-Engine) layer spec, RMSNorm, SwiGLU, RoPE: what the HF families of
+model_args.py are. Fusions that need CUDA kernels are off (they are speed, not math)."""
+
+from __future__ import annotations
+
+import torch
+
+from miles_core.config.parallel import ParallelConfig
+
+from .model_args import ModelArgs
+
+
+def _moe_kwargs(a: ModelArgs) -> dict:
+    if not a.num_experts:
+        return {}
+    return dict(
+        num_moe_experts=a.num_experts, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size, moe_router_topk=a.moe_router_topk,
+        moe_router_score_function=a.moe_router_score_function, moe_router_enable_expert_bias=a.moe_router_enable_expert_bias,
+        moe_router_bias_update_rate=0.0, moe_router_topk_scaling_factor=a.moe_router_topk_scaling_factor,
+        moe_layer_freq=list(a.moe_layer_freq) if a.moe_layer_freq else 1, moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0, moe_router_dtype="fp32", moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+    )
+
+
+def _mla_kwargs(a: ModelArgs) -> dict:
+    if not a.multi_latent_attention:
+        return {}
+    return dict(multi_latent_attention=True, q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank, qk_head_dim=a.qk_head_dim,
+                v_head_dim=a.v_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, rotary_base=a.rotary_base,
+                rope_type="rope")
+
+
+def transformer_config(a: ModelArgs, p: ParallelConfig, dtype: torch.dtype, cpu: bool):
+    """The TransformerConfig (MLATransformerConfig with multi-latent attention) of ``a`` under parallelism ``p``."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    cls = MLATransformerConfig if a.multi_latent_attention else TransformerConfig
+    return cls(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
+        num_attention_heads=a.num_attention_heads, num_query_groups=a.num_query_groups, kv_channels=a.kv_channels,
+        layernorm_epsilon=a.norm_epsilon, normalization="RMSNorm", gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=a.add_qkv_bias, qk_layernorm=a.qk_layernorm,
+        hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16, attention_softmax_in_fp32=True,
+        tensor_model_parallel_size=p.tensor_model_parallel_size, pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        context_parallel_size=p.context_parallel_size, expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_tensor_parallel_size=p.expert_tp, sequence_parallel=p.sequence_parallel,
+        recompute_granularity=p.recompute_granularity, recompute_method=p.recompute_method,
+        recompute_num_layers=p.recompute_num_layers, variable_seq_lengths=True, moe_token_dispatcher_type="alltoall",
+        use_cpu_initialization=cpu, bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
+        **_moe_kwargs(a), **_mla_kwargs(a),
+    )
+
+
+def _without_transformer_engine() -> None:
+    """megatron-core 0.16's moe_utils leaves te_general_gemm undefined when Transformer Engine is absent, then
+    tests it against None in the router's gating linear: define it as None (the torch matmul path)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def build_stage(a: ModelArgs, config):
+    """This rank's pipeline stage of the GPT model (embedding on the first stage, output layer on the last)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    _without_transformer_engine()
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    return GPTModel(
+        config=config, transformer_layer_spec=spec, vocab_size=a.vocab_size, max_sequence_length=1 << 20,
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights, position_embedding_type="rope",
+        rotary_percent=a.rotary_percent, rotary_base=int(a.rotary_base) if float(a.rotary_base).is_integer() else a.rotary_base,
+    )

@@ -1,0 +1,69 @@
+"""Process groups for the Megatron trainer: torch.distributed + megatron's parallel_state.
+
+On the Ray runtime each train-group actor has called ``torch.distributed.init_process_group`` (gloo on
+CPU, NCCL on GPU) before building the trainer; in the local runtime there is none, and ``init_parallel``
+starts a one-process gloo group on a free 127.0.0.1 port itself (and ``teardown`` ends it again).
+megatron's model-parallel groups (TP, PP, CP, EP, DP) are then cut from the world
+(``parallel_state.initialize_model_parallel``), world = TP * PP * CP * DP, and the RNG tracker seeded.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+import torch.distributed as dist
+
+from miles_core.config.parallel import ParallelConfig
+
+_OWN_WORLD = False  # whether init_parallel started the default process group (then teardown ends it)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_parallel(p: ParallelConfig, seed: int, device: str) -> None:
+    """Model-parallel groups of sizes ``p`` over the current world (a one-rank gloo world if none)."""
+    global _OWN_WORLD
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    from .cpu import install
+
+    install(device)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        _OWN_WORLD = True
+    world = dist.get_world_size()
+    if world % p.model_parallel:
+        raise ValueError(f"world size {world} is not a multiple of tensor_model_parallel_size * pipeline_model_parallel_size "
+                         f"* context_parallel_size = {p.model_parallel}")
+    if ps.model_parallel_is_initialized():
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                ps.get_expert_model_parallel_world_size())
+        want = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.expert_model_parallel_size)
+        if have != want:
+            raise RuntimeError(f"megatron parallel state already initialised with (TP, PP, EP) = {have}, not {want}; "
+                               "call miles_core.training.megatron.parallel.teardown() first")
+    else:
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=p.tensor_model_parallel_size, pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+            context_parallel_size=p.context_parallel_size, expert_model_parallel_size=p.expert_model_parallel_size,
+            expert_tensor_parallel_size=p.expert_tp,
+        )
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    torch.manual_seed(seed)
+
+
+def teardown() -> None:
+    """Destroy megatron's groups (and the default group if init_parallel started it)."""
+    global _OWN_WORLD
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    if _OWN_WORLD and dist.is_initialized():
+        dist.destroy_process_group()
+    _OWN_WORLD = False

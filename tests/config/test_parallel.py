@@ -1,0 +1,88 @@
+"""Parallelism / batching / offload fields (reference names and defaults) and their load-time rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from miles_core.config import ConfigError, build_config
+from miles_core.config import rules
+
+BASE = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "prompt_data": "x.jsonl"}
+RAY = {**BASE, "runtime": "ray", "train_backend": "megatron"}
+
+
+def test_reference_defaults():
+    p = build_config(BASE).parallel
+    assert (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size) == (1, 1, 1)
+    assert (p.expert_model_parallel_size, p.expert_tensor_parallel_size, p.expert_tp) == (1, None, 1)
+    assert not p.sequence_parallel and p.recompute_granularity is None and not p.use_distributed_optimizer
+    assert not p.use_dynamic_batch_size and p.max_tokens_per_gpu is None and p.log_probs_max_tokens_per_gpu is None
+    assert not p.offload_train and p.offload_train_target == "cpu" and p.offload_train_disk_dir is None
+
+
+@pytest.mark.parametrize("field, value", [("tensor_model_parallel_size", 2), ("sequence_parallel", True),
+                                          ("use_dynamic_batch_size", True), ("expert_model_parallel_size", 2)])
+def test_torch_backend_refuses_megatron_fields(field, value):
+    with pytest.raises(ConfigError, match=f"{field}.*train_backend megatron only"):
+        build_config({**BASE, field: value})
+
+
+@pytest.mark.parametrize("values, match", [
+    ({"use_distributed_optimizer": True}, "use_distributed_optimizer is not supported yet"),
+    ({"offload_train": True}, "offload_train is not supported yet"),
+    ({"offload_train_target": "disk"}, "apply only with offload_train"),
+    ({"context_parallel_size": 2, "actor_num_gpus_per_node": 2}, "context_parallel_size 2 is not supported yet"),
+    ({"sequence_parallel": True}, "sequence_parallel is not supported yet"),
+    ({"recompute_granularity": "full"}, "needs recompute_method"),
+    ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
+    ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
+    ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
+    ({"advantage_estimator": "ppo"}, "ppo .* not supported yet on train_backend megatron"),
+    ({"use_opd": True, "opd_teacher_load": "builtin://tiny-qwen2"}, "opd_teacher_load .* not supported yet on train_backend megatron"),
+])
+def test_rules_name_the_fields(values, match):
+    with pytest.raises(ConfigError, match=match):
+        build_config({**RAY, **values})
+
+
+MULTI_RANK = "on 8 Ray train ranks .* is not supported yet"
+
+
+def test_world_size_must_be_a_multiple_of_model_parallel():
+    with pytest.raises(ConfigError, match=MULTI_RANK):  # valid sizes; several Ray megatron ranks are refused last
+        build_config({**RAY, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "actor_num_gpus_per_node": 8})
+    with pytest.raises(ConfigError, match=r"world size 6 .* = 4 \(world = TP \* PP \* CP \* DP\)"):
+        build_config({**RAY, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "actor_num_gpus_per_node": 6})
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        build_config({**RAY, "expert_model_parallel_size": 4, "actor_num_gpus_per_node": 2})
+
+
+def test_model_sizes_must_divide(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 6, "num_key_value_heads": 2, "num_hidden_layers": 3, "num_experts": 4}))
+    ok = {**RAY, "hf_checkpoint": str(tmp_path), "actor_num_gpus_per_node": 6}
+    with pytest.raises(ConfigError, match=MULTI_RANK.replace("8", "6")):  # the sizes divide
+        build_config({**ok, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 3})
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size \(3\) must divide the model's num_key_value_heads \(2"):
+        build_config({**ok, "tensor_model_parallel_size": 3})
+    with pytest.raises(ConfigError, match=r"pipeline_model_parallel_size \(2\) must divide the model's num_hidden_layers \(3"):
+        build_config({**ok, "pipeline_model_parallel_size": 2})
+    with pytest.raises(ConfigError, match=r"expert_model_parallel_size \(3\) must divide the model's num_experts \(4"):
+        build_config({**ok, "expert_model_parallel_size": 3})
+    with pytest.raises(ConfigError, match="num_attention_heads"):  # builtin specs are read before they are built
+        build_config({**RAY, "tensor_model_parallel_size": 8, "actor_num_gpus_per_node": 8})
+
+
+def test_missing_or_old_megatron_core_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(rules, "_megatron_core_version", lambda: None)
+    with pytest.raises(ConfigError, match=r"megatron-core >= 0.16.1 \(not installed\).*pip install 'megatron-core==0.16.1'"):
+        build_config(RAY)
+    monkeypatch.setattr(rules, "_megatron_core_version", lambda: (0, 15, 0))
+    with pytest.raises(ConfigError, match=r"\(version 0.15.0\)"):
+        build_config(RAY)
+
+
+def test_installed_megatron_core_is_new_enough():
+    assert rules._megatron_core_version() >= rules.MEGATRON_CORE_MIN

@@ -1,0 +1,26 @@
+"""The body of one rank of a 2-process gloo world (tests/training/megatron_backend/test_parallel.py):
+train one rollout with the Megatron trainer and write what rank 0 sees."""
+
+from __future__ import annotations
+
+
+def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out: str, convert_to: str | None = None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from miles_core.training.batch import make_batch
+    from miles_core.training.megatron.trainer import MegatronTrainer, _from_last_stage
+
+    trainer = MegatronTrainer(cfg, model_dir, pad_id=0)
+    if convert_to:  # HF -> torch_dist at this world's parallel layout
+        from miles_core.training.megatron.convert import hf_to_torch_dist
+
+        hf_to_torch_dist(model_dir, convert_to)
+    logp = _from_last_stage(trainer.compute_log_probs(trainer.model, make_batch(samples, 0)))
+    result = trainer.train_rollout(samples, [s.reward for s in samples])
+    tensors = dict(trainer.named_tensors())
+    if rank == 0:
+        torch.save({"logp": logp, "steps": result.steps, "tensors": tensors}, out)
+    trainer.close()

@@ -1,0 +1,44 @@
+"""torch_dist checkpoints: save after a rollout, restore into a fresh trainer, and the next rollout gives
+exactly the uninterrupted run's metrics and weights; a checkpoint of another shape is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from miles_core.training.megatron import checkpoint
+from miles_core.training.megatron.trainer import MegatronTrainer
+
+PAD = 0
+
+
+def test_resume_is_exact(megatron_world, tmp_path, lm, cfg, samples):
+    lm(seed=2).save_pretrained(tmp_path / "hf")
+    config = cfg(lr=3e-3, num_steps_per_rollout=2)
+    rewards = [s.reward for s in samples]
+    straight = MegatronTrainer(config, tmp_path / "hf", pad_id=PAD)
+    first = straight.train_rollout(samples, rewards)
+    straight.save(tmp_path / "ckpt", 0, {"data_source": {"offset": 8}})
+    second = straight.train_rollout(samples, rewards)
+
+    resumed = MegatronTrainer(config, tmp_path / "hf", pad_id=PAD)
+    assert resumed.restore(tmp_path / "empty") is None
+    state = resumed.restore(tmp_path / "ckpt")
+    assert state["data_source"] == {"offset": 8} and state["rollout_id"] == 0 and resumed.steps_done == 2
+    again = resumed.train_rollout(samples, rewards)
+    assert again.steps == second.steps and again.steps != first.steps
+    mine, theirs = dict(resumed.named_tensors()), dict(straight.named_tensors())
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["0", "latest"]  # the temp dir is gone
+
+
+def test_a_checkpoint_of_another_shape_is_named_and_keep_last_holds(megatron_world, tmp_path, lm, cfg):
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    trainer = MegatronTrainer(cfg(keep_last=2), tmp_path / "hf", pad_id=PAD)
+    for rollout_id in (1, 2, 3):
+        path = checkpoint.save(trainer, tmp_path / "ckpt", rollout_id, {})
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2", "3", "latest"]
+    assert checkpoint.latest(tmp_path / "ckpt") == path
+    wider = trainer.args.__class__(**{**trainer.args.__dict__, "hidden_size": 64})
+    with pytest.raises(ValueError, match=r"another model shape: hidden_size 32 \(this model: 64\)"):
+        checkpoint.check_args(path, wider)
