@@ -8,11 +8,12 @@ from .eval import EvalConfig
 from .loader import ConfigError, build_config, field_groups, list_recipes, load_config, read_recipe
 from .misc import MiscConfig
 from .rollout import RolloutConfig
+from .sglang import SglangConfig
 from .tracking import TrackingConfig
 from .train import GROUPS, TrainConfig
 
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "ClusterConfig", "ConfigError", "DataConfig", "EvalConfig", "GROUPS",
-    "MiscConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "build_config", "field_groups",
+    "MiscConfig", "RolloutConfig", "SglangConfig", "TrackingConfig", "TrainConfig", "build_config", "field_groups",
     "list_recipes", "load_config", "read_recipe",
 ]

@@ -14,12 +14,14 @@ from .data import DataConfig
 from .eval import EvalConfig
 from .misc import MiscConfig
 from .rollout import RolloutConfig
+from .sglang import SglangConfig
 from .tracking import TrackingConfig
 from .rules import check_rules
 
 GROUPS: dict[str, type[Group]] = {
     "cluster": ClusterConfig,
     "rollout": RolloutConfig,
+    "sglang": SglangConfig,
     "data": DataConfig,
     "algo": AlgoConfig,
     "checkpoint": CheckpointConfig,
@@ -34,6 +36,7 @@ class TrainConfig(Group):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     rollout: RolloutConfig
+    sglang: SglangConfig = Field(default_factory=SglangConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
