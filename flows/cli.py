@@ -50,6 +50,9 @@ def parse_overrides(raw: dict[str, Any]) -> dict[str, Any]:
     for name, value in raw.items():
         if value is None:
             continue
+        if name not in fields:  # an SGLang passthrough (sglang_<server argument>), already typed by _passthrough
+            out[name] = value
+            continue
         if isinstance(value, str):
             parsed = yaml.safe_load(value) if value.strip() else value
             if _is_list(fields[name].annotation) and not isinstance(parsed, list):
@@ -63,10 +66,31 @@ RECIPE_ARG = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `miles
 
 
 def _with_config_flags(name: str, help: str, fn) -> None:
-    """Register ``fn`` as command ``name``: its own parameters first, then every config field as a flag."""
+    """Register ``fn`` as command ``name``: its own parameters first, then every config field as a flag,
+    then SGLang passthrough flags (``--sglang-<server argument> [value]``, any number, after the recipe)."""
     own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    fn.__signature__ = inspect.Signature([*own, *config_options()])
-    app.command(name, help=help)(fn)
+    ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+
+    def command(ctx: typer.Context, **kwargs: Any) -> None:
+        return fn(**kwargs, **_passthrough(ctx.args))
+
+    command.__signature__ = inspect.Signature([ctx_param, *own, *config_options()])
+    command.__doc__ = fn.__doc__
+    app.command(name, help=help, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(command)
+
+
+def _passthrough(args: list[str]) -> dict[str, Any]:
+    """``--sglang-mem-fraction-static 0.7 --sglang-enable-metrics`` -> {"sglang_mem_fraction_static": 0.7, ...},
+    read as SGLang's argparse reads them (miles_core/rollout/sglang/server_args.py). Anything else is an error."""
+    if not args:
+        return {}
+    from miles_core.rollout.sglang.server_args import PassthroughError, parse_cli
+
+    try:
+        return {f"sglang_{k}": v for k, v in parse_cli(args).items()}
+    except PassthroughError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 def _load_or_exit(recipe_file: str, flags: dict[str, Any]):

@@ -117,17 +117,21 @@ def cli_flags() -> set[str]:
     return flags
 
 
+def _shown(key: str) -> str:
+    return f"{PREFIX}{key} (--sglang-{key.replace('_', '-')})"
+
+
 def resolve(key: str) -> ServerArg:
     """``mem_fraction_static`` (or a flag stem, ``tensor_parallel_size``) -> its argument. Raises
     PassthroughError naming ``sglang_<key>`` and the nearest real arguments."""
     snap = snapshot()
-    shown = f"{PREFIX}{key} (--sglang-{key.replace('_', '-')})"
+    shown = _shown(key)
     if key in NOT_SERVER_ARGS:
         raise PassthroughError(f"{shown}: {NOT_SERVER_ARGS[key]}")
     field = snap.spellings.get(key)
     if field is None:
         close = difflib.get_close_matches(key, list(snap.args), n=3, cutoff=0.6)
-        hint = f"; nearest: {', '.join(PREFIX + c for c in close)}" if close else ""
+        hint = f"; nearest: {', '.join(_shown(c) for c in close)}" if close else ""
         raise PassthroughError(f"{shown} is not a server argument of SGLang {snap.version}{hint} "
                                f"(the list: docs/reference/sglang.md)")
     if field in OWNED:
@@ -213,39 +217,46 @@ def _text(value: Any) -> str:
 
 def parse_cli(argv: list[str]) -> dict[str, Any]:
     """miles' CLI passthrough flags -> ``{field: value}``, read the way SGLang's argparse reads them
-    (a store_true flag takes no value, a list takes the values up to the next flag); values are YAML
-    scalars ("0.7" -> 0.7, "[1, 2]" -> a list), then validated. Raises PassthroughError."""
-    import yaml
-
+    (a store_true flag takes no value, a list takes the values up to the next flag; text stays text for
+    str and JSON arguments, numbers are parsed), then validated. Raises PassthroughError."""
     out: dict[str, Any] = {}
     i = 0
     while i < len(argv):
         flag = argv[i]
         if not flag.startswith("--sglang-"):
             raise PassthroughError(f"unexpected argument {flag!r}: passthrough flags read --sglang-<server argument> [value]")
-        stem, _, inline = flag[len("--sglang-"):].partition("=")
+        stem, eq, inline = flag[len("--sglang-"):].partition("=")
         negated = stem.startswith("no-") and snapshot().spellings.get(stem[3:].replace("-", "_")) is not None
         arg = resolve((stem[3:] if negated else stem).replace("-", "_"))
-        values = [inline] if inline else []
+        values = [inline] if eq else []
         i += 1
-        if arg.kind not in ("store_true", "boolean_optional") and not inline:
+        if arg.kind not in ("store_true", "boolean_optional") and not eq:
             while i < len(argv) and not argv[i].startswith("--") and (arg.kind == "list" or not values):
                 values.append(argv[i])
                 i += 1
-        out[arg.name] = _cli_value(arg, negated, [yaml.safe_load(v) if v.strip() else v for v in values])
+        out[arg.name] = _cli_value(arg, negated, values)
     return validate(out)
 
 
-def _cli_value(arg: ServerArg, negated: bool, values: list[Any]) -> Any:
+def _cli_value(arg: ServerArg, negated: bool, values: list[str]) -> Any:
     if arg.kind in ("store_true", "boolean_optional"):
         if negated and arg.kind != "boolean_optional":
             raise PassthroughError(f"{arg.miles_flag} is a store_true flag: there is no --sglang-no-{arg.flag[2:]}")
         return not negated
     if arg.kind == "list":
-        return values[0] if len(values) == 1 and isinstance(values[0], list) else values
+        return [_number(v) if arg.type in ("list[int]", "list[float]") else v for v in values]
     if not values:
         if arg.kind == "optional_value":
             return True
         raise PassthroughError(f"{arg.miles_flag} needs a value")
-    value = values[0]
-    return str(value) if arg.type == "str" and not isinstance(value, str) else value
+    return _number(values[0]) if arg.type in ("int", "float") else values[0]
+
+
+def _number(text: str) -> Any:
+    """"4" -> 4, "0.7" -> 0.7, "1e-3" -> 0.001; other text stays text (validation names the field)."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
