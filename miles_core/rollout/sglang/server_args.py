@@ -75,6 +75,7 @@ class ServerArg:
     nargs: str | None
     help: str
     deprecated: str | None
+    namespace: str  # SGLang's group of the argument (serving, parallel, ...)
 
     @property
     def flag(self) -> str:
@@ -102,7 +103,7 @@ def snapshot() -> Snapshot:
             name=name, flags=tuple(e["flags"]), kind=e["kind"], type=e["type"], default=e.get("default"),
             nullable=e.get("nullable", False), choices=tuple(e["choices"]) if e.get("choices") is not None else None,
             choices_open=e.get("choices_open", False), nargs=e.get("nargs"), help=e.get("help", ""),
-            deprecated=e.get("deprecated") if isinstance(e.get("deprecated"), str) else None)
+            deprecated=e.get("deprecated") if isinstance(e.get("deprecated"), str) else None, namespace=e["namespace"])
     spellings = {f[2:].replace("-", "_"): a.name for a in args.values() for f in a.flags}
     spellings.update({f[2:].replace("-", "_"): field for f, field in data.get("deprecated_spellings", {}).items()})
     spellings.update({n: n for n in args})

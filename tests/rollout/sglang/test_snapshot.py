@@ -115,7 +115,8 @@ def test_committed_snapshot_has_what_the_launcher_uses():
     assert args["mem_fraction_static"].type == "float"
 
 
-PASSTHROUGH = re.compile(r"(?<![\w-])(?:--sglang-([a-z0-9-]+)|sglang_([a-z0-9_]+))")
+PASSTHROUGH = re.compile(r"(?<![\w.-])(?:--sglang-([a-z0-9-]+)|sglang_([a-z0-9_]+))")
+OPT_OUT = "<!-- not-in-code -->"  # the docs check's marker of a line naming something absent on purpose
 
 
 def _uses() -> list[tuple[str, str]]:
@@ -127,7 +128,8 @@ def _uses() -> list[tuple[str, str]]:
     for path in [*ROOT.glob("deployments/recipes/*.yaml"), *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]:
         if path.name == "sglang.md" and path.parent.name == "reference":
             continue  # generated from the snapshot itself
-        for flag, key in PASSTHROUGH.findall(path.read_text()):
+        lines = [line for line in path.read_text().splitlines() if not line.rstrip().endswith(OPT_OUT)]
+        for flag, key in PASSTHROUGH.findall("\n".join(lines)):
             name = flag.replace("-", "_") if flag else key
             if f"sglang_{name}" not in fields and not name.startswith("no_"):
                 out.append((str(path.relative_to(ROOT)), name))
