@@ -3,7 +3,8 @@
 A recipe is a flat mapping of field names (``rollout_batch_size: 8``); the grouped form
 (``rollout: {rollout_batch_size: 8}``) is accepted too. Overrides use the same names.
 A key ``sglang_<server argument>`` that is no config field is an SGLang passthrough, collected into
-``sglang_server_args`` (config/sglang.py). ``extends: <recipe>`` (a recipe name, or a YAML path relative to the file) starts from that
+``sglang_server_args`` (config/sglang.py); a recipe that sets ``sglang_server_args`` itself replaces
+the passthroughs it inherits (``sglang_server_args: {}`` drops them). ``extends: <recipe>`` (a recipe name, or a YAML path relative to the file) starts from that
 recipe's values and sets this file's on top: how a scale variant (``glm4-5-debug``) shares its
 recipe's settings (docs/operating.md).
 """
@@ -64,6 +65,9 @@ def read_recipe(recipe: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     relative = path.parent / str(base)
     parent = read_recipe(str(relative) if relative.suffix in (".yaml", ".yml") and relative.exists() else str(base),
                          (*_chain, path.resolve()))
+    if "sglang_server_args" in values:  # the whole passthrough set: replaces every sglang_* key the parent has
+        groups = field_groups()
+        parent = {k: v for k, v in parent.items() if not (k.startswith(SGLANG_PREFIX) and k not in groups)}
     return {**parent, **values}
 
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from flows.cli import parse_overrides
-from miles_core.config import ConfigError, load_config
+from miles_core.config import ConfigError, list_recipes, load_config
 from miles_core.rollout.sglang import SGLANG_VERSION
 from miles_core.rollout.sglang.launch import EngineLaunch, SGLangNotInstalled, engine_client_options, launch_command, require_sglang
 from miles_core.rollout.sglang.server_args import PassthroughError, parse_cli, snapshot, to_argv, validate
@@ -176,3 +176,24 @@ def test_require_sglang(tmp_path, monkeypatch):
     (tmp_path / "sglang-0.4.0.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {SGLANG_VERSION}\n")
     require_sglang(cfg())
     assert "sglang" not in sys.modules
+
+
+@pytest.mark.parametrize("recipe", [r for r in list_recipes() if load_config(r).cluster.rollout_engine == "sglang"])
+def test_every_sglang_recipe_launches_with_its_server_args(recipe):
+    c = load_config(recipe)
+    argv = launch_command(c, EngineLaunch(model_path="/m", host="10.0.0.2", port=30000, api_key="K"))
+    ns = _sglang_parser().parse_args(argv[1:])
+    assert ns.tp_size == c.cluster.rollout_num_gpus_per_engine and ns.enable_memory_saver is c.cluster.colocate
+    for name, value in c.sglang.sglang_server_args.items():
+        assert getattr(ns, name) == value, (recipe, name)
+
+
+def test_a_recipe_setting_sglang_server_args_replaces_the_inherited_passthroughs(tmp_path):
+    assert load_config("glm4-5").sglang.sglang_server_args["attn_dp_size"] == 4
+    assert load_config("glm4-5-debug").sglang.sglang_server_args == {}  # extends glm4-5, no SGLang engine
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: glm4-5\nsglang_server_args: {log_level: debug}\nsglang_ep_size: 8\n")
+    assert load_config(str(child)).sglang.sglang_server_args == {"log_level": "debug", "ep_size": 8}
+    child.write_text("extends: glm4-5\nsglang_ep_size: 8\n")  # without it, keys are set on top of the parent's
+    args = load_config(str(child)).sglang.sglang_server_args
+    assert args["ep_size"] == 8 and args["attn_dp_size"] == 4
