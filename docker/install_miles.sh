@@ -3,7 +3,8 @@
 #   deps      miles' own dependencies at its pins, except what the SGLang base image provides at SGLang's pins
 #             (docker/build.py BASE_PROVIDED: torch, transformers, tokenizers, ...)
 #   project   the project without dependencies (requires-python names the CPU lock's 3.11; the image is
-#             SGLang's 3.12, so that check is skipped), then a check that an SGLang recipe finds its SGLang
+#             SGLang's 3.12, so that check is skipped), then two checks: an SGLang recipe finds its SGLang,
+#             and miles' snapshot of SGLang's server arguments agrees with the image's own SGLang parser
 set -euo pipefail
 cd /opt/miles
 case "${1:-}" in
@@ -14,6 +15,7 @@ case "${1:-}" in
   project)
     pip install --no-deps --ignore-requires-python -e .
     python3 -c "from miles_core.config import load_config; from miles_core.rollout.sglang.launch import require_sglang; require_sglang(load_config('glm4-5'))"
+    python3 -m miles_core.rollout.sglang.verify
     miles recipes > /dev/null ;;
   *)
     echo "usage: docker/install_miles.sh deps|project" >&2; exit 2 ;;

@@ -273,7 +273,7 @@ def manual_entries(src: Source, declared: dict[str, dict]) -> list[dict]:
         flags = [a.value for a in call.args if isinstance(a, ast.Constant)]
         kw = {k.arg: k.value for k in call.keywords}
         name = _literal(kw["dest"]) if "dest" in kw else flags[0].lstrip("-").replace("-", "_")
-        action = ast.unparse(kw["action"]) if "action" in kw else None
+        action = None if "action" not in kw else kw["action"].value if isinstance(kw["action"], ast.Constant) else ast.unparse(kw["action"])
         base = declared.get(name, {"namespace": "cli", "nullable": True, "default": None})
         entry: dict[str, Any] = {"name": name, "flags": flags, "namespace": base["namespace"]}
         if action in ("store_true", "DeprecatedStoreTrueAction"):

@@ -1,5 +1,5 @@
 """sglang_* passthrough: validation at config load, the CLI flags, and the exact launch command, checked by
-parsing it back with an argparse parser built from the snapshot the way SGLang's add_cli_args builds its own."""
+parsing it back with an argparse parser built from the snapshot the way SGLang builds its own (verify.snapshot_parser)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from miles_core.config import ConfigError, list_recipes, load_config
 from miles_core.rollout.sglang import SGLANG_VERSION
 from miles_core.rollout.sglang.launch import EngineLaunch, SGLangNotInstalled, engine_client_options, launch_command, require_sglang
 from miles_core.rollout.sglang.server_args import PassthroughError, parse_cli, snapshot, to_argv, validate
+from miles_core.rollout.sglang.verify import snapshot_parser
 
 SGLANG = {"runtime": "ray", "rollout_engine": "sglang"}
 
@@ -89,23 +90,14 @@ def test_cli_overrides_win_over_the_recipe(tmp_path):
     assert c.sglang.sglang_server_args == {"mem_fraction_static": 0.8, "log_level": "warning"}
 
 
-def _sglang_parser() -> argparse.ArgumentParser:
-    """An argparse parser built from the snapshot with SGLang's rules (arg_utils.add_cli_args_from_dataclass)."""
-    p = argparse.ArgumentParser(exit_on_error=False)
-    p.add_argument("-m")
-    conv = {"int": int, "float": float, "str": str, "json": json.loads, "json_list": json.loads}
-    for a in snapshot().args.values():
-        if a.kind == "store_true":
-            p.add_argument(*a.flags, dest=a.name, action="store_true", default=a.default)
-        elif a.kind == "boolean_optional":
-            p.add_argument(*a.flags, dest=a.name, action=argparse.BooleanOptionalAction, default=a.default)
-        elif a.kind == "list":
-            p.add_argument(*a.flags, dest=a.name, nargs=a.nargs, type=conv[a.type[5:-1]], default=a.default)
-        elif a.kind == "optional_value":
-            p.add_argument(*a.flags, dest=a.name, nargs="?", const="", default=a.default)
-        else:
-            p.add_argument(*a.flags, dest=a.name, type=conv[a.type], default=a.default)
-    return p
+def _sglang_parser():
+    return snapshot_parser()
+
+
+def _server_argv(argv: list[str]) -> list[str]:
+    """The server's own arguments of ``python -m sglang.launch_server ...``."""
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    return argv[3:]
 
 
 PASSTHROUGH = {"sglang_mem_fraction_static": 0.7, "sglang_enable_metrics": True, "sglang_enable_tf32_matmul": False,
@@ -134,7 +126,7 @@ def test_launch_command_is_exact():
 def test_launch_command_parses_back_to_the_config_values():
     c = cfg(rollout_num_gpus_per_engine=2, **PASSTHROUGH)
     argv = launch_command(c, EngineLaunch(model_path="/m", host="0.0.0.0", port=5, api_key="K"))
-    ns = _sglang_parser().parse_args(argv[1:])
+    ns = _sglang_parser().parse_args(_server_argv(argv))
     assert (ns.model_path, ns.host, ns.port, ns.tp_size, ns.api_key, ns.random_seed) == ("/m", "0.0.0.0", 5, 2, "K", c.misc.seed)
     for key, value in PASSTHROUGH.items():
         assert getattr(ns, key.removeprefix("sglang_")) == value, key
@@ -182,7 +174,7 @@ def test_require_sglang(tmp_path, monkeypatch):
 def test_every_sglang_recipe_launches_with_its_server_args(recipe):
     c = load_config(recipe)
     argv = launch_command(c, EngineLaunch(model_path="/m", host="10.0.0.2", port=30000, api_key="K"))
-    ns = _sglang_parser().parse_args(argv[1:])
+    ns = _sglang_parser().parse_args(_server_argv(argv))
     assert ns.tp_size == c.cluster.rollout_num_gpus_per_engine and ns.enable_memory_saver is c.cluster.colocate
     for name, value in c.sglang.sglang_server_args.items():
         assert getattr(ns, name) == value, (recipe, name)

@@ -30,6 +30,7 @@ class ServerArgs:
         parser.add_argument("--config", type=str, help="Read CLI options from a config file. More.")
         parser.add_argument("--enable-dp-attention", action=DeprecatedStoreTrueAction, new_flag="--attn-dp-size <n>", help="Deprecated.")
         parser.add_argument("--old-spelling", action=DeprecatedStoreConstAction, dest="host", new_flag="--host")
+        parser.add_argument("--legacy-fusion", action="store_true", help="(Deprecated) Fusion.")
 
 _INPUT_NAMESPACES = [Parallel, Serving]
 '''
@@ -93,6 +94,7 @@ def test_reader_follows_add_cli_args_from_dataclass_rules(tmp_path):
     assert f["sampling_backend"]["namespace"] == "serving" and f["sampling_backend"]["choices_expr"] == "sorted(x)"
     assert f["enable_dp_attention"]["deprecated"] == "--attn-dp-size <n>" and f["config"]["help"] == "Read CLI options from a config file"
     assert data["deprecated_spellings"] == {"--old-spelling": "host"}
+    assert (f["legacy_fusion"]["kind"], f["legacy_fusion"]["default"]) == ("store_true", False)
 
 
 def test_committed_snapshot_is_the_pinned_version():
