@@ -76,6 +76,7 @@ def _with_config_flags(name: str, help: str, fn) -> None:
 
     command.__signature__ = inspect.Signature([ctx_param, *own, *config_options()])
     command.__doc__ = fn.__doc__
+    help += " SGLang server arguments (rollout_engine sglang): --sglang-<flag> VALUE (a switch: no VALUE), after the recipe."
     app.command(name, help=help, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(command)
 
 
