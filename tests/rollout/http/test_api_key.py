@@ -8,13 +8,23 @@ import httpx
 import pytest
 import torch
 
-from miles_core.rollout.http import EngineRouter, EngineHTTPError, launch_server_process
+from miles_core.rollout.http import EngineRouter, EngineHTTPError, spawn_server_process
 from miles_core.rollout.http.server import OPEN_PATHS, EngineServer
 from miles_core.rollout.sglang.launch import new_api_key
 
 from http_helpers import requests_for
 
 KEY = "k-" + "x" * 40
+PROCESS_KEY = new_api_key()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keyed_process(model_dir):
+    """A server subprocess spawned when this module starts (its start-up overlaps the tests before the
+    last one), given its key the launcher's way; an inherited stale key in the environment must lose."""
+    proc = spawn_server_process(model_dir, ["--num-threads", "1"], env={"MILES_ENGINE_API_KEY": "stale"}, api_key=PROCESS_KEY)
+    yield proc
+    proc.stop()
 
 
 def _routes() -> list[tuple[str, str]]:
@@ -39,14 +49,14 @@ def test_every_route_but_the_probes_is_guarded():
             "/update_weight_version", "/debug/fail", "/abort_request", "/pause_generation"} <= {p for _, p in GUARDED}
 
 
-@pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", KEY])
-def test_a_request_without_the_key_is_refused_401_on_every_guarded_endpoint(start_server, header):
+def test_a_request_without_the_key_is_refused_401_on_every_guarded_endpoint(start_server):
     h = start_server(api_key=KEY)
-    headers = {} if header is None else {"Authorization": header}
-    for method, path in GUARDED:
-        r = httpx.request(method, h.url + path, json={}, headers=headers, timeout=30)
-        assert r.status_code == 401, (method, path, r.status_code)
-        assert method == "HEAD" or "API key" in r.json()["message"]
+    for header in (None, "Bearer wrong-key", f"Basic {KEY}", KEY):  # none, a wrong key, another scheme, a bare key
+        headers = {} if header is None else {"Authorization": header}
+        for method, path in GUARDED:
+            r = httpx.request(method, h.url + path, json={}, headers=headers, timeout=30)
+            assert r.status_code == 401, (header, method, path, r.status_code)
+            assert method == "HEAD" or "API key" in r.json()["message"]
     assert h.server.stats["requests_total"] == 0 and not h.server.released and h.server.fault is None  # nothing ran
 
 
@@ -82,12 +92,11 @@ def test_server_binds_the_host_it_is_given(start_server):
         httpx.get(h.url.replace("127.0.0.2", "127.0.0.1") + "/health", timeout=5)
 
 
-def test_server_process_takes_the_key_from_its_environment_not_argv(model_dir, make_client):
-    key = new_api_key()
-    assert len(key) >= 40 and key != new_api_key()
-    with launch_server_process(model_dir, ["--num-threads", "1"], api_key=key, env={"MILES_ENGINE_API_KEY": "stale"}) as proc:
-        assert key not in " ".join(proc.cmd) and proc.api_key == key
-        assert httpx.post(proc.url + "/flush_cache", timeout=30).status_code == 401
-        with pytest.raises(EngineHTTPError):
-            make_client(proc.url, api_key="stale").flush_cache()  # the caller's key wins over an inherited one
-        make_client(proc.url, api_key=key).flush_cache()
+def test_server_process_takes_the_key_from_its_environment_not_argv(keyed_process, make_client):
+    assert len(PROCESS_KEY) >= 40 and PROCESS_KEY != new_api_key()
+    proc = keyed_process.wait_ready()
+    assert PROCESS_KEY not in " ".join(proc.cmd) and proc.api_key == PROCESS_KEY
+    assert httpx.post(proc.url + "/flush_cache", timeout=30).status_code == 401
+    with pytest.raises(EngineHTTPError):
+        make_client(proc.url, api_key="stale").flush_cache()  # the caller's key wins over an inherited one
+    make_client(proc.url, api_key=PROCESS_KEY).flush_cache()
