@@ -51,9 +51,11 @@ def test_every_route_but_the_probes_is_guarded():
 
 def test_a_request_without_the_key_is_refused_401_on_every_guarded_endpoint(start_server):
     h = start_server(api_key=KEY)
-    for header in (None, "Bearer wrong-key", f"Basic {KEY}", KEY):  # none, a wrong key, another scheme, a bare key
+    tries = [(None, GUARDED), ("Bearer wrong-key", GUARDED),  # no header, a wrong key: every guarded route
+             (f"Basic {KEY}", [("POST", "/generate")]), (KEY, [("POST", "/generate")])]  # another scheme, a bare key
+    for header, routes in tries:
         headers = {} if header is None else {"Authorization": header}
-        for method, path in GUARDED:
+        for method, path in routes:
             r = httpx.request(method, h.url + path, json={}, headers=headers, timeout=30)
             assert r.status_code == 401, (header, method, path, r.status_code)
             assert method == "HEAD" or "API key" in r.json()["message"]
