@@ -5,6 +5,7 @@ of sglang is verify.py's check of the snapshot against an installed SGLang's own
 
     server_args.py   the snapshot (server_args.json), passthrough validation, CLI form, --sglang-* parsing
     launch.py        launch_command (the argv of one engine), require_sglang, new_api_key
+    process.py       SGLangProcess: one engine subprocess (start, wait_ready on its probe, kill, stop)
     verify.py        the snapshot against a real SGLang parser; snapshot_parser()
 """
 
