@@ -230,10 +230,23 @@ def doctor() -> None:
         "transformers": transformers.__version__, "prefect": prefect.__version__, "mlflow": mlflow.__version__,
         "cpu threads": torch.get_num_threads(), "cache dir": cache_dir(),
         "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "(unset: ephemeral API)"), "PREFECT_HOME": os.environ["PREFECT_HOME"],
-        "HF_HUB_OFFLINE": os.environ["HF_HUB_OFFLINE"],
+        "HF_HUB_OFFLINE": os.environ["HF_HUB_OFFLINE"], "sglang": _sglang_status(),
     }
     for k, v in rows.items():
-        console.print(f"{k:16} {v}")
+        console.print(f"{k:16} {v}", markup=False)  # values may hold brackets (an extra: miles[sglang])
+
+
+def _sglang_status() -> str:
+    """The installed SGLang's version against the pinned one (read from its metadata: nothing is imported)."""
+    import importlib.metadata
+
+    from miles_core.rollout.sglang import SGLANG_VERSION
+
+    try:
+        found = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return f"not installed (rollout_engine sglang needs {SGLANG_VERSION}: pip install 'miles[sglang]')"
+    return found if found == SGLANG_VERSION else f"{found} (rollout_engine sglang needs {SGLANG_VERSION})"
 
 
 def main() -> None:
