@@ -68,7 +68,9 @@ RECIPE_ARG = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `miles
 def _with_config_flags(name: str, help: str, fn) -> None:
     """Register ``fn`` as command ``name``: its own parameters first, then every config field as a flag,
     then SGLang passthrough flags (``--sglang-<server argument> [value]``, any number, after the recipe)."""
-    own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    hints = typing.get_type_hints(fn)  # the wrapper below has none of fn's annotations: give typer the real types
+    own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD]
     ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
 
     def command(ctx: typer.Context, **kwargs: Any) -> None:

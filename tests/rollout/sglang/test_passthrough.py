@@ -189,3 +189,18 @@ def test_a_recipe_setting_sglang_server_args_replaces_the_inherited_passthroughs
     child.write_text("extends: glm4-5\nsglang_ep_size: 8\n")  # without it, keys are set on top of the parent's
     args = load_config(str(child)).sglang.sglang_server_args
     assert args["ep_size"] == 8 and args["attn_dp_size"] == 4
+
+
+def test_miles_config_takes_passthrough_flags_mixed_with_config_flags():
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    ok = runner.invoke(app, ["config", "tiny", "--runtime", "ray", "--sglang-enable-metrics", "--rollout-engine", "sglang",
+                             "--sglang-cuda-graph-bs-decode", "1", "2", "--sglang-mem-fraction-static", "0.6", "--as-params"])
+    assert ok.exit_code == 0, ok.output
+    args = json.loads(ok.output)["config"]["sglang"]["sglang_server_args"]
+    assert args == {"enable_metrics": True, "cuda_graph_bs_decode": [1, 2], "mem_fraction_static": 0.6}
+    bad = runner.invoke(app, ["config", "tiny", "--runtime", "ray", "--rollout-engine", "sglang", "--sglang-cuda-graph-bs", "8"])
+    assert bad.exit_code == 2 and "nearest: sglang_cuda_graph_bs_decode" in bad.output and "Traceback" not in bad.output
