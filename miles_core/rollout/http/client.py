@@ -57,6 +57,7 @@ class HTTPEngineClient:
                  health_timeout_s: float = 5.0, max_retries: int = 3, backoff_s: float = 0.2,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key  # a restarted engine's new client takes the same key
         self.health_timeout_s = health_timeout_s
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.bucket_bytes = bucket_bytes
