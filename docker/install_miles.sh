@@ -3,7 +3,7 @@
 #   deps      miles' own dependencies at its pins, except what the SGLang base image provides at SGLang's pins
 #             (docker/build.py BASE_PROVIDED: torch, transformers, tokenizers, ...)
 #   project   the project without dependencies (requires-python names the CPU lock's 3.11; the image is
-#             SGLang's 3.12, so that check is skipped), then two checks: an SGLang recipe finds its SGLang,
+#             SGLang's 3.12, so that check is skipped), then two checks: the pinned SGLang is the one installed,
 #             and miles' snapshot of SGLang's server arguments agrees with the image's own SGLang parser
 set -euo pipefail
 cd /opt/miles
@@ -14,7 +14,7 @@ case "${1:-}" in
     rm /tmp/miles-requirements.txt ;;
   project)
     pip install --no-deps --ignore-requires-python -e .
-    python3 -c "from miles_core.config import load_config; from miles_core.rollout.sglang.launch import require_sglang; require_sglang(load_config('glm4-5'))"
+    python3 -c "from miles_core.rollout.sglang.launch import check_sglang_installed as c; print('sglang', c())"
     python3 -m miles_core.rollout.sglang.verify
     miles recipes > /dev/null ;;
   *)

@@ -83,8 +83,12 @@ def require_sglang(cfg: "TrainConfig") -> None:
     """With rollout_engine sglang, SGLang (the pinned version) must be installed; raises
     SGLangNotInstalled with the install command. Imports nothing (a spec lookup and the package's
     metadata), so it is cheap and safe before any model loads. Other engines: no check."""
-    if cfg.cluster.rollout_engine != "sglang":
-        return
+    if cfg.cluster.rollout_engine == "sglang":
+        check_sglang_installed()
+
+
+def check_sglang_installed() -> str:
+    """-> the installed SGLang's version when it is the pinned one; else raises SGLangNotInstalled."""
     if importlib.util.find_spec("sglang") is None:
         raise SGLangNotInstalled(f"rollout_engine: sglang needs SGLang {SGLANG_VERSION}, which is not installed here; "
                                  f"install it with: {INSTALL}")
@@ -95,3 +99,4 @@ def require_sglang(cfg: "TrainConfig") -> None:
     if found != SGLANG_VERSION:
         raise SGLangNotInstalled(f"rollout_engine: sglang needs SGLang {SGLANG_VERSION} (its server arguments are what "
                                  f"miles validates, docs/reference/sglang.md) but {found} is installed; {INSTALL}")
+    return found

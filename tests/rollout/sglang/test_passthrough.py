@@ -11,9 +11,10 @@ import textwrap
 import pytest
 
 from flows.cli import parse_overrides
-from miles_core.config import ConfigError, list_recipes, load_config
+from miles_core.config import ConfigError, build_config, list_recipes, load_config, read_recipe
 from miles_core.rollout.sglang import SGLANG_VERSION
-from miles_core.rollout.sglang.launch import EngineLaunch, SGLangNotInstalled, engine_client_options, launch_command, require_sglang
+from miles_core.rollout.sglang.launch import (EngineLaunch, SGLangNotInstalled, check_sglang_installed, engine_client_options,
+                                             launch_command, require_sglang)
 from miles_core.rollout.sglang.server_args import PassthroughError, parse_cli, snapshot, to_argv, validate
 from miles_core.rollout.sglang.verify import snapshot_parser
 
@@ -170,9 +171,12 @@ def test_require_sglang(tmp_path, monkeypatch):
     assert "sglang" not in sys.modules
 
 
-@pytest.mark.parametrize("recipe", [r for r in list_recipes() if load_config(r).cluster.rollout_engine == "sglang"])
+SGLANG_RECIPES = [r for r in list_recipes() if read_recipe(r).get("rollout_engine") == "sglang"]
+
+
+@pytest.mark.parametrize("recipe", SGLANG_RECIPES)
 def test_every_sglang_recipe_launches_with_its_server_args(recipe):
-    c = load_config(recipe)
+    c = load_config(recipe, {"train_backend": "torch"})  # the engines' command does not depend on the trainer (megatron: not in the tables yet)
     argv = launch_command(c, EngineLaunch(model_path="/m", host="10.0.0.2", port=30000, api_key="K"))
     ns = _sglang_parser().parse_args(_server_argv(argv))
     assert ns.tp_size == c.cluster.rollout_num_gpus_per_engine and ns.enable_memory_saver is c.cluster.colocate
@@ -181,12 +185,12 @@ def test_every_sglang_recipe_launches_with_its_server_args(recipe):
 
 
 def test_a_recipe_setting_sglang_server_args_replaces_the_inherited_passthroughs(tmp_path):
-    assert load_config("glm4-5").sglang.sglang_server_args["attn_dp_size"] == 4
+    assert load_config("glm4-5", {"train_backend": "torch"}).sglang.sglang_server_args["attn_dp_size"] == 4
     assert load_config("glm4-5-debug").sglang.sglang_server_args == {}  # extends glm4-5, no SGLang engine
     child = tmp_path / "child.yaml"
-    child.write_text("extends: glm4-5\nsglang_server_args: {log_level: debug}\nsglang_ep_size: 8\n")
+    child.write_text("extends: glm4-5\ntrain_backend: torch\nsglang_server_args: {log_level: debug}\nsglang_ep_size: 8\n")
     assert load_config(str(child)).sglang.sglang_server_args == {"log_level": "debug", "ep_size": 8}
-    child.write_text("extends: glm4-5\nsglang_ep_size: 8\n")  # without it, keys are set on top of the parent's
+    child.write_text("extends: glm4-5\ntrain_backend: torch\nsglang_ep_size: 8\n")  # without it, keys are set on top of the parent's
     args = load_config(str(child)).sglang.sglang_server_args
     assert args["ep_size"] == 8 and args["attn_dp_size"] == 4
 
@@ -204,3 +208,20 @@ def test_miles_config_takes_passthrough_flags_mixed_with_config_flags():
     assert args == {"enable_metrics": True, "cuda_graph_bs_decode": [1, 2], "mem_fraction_static": 0.6}
     bad = runner.invoke(app, ["config", "tiny", "--runtime", "ray", "--rollout-engine", "sglang", "--sglang-cuda-graph-bs", "8"])
     assert bad.exit_code == 2 and "nearest: sglang_cuda_graph_bs_decode" in bad.output and "Traceback" not in bad.output
+
+
+def test_server_args_survive_the_mlflow_params_round_trip():
+    """An eval rebuilds the training config from its MLflow params: a str argument stays text ("1.5")."""
+    from miles_core.evaluation.ledger import config_values_from_params
+    from miles_core.tracking.keys import flatten
+    from miles_core.tracking.mlflow_tracker import param_str
+
+    c = cfg(sglang_served_model_name="1.5", sglang_cuda_graph_bs_decode=[1, 2], sglang_mem_fraction_static=0.7)
+    params = {k: param_str(v) for k, v in flatten(c.model_dump(mode="json")).items()}
+    assert params["sglang.sglang_server_args.served_model_name"] == "1.5"
+    assert build_config(config_values_from_params(params)) == c
+
+
+def test_check_sglang_installed_names_the_install_command():
+    with pytest.raises(SGLangNotInstalled, match=r"not installed here; install it with: pip install 'miles\[sglang\]'"):
+        check_sglang_installed()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,11 @@ from miles_core.rollout.sglang.process import SGLangProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 STANDIN = Path(__file__).resolve().parent / "standin"
-CFG = load_config("tiny", {"runtime": "ray", "rollout_engine": "sglang", "sglang_mem_fraction_static": 0.5})
+SGLANG = {"runtime": "ray", "rollout_engine": "sglang", "sglang_mem_fraction_static": 0.5}
 
 
 def test_engine_starts_answers_with_its_key_and_dies_on_kill(tmp_path):
+    cfg = load_config("tiny", SGLANG)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from miles_core.models.tokenizer import save_tokenizer, train_tokenizer
@@ -33,11 +33,11 @@ def test_engine_starts_answers_with_its_key_and_dies_on_kill(tmp_path):
     key, argv_file = new_api_key(), tmp_path / "argv.json"
     spec = EngineLaunch(model_path=str(tmp_path / "m"), host="127.0.0.1", port=free_port(), api_key=key, engine_index=3)
     env = {"PYTHONPATH": os.pathsep.join([str(STANDIN), str(ROOT)]), "STANDIN_ARGV_FILE": str(argv_file)}
-    with SGLangProcess.start(CFG, spec, tmp_path / "logs", env=env) as proc:
+    with SGLangProcess.start(cfg, spec, tmp_path / "logs", env=env) as proc:
         proc.wait_ready(timeout_s=300, poll_s=0.2)
         assert proc.url == f"http://127.0.0.1:{spec.port}" and proc.alive()
         assert json.loads(argv_file.read_text())[-2:] == ["--mem-fraction-static", "0.5"]  # the passthrough reached it
-        with HTTPEngineClient(proc.url, **engine_client_options(CFG, key)) as client:
+        with HTTPEngineClient(proc.url, **engine_client_options(cfg, key)) as client:
             assert client.health() and client.get_weight_version() == 0
         with HTTPEngineClient(proc.url) as keyless, pytest.raises(EngineHTTPError) as e:
             keyless.get_weight_version()
@@ -48,7 +48,7 @@ def test_engine_starts_answers_with_its_key_and_dies_on_kill(tmp_path):
 
 def test_an_engine_that_exits_fails_wait_ready_with_its_log(tmp_path):
     spec = EngineLaunch(model_path="/nowhere", host="127.0.0.1", port=free_port(), api_key="SECRET-KEY")
-    proc = SGLangProcess.start(CFG, spec, tmp_path / "logs", env={"PYTHONPATH": ""}, python=sys.executable)  # no sglang here
+    proc = SGLangProcess.start(load_config("tiny", SGLANG), spec, tmp_path / "logs", env={"PYTHONPATH": ""})  # no sglang here
     with pytest.raises(RuntimeError, match="exited .* before it was ready") as e:
         proc.wait_ready(timeout_s=60, poll_s=0.1)
     assert "No module named 'sglang'" in str(e.value) and "SECRET-KEY" not in str(e.value)  # the key is masked
