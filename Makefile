@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean serve stop deployments docs bench bench-install bench-bg bench-status
+.PHONY: demo test install clean serve stop deployments docs bench bench-install bench-bg bench-status sglang-snapshot
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -65,3 +65,8 @@ bench-status:
 
 clean:
 	rm -rf runs .cache
+
+# miles_core/rollout/sglang/server_args.json: the pinned SGLang's server arguments, read from its wheel's source
+# (pip download --no-deps into .cache/sglang-wheel; sglang is never imported or installed). Rerun after a version bump.
+sglang-snapshot: $(STAMP)
+	$(BIN)/python -m tools.sglang_snapshot

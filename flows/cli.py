@@ -50,6 +50,9 @@ def parse_overrides(raw: dict[str, Any]) -> dict[str, Any]:
     for name, value in raw.items():
         if value is None:
             continue
+        if name not in fields:  # an SGLang passthrough (sglang_<server argument>), already typed by _passthrough
+            out[name] = value
+            continue
         if isinstance(value, str):
             parsed = yaml.safe_load(value) if value.strip() else value
             if _is_list(fields[name].annotation) and not isinstance(parsed, list):
@@ -63,10 +66,34 @@ RECIPE_ARG = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `miles
 
 
 def _with_config_flags(name: str, help: str, fn) -> None:
-    """Register ``fn`` as command ``name``: its own parameters first, then every config field as a flag."""
-    own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    fn.__signature__ = inspect.Signature([*own, *config_options()])
-    app.command(name, help=help)(fn)
+    """Register ``fn`` as command ``name``: its own parameters first, then every config field as a flag,
+    then SGLang passthrough flags (``--sglang-<server argument> [value]``, any number, after the recipe)."""
+    hints = typing.get_type_hints(fn)  # the wrapper below has none of fn's annotations: give typer the real types
+    own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+
+    def command(ctx: typer.Context, **kwargs: Any) -> None:
+        return fn(**kwargs, **_passthrough(ctx.args))
+
+    command.__signature__ = inspect.Signature([ctx_param, *own, *config_options()])
+    command.__doc__ = fn.__doc__
+    help += " SGLang server arguments (rollout_engine sglang): --sglang-<flag> VALUE (a switch: no VALUE), after the recipe."
+    app.command(name, help=help, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(command)
+
+
+def _passthrough(args: list[str]) -> dict[str, Any]:
+    """``--sglang-mem-fraction-static 0.7 --sglang-enable-metrics`` -> {"sglang_mem_fraction_static": 0.7, ...},
+    read as SGLang's argparse reads them (miles_core/rollout/sglang/server_args.py). Anything else is an error."""
+    if not args:
+        return {}
+    from miles_core.rollout.sglang.server_args import PassthroughError, parse_cli
+
+    try:
+        return {f"sglang_{k}": v for k, v in parse_cli(args).items()}
+    except PassthroughError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 def _load_or_exit(recipe_file: str, flags: dict[str, Any]):
@@ -257,10 +284,23 @@ def doctor() -> None:
         "transformers": transformers.__version__, "prefect": prefect.__version__, "mlflow": mlflow.__version__,
         "cpu threads": torch.get_num_threads(), "cache dir": cache_dir(),
         "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "(unset: ephemeral API)"), "PREFECT_HOME": os.environ["PREFECT_HOME"],
-        "HF_HUB_OFFLINE": os.environ["HF_HUB_OFFLINE"],
+        "HF_HUB_OFFLINE": os.environ["HF_HUB_OFFLINE"], "sglang": _sglang_status(),
     }
     for k, v in rows.items():
-        console.print(f"{k:16} {v}")
+        console.print(f"{k:16} {v}", markup=False)  # values may hold brackets (an extra: miles[sglang])
+
+
+def _sglang_status() -> str:
+    """The installed SGLang's version against the pinned one (read from its metadata: nothing is imported)."""
+    import importlib.metadata
+
+    from miles_core.rollout.sglang import SGLANG_VERSION
+
+    try:
+        found = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return f"not installed (rollout_engine sglang needs {SGLANG_VERSION}: pip install 'miles[sglang]')"
+    return found if found == SGLANG_VERSION else f"{found} (rollout_engine sglang needs {SGLANG_VERSION})"
 
 
 def main() -> None:

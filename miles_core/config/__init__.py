@@ -9,11 +9,12 @@ from .loader import ConfigError, build_config, field_groups, list_recipes, load_
 from .misc import MiscConfig
 from .parallel import ParallelConfig
 from .rollout import RolloutConfig
+from .sglang import SglangConfig
 from .tracking import TrackingConfig
 from .train import GROUPS, TrainConfig
 
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "ClusterConfig", "ConfigError", "DataConfig", "EvalConfig", "GROUPS",
-    "MiscConfig", "ParallelConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "build_config", "field_groups",
+    "MiscConfig", "ParallelConfig", "RolloutConfig", "SglangConfig", "TrackingConfig", "TrainConfig", "build_config", "field_groups",
     "list_recipes", "load_config", "read_recipe",
 ]

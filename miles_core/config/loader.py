@@ -2,7 +2,9 @@
 
 A recipe is a flat mapping of field names (``rollout_batch_size: 8``); the grouped form
 (``rollout: {rollout_batch_size: 8}``) is accepted too. Overrides use the same names.
-``extends: <recipe>`` (a recipe name, or a YAML path relative to the file) starts from that
+A key ``sglang_<server argument>`` that is no config field is an SGLang passthrough, collected into
+``sglang_server_args`` (config/sglang.py); a recipe that sets ``sglang_server_args`` itself replaces
+the passthroughs it inherits (``sglang_server_args: {}`` drops them). ``extends: <recipe>`` (a recipe name, or a YAML path relative to the file) starts from that
 recipe's values and sets this file's on top: how a scale variant (``glm4-5-debug``) shares its
 recipe's settings (docs/operating.md).
 """
@@ -18,6 +20,7 @@ from pydantic import ValidationError
 
 from .train import GROUPS, TrainConfig
 
+SGLANG_PREFIX = "sglang_"  # a key sglang_<server argument> that is no field: an SGLang passthrough (config/sglang.py)
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "deployments" / "recipes"
 
 
@@ -62,6 +65,9 @@ def read_recipe(recipe: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     relative = path.parent / str(base)
     parent = read_recipe(str(relative) if relative.suffix in (".yaml", ".yml") and relative.exists() else str(base),
                          (*_chain, path.resolve()))
+    if "sglang_server_args" in values:  # the whole passthrough set: replaces every sglang_* key the parent has
+        groups = field_groups()
+        parent = {k: v for k, v in parent.items() if not (k.startswith(SGLANG_PREFIX) and k not in groups)}
     return {**parent, **values}
 
 
@@ -79,12 +85,18 @@ def build_config(values: Mapping[str, Any], source: str = "config") -> TrainConf
     """Group flat values and validate. Unknown keys and rule violations raise ConfigError."""
     groups = field_groups()
     nested: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    passthrough: dict[str, Any] = {}
     for key, value in _flatten(values, source).items():
+        if key not in groups and key.startswith(SGLANG_PREFIX):
+            passthrough[key.removeprefix(SGLANG_PREFIX)] = value  # checked by SglangConfig against the snapshot
+            continue
         if key not in groups:
             close = difflib.get_close_matches(key, groups, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ConfigError(f"{source}: unknown config key {key!r}{hint}")
         nested[groups[key]][key] = value
+    if passthrough:
+        nested["sglang"]["sglang_server_args"] = {**nested["sglang"].get("sglang_server_args", {}), **passthrough}
     try:
         return TrainConfig.model_validate(nested)
     except ValidationError as e:

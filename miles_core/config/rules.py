@@ -208,6 +208,19 @@ def _extension_rules(c: "TrainConfig") -> None:
     check_extension_points(c)
 
 
+def _sglang_rules(c: "TrainConfig") -> None:
+    sg = c.sglang
+    if sg.sglang_server_args and c.cluster.rollout_engine != "sglang":
+        first = next(iter(sg.sglang_server_args))
+        raise ValueError(f"sglang_{first}: SGLang server arguments apply only with rollout_engine sglang "
+                         f"(got {c.cluster.rollout_engine}); set rollout_engine: sglang or drop the sglang_* keys")
+    for name in ("sglang_router_ip", "sglang_router_port", "sglang_router_policy"):
+        if getattr(sg, name) is not None:
+            raise ValueError(f"{name} is not supported yet: miles routes requests with its own router "
+                             "(least-loaded healthy engine); drop it")
+
+
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules, _extension_rules):
+    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules, _sglang_rules,
+                 _extension_rules):
         rule(c)

@@ -15,12 +15,14 @@ from .eval import EvalConfig
 from .misc import MiscConfig
 from .parallel import ParallelConfig
 from .rollout import RolloutConfig
+from .sglang import SglangConfig
 from .tracking import TrackingConfig
 from .rules import check_rules
 
 GROUPS: dict[str, type[Group]] = {
     "cluster": ClusterConfig,
     "rollout": RolloutConfig,
+    "sglang": SglangConfig,
     "data": DataConfig,
     "algo": AlgoConfig,
     "checkpoint": CheckpointConfig,
@@ -36,6 +38,7 @@ class TrainConfig(Group):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     rollout: RolloutConfig
+    sglang: SglangConfig = Field(default_factory=SglangConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

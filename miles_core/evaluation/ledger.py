@@ -82,21 +82,49 @@ class EvalLedger:
 
 
 def config_values_from_params(params: dict[str, str]) -> dict[str, Any]:
-    """MLflow params of a training run -> flat config values (``derived.*`` and unknown keys dropped)."""
+    """MLflow params of a training run -> flat config values (``derived.*`` and unknown keys dropped).
+    A non-empty dict field was flattened into one param per entry (``sglang.sglang_server_args.ep_size``):
+    its entries are gathered back into the dict."""
     fields = {(g, n): f for g, model in GROUPS.items() for n, f in model.model_fields.items()}
     out: dict[str, Any] = {}
     for key, raw in params.items():
-        group, _, name = key.partition(".")
+        group, _, rest = key.partition(".")
+        name, _, entry = rest.partition(".")
         if (group, name) not in fields:
             continue
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
+        if entry:
+            _set_entry(out.setdefault(name, {}), entry.split("."), _entry_value(name, entry, raw))
+            continue
+        value = _json_or_text(raw)
         if value is not None and not isinstance(value, str) and _is_text(fields[(group, name)].annotation):
             value = raw  # a string field whose text happens to parse as JSON ("1234")
         out[name] = value
     return out
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _entry_value(field: str, entry: str, raw: str) -> Any:
+    """One entry of a dict field. SGLang server arguments know their types (text stays text for a str
+    argument, as for a str field); other entries are JSON, else text."""
+    if field == "sglang_server_args":
+        from miles_core.rollout.sglang.server_args import snapshot
+
+        arg = snapshot().args.get(entry)
+        if arg is not None and arg.type == "str":
+            return raw
+    return _json_or_text(raw)
+
+
+def _set_entry(d: dict, path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        d = d.setdefault(part, {})
+    d[path[-1]] = value
 
 
 def _is_text(annotation) -> bool:

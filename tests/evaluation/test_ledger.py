@@ -17,7 +17,8 @@ def _params(cfg) -> dict[str, str]:  # what the train flow logs (flows/tracking.
 
 
 def test_config_from_params_roundtrip():
-    for recipe, over in [("tiny", {}), ("glm4-5", {}), ("tiny", {"mlflow_run_name": "1234", "eval_config": "e.yaml", "label_key": None})]:
+    for recipe, over in [("tiny", {}), ("glm4-5", {}), ("tiny", {"mlflow_run_name": "1234", "eval_config": "e.yaml", "label_key": None}),
+                         ("tiny", {"apply_chat_template_kwargs": {"enable_thinking": False, "nested": {"a": 1}}})]:
         cfg = load_config(recipe, over)
         assert build_config(config_values_from_params(_params(cfg))) == cfg
 

@@ -5,7 +5,7 @@ What is checked where (a "code span" is `inline code`; "code" is a span or a cod
 
 | kind | rule |
 |---|---|
-| flag | every `--flag` anywhere is a flag of `miles`, of a `python -m` entry point of this repository, or an EXTERNAL_FLAGS entry; on a `miles <cmd>` command line it must be a flag of that command |
+| flag | every `--flag` anywhere is a flag of `miles`, of a `python -m` entry point of this repository, an EXTERNAL_FLAGS entry, or an SGLang passthrough `--sglang-<flag>` of the pinned snapshot; on a `miles <cmd>` command line it must be a flag of that command |
 | command | `miles <cmd>` names a command and, for train/config, a recipe that exists; `python -m <module>` of this repository exists; `make <target>` exists |
 | config | keys of a ```yaml block are config fields with valid values (or the block validates against the pydantic model named by a `# schema: pkg.mod.Model` first line); `` `key: value` `` of a config field has a valid value |
 | default | "`field` (default X)", "`field` defaults to X", "`field` default X" agree with the field's default |
@@ -46,6 +46,7 @@ EXTERNAL_FLAGS = {
     "--backend-store-uri", "--port", "--host",  # mlflow ui / server
     "--strict", "--config-file", "--site-dir",  # mkdocs build
     "--no-deps", "--editable", "--upgrade", "--quiet", "--disable-pip-version-check", "--requirement",  # pip
+    "--ignore-requires-python", "--no-build-isolation",  # pip
     "--maxfail", "--durations", "--timeout", "--collect-only", "--import-mode", "--deselect",  # pytest
     "--model-path", "--enable-deterministic-inference", "--tp", "--mem-fraction-static",  # sglang.launch_server
     "--pool", "--cron", "--name", "--params", "--param", "--type", "--work-queue", "--prefect-file",  # prefect CLI
@@ -92,7 +93,7 @@ class Problem:
 # ---- the code side (cached) ------------------------------------------------------------------------
 def _all_argparse_flags() -> set[str]:
     out: set[str] = set()
-    for path in facts.py_files(("miles_core", "flows", "tasks", "bench", "tools")):
+    for path in facts.py_files(("miles_core", "flows", "tasks", "bench", "tools", "docker")):
         for node in ast.walk(facts._parse(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
                 out |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
@@ -106,9 +107,16 @@ class Code:
         self.fields = facts.config_fields()
         self.commands = facts.cli_commands()
         self.miles_flags = set().union(*(c.flags for c in self.commands.values()))
-        self.all_flags = self.miles_flags | _all_argparse_flags() | EXTERNAL_FLAGS
+        from miles_core.rollout.sglang.server_args import cli_flags, snapshot
+
+        snap = snapshot()  # the pinned SGLang's server arguments (miles_core/rollout/sglang/server_args.json)
+        self.sglang_flags = cli_flags() | {"--sglang"}  # passthroughs of miles train / config / eval; the prefix of --sglang-<flag>
+        self.sglang_keys = {f"sglang_{name}" for name in snap.spellings}  # recipe keys: checked by the loader, like fields
+        native = {f for a in snap.args.values() for f in a.flags} | {"--no-" + a.flag[2:] for a in snap.args.values()
+                                                                     if a.kind == "boolean_optional"}
+        self.all_flags = self.miles_flags | _all_argparse_flags() | EXTERNAL_FLAGS | self.sglang_flags | native
         self.env = set(facts.env_vars())
-        self.names = facts.identifiers() | EXTERNAL_NAMES
+        self.names = facts.identifiers() | EXTERNAL_NAMES | self.sglang_keys
         self.recipes = set(facts.recipes())
         self.unused = facts.unused_config_fields()
         self.make_targets = set(re.findall(r"^([a-zA-Z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
@@ -376,7 +384,7 @@ class PageCheck:
             return
         from miles_core.config import GROUPS
 
-        allowed = set(self.code.fields) | set(GROUPS)
+        allowed = set(self.code.fields) | set(GROUPS) | self.code.sglang_keys
         data = {**{k: v for k, v in data.items() if k not in GROUPS or not isinstance(v, dict)},
                 **{k: v for g in GROUPS if isinstance(data.get(g), dict) for k, v in data[g].items()}}
         for key in data:
@@ -385,6 +393,20 @@ class PageCheck:
                 self.add(line, "config", f"{key}: not a config field")
             elif key in self.code.fields:
                 self.key_value(b.line, key, json.dumps(data[key]) if not isinstance(data[key], str) else data[key])
+            elif key in self.code.sglang_keys:
+                self.passthrough_value(b.line, key, data[key])
+
+    def passthrough_value(self, line: int, key: str, value: Any) -> None:
+        """An SGLang passthrough in a YAML block: its value as the loader checks it (type, closed choices)."""
+        from miles_core.rollout.sglang.server_args import OWNED, PassthroughError, check_value, resolve, snapshot
+
+        if snapshot().spellings[key.removeprefix("sglang_")] in OWNED:
+            self.add(line, "config", f"{key}: miles sets this SGLang argument itself; a recipe cannot pass it")
+            return
+        try:
+            check_value(resolve(key.removeprefix("sglang_")), value)
+        except PassthroughError as e:
+            self.add(line, "config", str(e))
 
     def schema_block(self, line: int, dotted: str, data: dict) -> None:
         """Validate a YAML block with the pydantic model its `# schema:` line names."""
@@ -484,7 +506,8 @@ class PageCheck:
                 self.add(line, "command", f"miles {name} {recipe}: no such recipe ({', '.join(sorted(self.code.recipes))}) or YAML file")
         for a in args[1:]:
             f = a.split("=")[0]
-            if f.startswith("--") and f not in cmd.flags:
+            passthrough = name in ("train", "config", "eval") and f in self.code.sglang_flags
+            if f.startswith("--") and f not in cmd.flags and not passthrough:
                 self.add(line, "flag", f"{f} is not a flag of miles {name}")
 
     def _is_switch(self, flag: str) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 from . import ROOT
 
 CODE_PACKAGES = ("miles_core", "flows", "tasks")  # the shipped code
-SCAN_DIRS = CODE_PACKAGES + ("bench", "tools", "tests")  # where identifiers may come from
+SCAN_DIRS = CODE_PACKAGES + ("bench", "tools", "tests", "docker")  # where identifiers may come from
 
 
 # ---- config ---------------------------------------------------------------------------------------

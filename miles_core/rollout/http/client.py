@@ -10,6 +10,9 @@ Seeds: ``generate(requests, seed)`` gives request i ``sampling_params.sampling_s
 request_seed(seed, i)``, so a result depends on its own seed only, never on the batch it is in
 (see engine.py). SGLang honours sampling_seed when started with deterministic inference.
 
+API key: ``api_key`` is sent as ``Authorization: Bearer <key>`` on every call (SGLang's --api-key;
+our server's --api-key / MILES_ENGINE_API_KEY); a server that wants one answers 401 without it.
+
 Errors name the URL: ``EngineUnreachable`` (refused, reset, timed out: the router fails over)
 and ``EngineHTTPError`` (an answer with status >= 400: ``.status``, the body's message).
 Transport errors are retried ``max_retries`` times with exponential backoff (every call is
@@ -52,12 +55,14 @@ class EngineHTTPError(EngineError):
 class HTTPEngineClient:
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
                  health_timeout_s: float = 5.0, max_retries: int = 3, backoff_s: float = 0.2,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key  # a restarted engine's new client takes the same key
         self.health_timeout_s = health_timeout_s
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.bucket_bytes = bucket_bytes
-        self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None  # SGLang's api_key (and ours)
+        self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), headers=headers)
         self._version: int | None = None  # last version set or read: used when a response carries none
         self._is_miles: bool | None = None
 

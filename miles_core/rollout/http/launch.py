@@ -4,6 +4,7 @@
         ...
     with launch_server_process(model_dir, args=["--batching", "dynamic"]) as proc:   # proc.url, proc.pid
         ...
+    launch_server_process(model_dir, host=node_ip, api_key=key)   # reachable from other nodes, key required
     procs = [spawn_server_process(model_dir) for _ in range(4)]   # start-ups overlap
     for p in procs:
         p.wait_ready()
@@ -28,7 +29,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from miles_core.rollout.hf_engine import HFEngine
-from .server import EngineServer, ServerOptions
+from .server import API_KEY_ENV, EngineServer, ServerOptions
 
 
 class ServerHandle:
@@ -82,10 +83,12 @@ def serve_in_thread(engine: HFEngine, host: str = "127.0.0.1", port: int = 0, **
 
 
 class ServerProcess:
-    """A server subprocess (spawn_server_process); ``url`` is known once wait_ready() returned."""
+    """A server subprocess (spawn_server_process); ``url`` is known once wait_ready() returned;
+    ``api_key`` is the key it requires (None: none)."""
 
-    def __init__(self, proc: subprocess.Popen, cmd: list[str], port_file: Path, log_path: Path):
+    def __init__(self, proc: subprocess.Popen, cmd: list[str], port_file: Path, log_path: Path, api_key: str | None = None):
         self.proc, self.cmd, self.port_file, self.log_path = proc, cmd, port_file, log_path  # both in a temp dir
+        self.api_key = api_key
         self.url: str | None = None
 
     @property
@@ -130,19 +133,25 @@ class ServerProcess:
 
 
 def spawn_server_process(model_path: str | Path, args: list[str] = (), host: str = "127.0.0.1", port: int = 0,
-                         env: dict[str, str] | None = None) -> ServerProcess:
+                         env: dict[str, str] | None = None, api_key: str | None = None) -> ServerProcess:
     """Start ``python -m miles_core.rollout.http.server`` and return at once (see wait_ready):
-    start several, then wait for all, and their start-ups overlap."""
+    start several, then wait for all, and their start-ups overlap. ``host``: the address to bind
+    (a node's address for engines other nodes reach); ``api_key``: required on every request but the
+    probes, passed in the environment (MILES_ENGINE_API_KEY), never on the command line."""
     workdir = Path(tempfile.mkdtemp(prefix="miles-http-"))
     port_file, log_path = workdir / "port.json", workdir / "server.log"
     cmd = [sys.executable, "-m", "miles_core.rollout.http.server", "--model-path", str(model_path),
            "--host", host, "--port", str(port), "--port-file", str(port_file), *args]
+    child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != API_KEY_ENV}
+    if api_key:
+        child_env[API_KEY_ENV] = api_key
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    return ServerProcess(proc, cmd, port_file, log_path)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    return ServerProcess(proc, cmd, port_file, log_path, api_key)
 
 
 def launch_server_process(model_path: str | Path, args: list[str] = (), host: str = "127.0.0.1", port: int = 0,
-                          timeout_s: float = 120.0, env: dict[str, str] | None = None) -> ServerProcess:
+                          timeout_s: float = 120.0, env: dict[str, str] | None = None,
+                          api_key: str | None = None) -> ServerProcess:
     """spawn_server_process + wait_ready: returns once the server listens."""
-    return spawn_server_process(model_path, args, host, port, env).wait_ready(timeout_s)
+    return spawn_server_process(model_path, args, host, port, env, api_key).wait_ready(timeout_s)

@@ -17,6 +17,11 @@ shapes; "ours" = not in SGLang):
     GET  /get_model_info                GET  /get_server_info              (ours: fields and stats)
     POST /debug/fail                    (ours; only with --enable-fault-injection)
 
+API key (SGLang's ``api_key`` semantics): with --api-key (or MILES_ENGINE_API_KEY in the server's
+environment, which keeps it out of the process list) every request needs ``Authorization: Bearer
+<key>``, except OPTIONS and paths under /health, /ready and /metrics (probes); others get 401.
+--host binds an address other than 127.0.0.1 (a node's address, so engines on other nodes are reached).
+
 Memory: on CPU, releasing "weights" drops the parameters (empty tensors); resuming allocates them
 again, uninitialized, and generate answers 503 until every parameter was written by a weight update
 (colocated runs resume, then sync). On a GPU the model moves to CPU and back, contents kept.
@@ -55,6 +60,8 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 FAULT_MODES = ("crash", "hang", "error", "none")
 FAULT_TRIGGERS = ("now", "generate")
 FAULT_ENV = "MILES_ENGINE_FAULT_INJECTION"  # set (to anything) in a server's environment: --enable-fault-injection
+API_KEY_ENV = "MILES_ENGINE_API_KEY"  # the server's API key, from its environment (launch.py sets it)
+OPEN_PATHS = ("/health", "/ready", "/metrics")  # no key needed, as in SGLang (probes)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class ServerOptions:
     health_timeout_s: float = 20.0  # /health_generate: a decode step (busy) or a probe (idle) within this
     exit_on_crash: bool = False  # fault "crash": exit the process (True) or drop every connection (a thread server)
     max_body_bytes: int = 2**31 - 1  # the largest request body (a weight bucket)
+    api_key: str | None = None  # every request but OPEN_PATHS needs "Authorization: Bearer <api_key>"
 
 
 @dataclass(frozen=True)
@@ -162,8 +170,18 @@ class EngineServer:
         await self._stopping.wait()
         return _error(503, "server stopped")
 
+    def _authorized(self, request: web.Request) -> bool:
+        """SGLang's rule: no key configured, OPTIONS, or a probe path; else a matching bearer token."""
+        key = self.options.api_key
+        if not key or request.method == "OPTIONS" or request.path.startswith(OPEN_PATHS):
+            return True
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode())
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        if not self._authorized(request):
+            return _error(401, "Unauthorized: this engine needs the run's API key (Authorization: Bearer <key>)")
         if self.crashed:
             if request.transport is not None:
                 request.transport.abort()
@@ -452,7 +470,7 @@ async def _tags(request: web.Request) -> set[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m miles_core.rollout.http.server", description=__doc__.split("\n")[0])
     p.add_argument("--model-path", required=True, help="HF dir, builtin://<name> or hub id")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind: 127.0.0.1 (this machine only) or the node's address")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", type=Path, help="write {port, url, pid} here once listening")
     p.add_argument("--batching", choices=BATCHING, default="exact")
@@ -462,13 +480,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     p.add_argument("--weight-version", type=int, default=0)
     p.add_argument("--health-timeout", type=float, default=20.0)
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help=f"require Authorization: Bearer <key> (default: ${API_KEY_ENV}; prefer the env var, argv is public)")
     p.add_argument("--enable-fault-injection", action="store_true", default=bool(os.environ.get(FAULT_ENV)),
                    help=f"serve POST /debug/fail (tests only; also on when {FAULT_ENV} is set)")
     return p.parse_args(argv)
 
 
 async def _serve(engine: HFEngine, args: argparse.Namespace, model_path: str) -> None:
-    options = ServerOptions(model_path, args.enable_fault_injection, args.batch_wait_ms / 1000, args.health_timeout, exit_on_crash=True)
+    options = ServerOptions(model_path=model_path, enable_fault_injection=args.enable_fault_injection,
+                            batch_wait_s=args.batch_wait_ms / 1000, health_timeout_s=args.health_timeout,
+                            exit_on_crash=True, api_key=args.api_key)
     server = EngineServer(engine, options)
     port = await server.start(args.host, args.port)
     url = f"http://{args.host}:{port}"

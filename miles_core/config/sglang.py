@@ -1,0 +1,33 @@
+"""SGLang engine arguments (rollout_engine: sglang): server passthrough and the reference's router flags.
+
+A passthrough is any key ``sglang_<server argument>`` (CLI ``--sglang-<flag> [value]``): the loader
+collects them into ``sglang_server_args`` ({argument: value}), checked against the pinned SGLang's
+ServerArgs snapshot (miles_core/rollout/sglang/server_args.py; the list: docs/reference/sglang.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from ._base import Group
+
+
+class SglangConfig(Group):
+    sglang_server_args: dict[str, Any] = Field(
+        default_factory=dict, description="SGLang server arguments passed to every engine's `python -m sglang.launch_server`, "
+        "by ServerArgs field name; set them as sglang_<field> keys or --sglang-<flag> flags (the reference's form). Checked at "
+        "load against the pinned SGLang's arguments (docs/reference/sglang.md): unknown names, wrong types and arguments miles "
+        "sets itself (model path, host, port, tp size, api key) fail. Only with rollout_engine sglang.")
+    sglang_router_ip: str | None = Field(None, description="Address of an SGLang router already running (not supported yet: miles routes with its own router).")
+    sglang_router_port: int | None = Field(None, ge=1, description="Port of an SGLang router already running (not supported yet, see sglang_router_ip).")
+    sglang_router_policy: str | None = Field(None, description="The SGLang router's policy (not supported yet: miles' router sends each chunk to the least-loaded healthy engine).")
+    sglang_router_request_timeout_secs: int = Field(14400, ge=1, description="Seconds a generate request to an SGLang engine may take before it counts as failed (the engine client's read timeout).")
+
+    @field_validator("sglang_server_args")
+    @classmethod
+    def _known_server_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from miles_core.rollout.sglang.server_args import validate
+
+        return validate(value)

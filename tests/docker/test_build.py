@@ -1,0 +1,86 @@
+"""docker/build.py: every variant's full `docker build` command (--dry-run, no docker needed), checked against
+its Dockerfile's ARGs, the pinned SGLang and the version matrix of docs/docker.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miles_core.rollout.sglang import SGLANG_VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "docker" / "build.py"
+spec = importlib.util.spec_from_file_location("docker_build", BUILD)
+build = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = build  # dataclasses look their module up while the file executes
+spec.loader.exec_module(build)
+VARIANTS = ["cpu", "cu12", "cu13", "rocm700-mi30x", "rocm700-mi35x", "rocm720-mi35x"]
+PASSED_FROM_ENV = set(build.PROXY_ARGS)
+
+
+def _dry_run(*args: str, env: dict[str, str] | None = None) -> list[str]:
+    out = subprocess.run([sys.executable, str(BUILD), *args, "--dry-run"], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env=env or {"PATH": "/usr/bin:/bin"})
+    return out.stdout.splitlines()
+
+
+def _args(dockerfile: Path) -> dict[str, str | None]:
+    """ARG NAME[=default] of a Dockerfile."""
+    return {m[0]: (m[2] if m[1] else None) for m in re.findall(r"^ARG (\w+)(=(\S*))?", dockerfile.read_text(), re.M)}
+
+
+def test_the_variants_are_the_six_of_the_product():
+    assert list(build.VARIANTS) == VARIANTS
+    assert build.SGLANG_VERSION == SGLANG_VERSION
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dry_run_prints_the_full_build_command(variant):
+    [line] = _dry_run("--variant", variant)
+    cmd = shlex.split(line)
+    v = build.VARIANTS[variant]
+    assert cmd[:3] == ["docker", "build", "-f"] and cmd[3] == v.dockerfile and cmd[-3:] == ["-t", f"miles:{variant}", "."]
+    given = dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "--build-arg")
+    assert given["BASE_IMAGE"] == v.base_image and given == v.args()
+    declared = _args(ROOT / v.dockerfile)
+    assert set(given) <= set(declared), f"build args the Dockerfile does not declare: {set(given) - set(declared)}"
+    unset = {a for a, default in declared.items() if default is None} - set(given) - PASSED_FROM_ENV
+    assert not unset, f"{v.dockerfile} ARGs without a default that build.py does not set: {unset}"
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", (ROOT / v.dockerfile).read_text(), re.M)
+    if variant != "cpu":
+        assert given["SGLANG_VERSION"] == SGLANG_VERSION and v.python == "3.12"
+
+
+def test_proxies_and_pip_indexes_are_passed_on():
+    [line] = _dry_run("--variant", "cu13", "--tag", "reg.example/miles:x",
+                      env={"PATH": "/usr/bin:/bin", "HTTPS_PROXY": "http://proxy:3128", "PIP_INDEX_URL": "http://mirror/simple"})
+    assert "--build-arg HTTPS_PROXY=http://proxy:3128 --build-arg PIP_INDEX_URL=http://mirror/simple -t reg.example/miles:x ." in line
+
+
+def test_all_and_push():
+    assert [shlex.split(line)[-2] for line in _dry_run("--all")] == [f"miles:{v}" for v in VARIANTS]
+    lines = _dry_run("--variant", "cpu", "--push")
+    assert lines[1] == "docker push miles:cpu"
+
+
+def test_gpu_images_install_miles_pins_but_not_what_sglang_brings():
+    reqs = subprocess.run([sys.executable, str(BUILD), "--print-requirements"], capture_output=True, text=True, check=True).stdout.split()
+    names = {r.split("==")[0] for r in reqs}
+    assert {"prefect", "mlflow", "ray", "pydantic"} <= names and not names & set(build.BASE_PROVIDED)
+
+
+def test_docs_matrix_lists_every_variant():
+    page = (ROOT / "docs" / "docker.md").read_text()
+    for name, v in build.VARIANTS.items():
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"docs/docker.md has no matrix row for {name}"
+        assert v.base_image in row and v.dockerfile in row and f"Python {v.python}" in row, row
+        for value in v.build_args.values():
+            if value not in (SGLANG_VERSION,):
+                assert value in row or value in page, (name, value)
