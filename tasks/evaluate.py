@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from miles_core.config import TrainConfig
 from miles_core.evaluation import EvalPoint, EvalSuite, PointResult
+from miles_core.faults import inject
 from miles_core.runtime.registry import get_runtime
 
 _SUITES: dict[str, tuple[EvalSuite, str]] = {}  # eval key -> (suite, dtype), like runtime/registry.py
@@ -39,6 +40,7 @@ def release_eval(key: str) -> None:
 def eval_point(key: str, point: EvalPoint, tokenizer_dir: str, export_root: str) -> PointResult:
     """Evaluate one checkpoint (converted to an HF snapshot under ``export_root`` first, removed after)
     or HF snapshot, on an in-process engine."""
+    inject("eval", point.step)
     from miles_core.checkpoint.convert import checkpoint_to_hf
     from miles_core.evaluation import load_hf_engine, run_point
 
@@ -67,6 +69,7 @@ def _remove_snapshot(path: Path) -> None:
 def snapshot_submit(run_key: str, step: int) -> PointResult | None:
     """Export the live policy as weight version ``step`` and start its background eval (-> a skip result
     when it cannot start: busy, export_failed)."""
+    inject("eval", step)
     return get_runtime(run_key).snapshot_evals().submit(step)
 
 
