@@ -21,7 +21,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import get_run_context
 
+from miles_core import runlock
 from miles_core.config import TrainConfig
+from miles_core.preflight import preflight
 from miles_core.runtime import registry
 from miles_core.tracking import progress
 from miles_core.env import cache_dir
@@ -51,12 +53,14 @@ def _on_failure(flow, flow_run, state) -> None:
 
 @flow(name="train", on_failure=[_on_failure], on_crashed=[_on_failure], validate_parameters=True)
 def train(config: TrainConfig) -> dict:
+    preflight(config)  # inputs, outputs, devices: one clear error before any model loads
+    lock = runlock.hold(config)  # one run per run dir and save dir; a second is refused naming the holder
     run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
-    convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
-    facts = prepare(run_key, config)
-    rt = registry.get_runtime(run_key)
-    n = facts["num_rollout"]
     try:
+        convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
+        facts = prepare(run_key, config)
+        rt = registry.get_runtime(run_key)
+        n = facts["num_rollout"]
         meta = restore(run_key)
         start = meta["rollout_id"] + 1 if meta else 0
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout,
@@ -82,6 +86,7 @@ def train(config: TrainConfig) -> dict:
         return _summary(config, tracker, rewards, start, n)
     finally:
         registry.release(run_key)
+        lock.release()
 
 
 def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: RunTracker, pending):

@@ -7,6 +7,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .train import TrainConfig
 
+# Fields kept under the reference's names that no code honours yet: a non-default value is refused at load,
+# naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
+NOT_SUPPORTED: dict[str, str] = {
+    "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
+    "custom_generate_function_path": "the generate loop has no custom generate hook yet",
+}
+# Estimators whose baseline is the group mean: with one sample per prompt every advantage is 0.
+GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+
 
 def _batch_invariant(c: "TrainConfig") -> None:
     r, a = c.rollout, c.algo
@@ -37,8 +46,17 @@ def _algo_rules(c: "TrainConfig") -> None:
         )
     if a.loss_type == "custom_loss" and not a.custom_loss_function_path:
         raise ValueError("loss_type custom_loss needs custom_loss_function_path (a dotted path to the loss function)")
-    if a.use_opd and a.opd_type == "megatron" and not a.opd_teacher_load:
-        raise ValueError("use_opd with opd_type megatron needs opd_teacher_load (the teacher's HF dir or builtin:// name)")
+    if a.use_opd and not a.opd_teacher_load and not c.rollout.custom_generate_function_path:
+        raise ValueError(f"use_opd with opd_type {a.opd_type} needs opd_teacher_load (the teacher's HF dir or builtin:// name): "
+                         "nothing else gives the samples teacher log-probs")
+    if a.tis_clip_low > a.tis_clip:
+        raise ValueError(f"tis_clip_low ({a.tis_clip_low}) must be <= tis_clip ({a.tis_clip}): TIS weights are clamped to "
+                         "[tis_clip_low, tis_clip]")
+    G = c.rollout.n_samples_per_prompt
+    if G == 1 and a.advantage_estimator in GROUP_BASELINE_ESTIMATORS and not a.disable_rewards_normalization:
+        raise ValueError(f"advantage_estimator {a.advantage_estimator} with n_samples_per_prompt 1: the group baseline is the "
+                         "sample's own reward, so every advantage is 0 and nothing trains; use n_samples_per_prompt >= 2, "
+                         "or disable_rewards_normalization: true (raw rewards)")
 
 
 def _rollout_rules(c: "TrainConfig") -> None:
@@ -72,6 +90,8 @@ def _runtime_rules(c: "TrainConfig") -> None:
     if cl.torch_compile and cl.train_backend != "torch":
         raise ValueError(f"torch_compile compiles the torch trainer's layers; train_backend {cl.train_backend} has its own "
                          "kernels: drop torch_compile or use train_backend torch")
+    if cl.runtime == "ray" and c.eval.eval_mode == "snapshot":
+        raise ValueError("eval_mode snapshot is not supported yet with runtime ray; use eval_mode: inline")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
@@ -103,6 +123,14 @@ def _async_rules(c: "TrainConfig") -> None:
         raise ValueError(f"fully_async_buffer_groups ({r.fully_async_buffer_groups}) must be >= rollout_batch_size ({r.rollout_batch_size})")
 
 
+def _not_supported(c: "TrainConfig") -> None:
+    for name, why in NOT_SUPPORTED.items():
+        group = next(getattr(c, g) for g in type(c).model_fields if name in type(getattr(c, g)).model_fields)
+        value, default = getattr(group, name), type(group).model_fields[name].default
+        if value != default:
+            raise ValueError(f"{name} is not supported yet ({why}); drop it (got {value!r}, default {default!r})")
+
+
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules):
+    for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules):
         rule(c)
