@@ -21,12 +21,16 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 MODEL = "fault-test-model"
 
 
-def _config(run_dir):
-    return load_config("tiny", {
+def _overrides(run_dir) -> dict:
+    return {
         "run_dir": str(run_dir), "num_rollout": 2, "rollout_batch_size": 2, "num_threads": 1, "save_interval": 1,
         "eval_interval": 1, "eval_prompt_data": ["arith", "builtin://arith-test@[0:8]"], "export_interval": 1,
         "registered_model_name": MODEL, "champion_metric": "eval/arith/score", "log_samples": 0,
-    })
+    }
+
+
+def _config(run_dir):
+    return load_config("tiny", _overrides(run_dir))
 
 
 def _metrics(cfg) -> tuple[str, dict[str, list[tuple[int, float]]], list[str]]:
@@ -48,7 +52,7 @@ def clean(tmp_path_factory):
     status, metrics, versions = _metrics(cfg)
     assert status == "FINISHED" and versions == ["0", "1"]
     assert [s for s, _ in metrics["eval/step"]] == [1, 2, 3]
-    return metrics
+    return metrics, cfg
 
 
 @pytest.fixture
@@ -75,7 +79,7 @@ def test_a_retried_stage_with_one_fault_gives_the_clean_runs_metrics(tmp_path, m
     assert len(fault_log) == 1 and faults.FAULT_ENV in fault_log[0] and f"stage {stage}" in fault_log[0]
     status, metrics, versions = _metrics(cfg)
     assert status == "FINISHED" and versions == ["0", "1"]  # a retried register adds no second version
-    assert metrics == clean
+    assert metrics == clean[0]
 
 
 # sync@2 is the sync after checkpoint 0 and before the eval and export of rollout 0: the rerun must run what was due
@@ -98,4 +102,37 @@ def test_a_stage_not_retried_fails_the_flow_and_the_rerun_resumes_and_matches(tm
     assert summary["resumed_from"] == 1
     status, metrics, versions = _metrics(cfg)
     assert status == "FINISHED" and versions == ["0", "1"]
-    assert metrics == clean
+    assert metrics == clean[0]
+
+
+def test_a_run_failed_before_its_first_checkpoint_is_reattached_and_its_failure_tags_cleared(tmp_path, monkeypatch, clean, fault_log):
+    """save@0x2: both attempts of the first save fail, so the flow fails with no checkpoint (as a kill before it would);
+    the rerun re-attaches the run named in mlflow_run.json instead of opening a second one."""
+    from flows.train import train
+
+    monkeypatch.setenv(faults.FAULT_ENV, "save@0x2")
+    cfg = _config(tmp_path / "run")
+    with pytest.raises(faults.InjectedFault):
+        train(cfg)
+    client = MlflowClient(cfg.tracking_uri)
+    (failed,) = client.search_runs([client.get_experiment_by_name("miles").experiment_id])
+    assert failed.info.status == "FAILED" and "miles.failure" in failed.data.tags
+    monkeypatch.delenv(faults.FAULT_ENV)
+    summary = train(cfg)
+    assert summary["mlflow_run_id"] == failed.info.run_id and summary["resumed_from"] == 0
+    (run,) = client.search_runs([client.get_experiment_by_name("miles").experiment_id])
+    assert run.info.status == "FINISHED" and not {"miles.failure", "miles.resume_from_rollout"} & set(run.data.tags)
+    assert _metrics(cfg)[1] == clean[0]
+
+
+def test_a_refused_rerun_leaves_the_finished_run_as_it_was(clean):
+    from flows.train import train
+
+    metrics, cfg = clean
+    changed = load_config("tiny", {**_overrides(cfg.run_dir), "lr": 3e-4})
+    with pytest.raises(Exception, match=r"changed params \['algo.lr'\]"):
+        train(changed)
+    client = MlflowClient(cfg.tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("miles").experiment_id])
+    assert run.info.status == "FINISHED" and "miles.failure" not in run.data.tags
+    assert _metrics(cfg)[1] == metrics
