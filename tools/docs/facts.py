@@ -311,15 +311,22 @@ def unused_config_fields() -> frozenset[str]:
         if path.is_relative_to(config_dir):
             used |= _property_reads(tree)
             continue
-        holders = _group_holders(tree, by_group)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute):
-                owner = _owner_name(node.value)
-                if owner in holders and node.attr in by_group[holders[owner]]:
-                    used.add(node.attr)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _is_docstring_text(node.value):
-                used.add(node.value)
+        used |= field_reads(tree, by_group)
     return frozenset(n for n in fields if n not in used)
+
+
+def field_reads(tree: ast.Module, by_group: dict[str, set[str]]) -> set[str]:
+    """Names read from a config group in ``tree`` (code outside miles_core/config), and string constants."""
+    holders = _group_holders(tree, by_group)
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = _owner_name(node.value)
+            if owner in holders and node.attr in by_group[holders[owner]]:
+                used.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _is_docstring_text(node.value):
+            used.add(node.value)
+    return used
 
 
 _GROUP_CLASSES = {"ClusterConfig": "cluster", "RolloutConfig": "rollout", "DataConfig": "data", "AlgoConfig": "algo",
