@@ -105,7 +105,7 @@ class Code:
     def __init__(self) -> None:
         self.fields = facts.config_fields()
         self.commands = facts.cli_commands()
-        self.miles_flags = set().union(*(c.flags for c in self.commands.values()))
+        self.miles_flags = set().union(*(c.flags for c in self.commands.values())) | facts.cli_root_flags()
         self.all_flags = self.miles_flags | _all_argparse_flags() | EXTERNAL_FLAGS
         self.env = set(facts.env_vars())
         self.names = facts.identifiers() | EXTERNAL_NAMES

@@ -156,6 +156,15 @@ def cli_commands() -> dict[str, CliCommand]:
     return out
 
 
+def cli_root_flags() -> set[str]:
+    """Options of `miles` itself, before the command (`miles --debug train ...`)."""
+    import typer.main
+
+    from flows.cli import app
+
+    return {o for p in typer.main.get_command(app).params if p.name != "help" for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+
+
 def cli_root_help() -> str:
     from flows.cli import app
 
