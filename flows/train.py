@@ -120,7 +120,8 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
     if due(config.checkpoint.export_interval, i, n):
         path = export_live(run_key, i)
         register(config.tracking_uri, tracker.mlflow.run_id, path, i, (i + 1) * config.num_steps_per_rollout,
-                 config.checkpoint.registered_model_name, config.checkpoint.champion_metric)
+                 config.checkpoint.registered_model_name, config.checkpoint.champion_metric,
+                 registry.get_runtime(run_key).weight_version)  # the eval/step of the exported weights
     return metrics, nxt
 
 

@@ -31,7 +31,8 @@ def export_checkpoint(checkpoint_dir: str, fingerprint: str, tokenizer_dir: str,
 
 @task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 def register(tracking_uri: str, run_id: str, export_path: str, rollout_id: int, step: int,
-             model_name: str | None, champion_metric: str | None) -> dict:
+             model_name: str | None, champion_metric: str | None, eval_step: int | None = None) -> dict:
+    """Log and register an export; ``eval_step`` is the eval/step of the exported weights (the champion is judged there)."""
     inject("register", rollout_id)
-    r = log_export(tracking_uri, run_id, Path(export_path), rollout_id, step, model_name, champion_metric)
+    r = log_export(tracking_uri, run_id, Path(export_path), rollout_id, step, model_name, champion_metric, eval_step)
     return {"version": r.version, "artifact_uri": r.artifact_uri, "champion": r.champion}

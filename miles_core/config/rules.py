@@ -123,6 +123,28 @@ def _async_rules(c: "TrainConfig") -> None:
         raise ValueError(f"fully_async_buffer_groups ({r.fully_async_buffer_groups}) must be >= rollout_batch_size ({r.rollout_batch_size})")
 
 
+def _champion_rule(c: "TrainConfig") -> None:
+    """champion_metric must name an eval metric of one of the run's eval datasets (an eval_config's are not
+    known at load: then any eval dataset name passes)."""
+    from miles_core.tracking.catalog import EVAL, match
+
+    metric, ck = c.checkpoint.champion_metric, c.checkpoint
+    if metric is None:
+        return
+    if not ck.registered_model_name:
+        raise ValueError("champion_metric needs registered_model_name: the champion alias belongs to a registered model")
+    if not c.eval.enabled:
+        raise ValueError(f"champion_metric {metric} needs eval datasets (eval_prompt_data or eval_config): the champion is "
+                         "judged by the eval of the exported weights")
+    names = (c.eval.eval_prompt_data or [])[::2]
+    entry = match(metric)
+    known_ds = c.eval.eval_config is not None or any(metric == f"eval/{n}" or metric.startswith(f"eval/{n}-") for n in names)
+    if entry is None or entry.axis != EVAL or not known_ds or not entry.name.startswith("eval/<ds>"):
+        examples = ", ".join(f"eval/{n}, eval/{n}-pass@1" for n in names[:2]) or "eval/<dataset>"
+        raise ValueError(f"champion_metric {metric!r} is not an eval metric of this run's datasets; e.g. {examples} "
+                         "(docs/reference/metrics.md)")
+
+
 def _not_supported(c: "TrainConfig") -> None:
     for name, why in NOT_SUPPORTED.items():
         group = next(getattr(c, g) for g in type(c).model_fields if name in type(getattr(c, g)).model_fields)
@@ -132,5 +154,5 @@ def _not_supported(c: "TrainConfig") -> None:
 
 
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules):
+    for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _champion_rule):
         rule(c)

@@ -25,7 +25,7 @@ def _overrides(run_dir) -> dict:
     return {
         "run_dir": str(run_dir), "num_rollout": 2, "rollout_batch_size": 2, "num_threads": 1, "save_interval": 1,
         "eval_interval": 1, "eval_prompt_data": ["arith", "builtin://arith-test@[0:8]"], "export_interval": 1,
-        "registered_model_name": MODEL, "champion_metric": "eval/arith/score", "log_samples": 0,
+        "registered_model_name": MODEL, "champion_metric": "eval/arith", "log_samples": 0,
     }
 
 
