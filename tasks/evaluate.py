@@ -16,11 +16,12 @@ from miles_core.config import TrainConfig
 from miles_core.evaluation import EvalPoint, EvalSuite, PointResult
 from miles_core.faults import inject
 from miles_core.runtime.registry import get_runtime
+from tasks import HOUR, MINUTE
 
 _SUITES: dict[str, tuple[EvalSuite, str]] = {}  # eval key -> (suite, dtype), like runtime/registry.py
 
 
-@task(name="eval-prepare", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="eval-prepare", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, timeout_seconds=30 * MINUTE)
 def prepare_eval(key: str, config: TrainConfig, tokenizer_dir: str) -> dict:
     """Tokenize the eval datasets of ``config`` with the tokenizer of the weights to evaluate."""
     from transformers import AutoTokenizer
@@ -36,7 +37,7 @@ def release_eval(key: str) -> None:
     _SUITES.pop(key, None)
 
 
-@task(name="eval-point", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="eval-point", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, timeout_seconds=2 * HOUR)
 def eval_point(key: str, point: EvalPoint, tokenizer_dir: str, export_root: str) -> PointResult:
     """Evaluate one checkpoint (converted to an HF snapshot under ``export_root`` first, removed after)
     or HF snapshot, on an in-process engine."""
@@ -65,7 +66,7 @@ def _remove_snapshot(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@task(name="snapshot-eval-submit", cache_policy=NO_CACHE, retries=0)
+@task(name="snapshot-eval-submit", cache_policy=NO_CACHE, retries=0, timeout_seconds=HOUR)
 def snapshot_submit(run_key: str, step: int) -> PointResult | None:
     """Export the live policy as weight version ``step`` and start its background eval (-> a skip result
     when it cannot start: busy, export_failed)."""
@@ -73,7 +74,7 @@ def snapshot_submit(run_key: str, step: int) -> PointResult | None:
     return get_runtime(run_key).snapshot_evals().submit(step)
 
 
-@task(name="snapshot-eval-collect", cache_policy=NO_CACHE, retries=0)
+@task(name="snapshot-eval-collect", cache_policy=NO_CACHE, retries=0, timeout_seconds=4 * HOUR)
 def snapshot_collect(run_key: str, wait: bool = False) -> list[PointResult]:
     """Results of the background evals that finished (all of them with ``wait``)."""
     return get_runtime(run_key).snapshot_evals().collect(wait)

@@ -41,3 +41,10 @@ def test_inject_raises_the_first_attempts_then_passes(monkeypatch, caplog):
     monkeypatch.delenv(faults.FAULT_ENV)
     faults.inject("save", 3)  # unset: never raises
     faults.reset()
+
+
+def test_every_task_has_a_timeout():
+    from tools.docs import facts
+
+    tasks = [u for u in facts.prefect_units() if u.kind == "task"]
+    assert tasks and all("timeout_seconds" in u.options for u in tasks), [u.name for u in tasks if "timeout_seconds" not in u.options]
