@@ -41,6 +41,9 @@ def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides:
     """
     overrides = dict(overrides or {})
     points = find_points(Path(target), which)
+    if not points:
+        raise FileNotFoundError(f"{target}: no complete checkpoint or HF snapshot to evaluate (half-written ones are skipped "
+                                "with a warning)")
     ref = find_run(Path(target), points, overrides.get("mlflow_tracking_uri"))
     ledger = EvalLedger(ref, overrides.get("mlflow_experiment_name", "miles"), link_key=ref.run_id or str(Path(target).absolute()))
     done = ledger.done_steps()

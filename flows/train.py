@@ -110,7 +110,8 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
     perf = {}
     if save_due:
         tracker.mlflow.flush()  # asynchronous metrics: on the store before the checkpoint that counts on them
-        perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe,
+        perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "mlflow_tracking_uri": config.tracking_uri,
+                                  "recipe": config.misc.recipe,
                                   "tokenizer_dir": str(registry.get_runtime(run_key).model_path)})
     if sync_due:
         perf |= update_weights(run_key)
