@@ -120,6 +120,7 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
         eval_at(run_key, tracker, registry.get_runtime(run_key).weight_version)
     if due(config.checkpoint.export_interval, i, n):
         path = export_live(run_key, i)
+        tracker.mlflow.flush()  # the eval of these weights is on the store before register judges the champion by it
         register(config.tracking_uri, tracker.mlflow.run_id, path, i, (i + 1) * config.num_steps_per_rollout,
                  config.checkpoint.registered_model_name, config.checkpoint.champion_metric,
                  registry.get_runtime(run_key).weight_version)  # the eval/step of the exported weights

@@ -4,8 +4,8 @@ the ``champion`` alias moved when the named eval metric improves (higher is bett
 The champion is judged by the eval of the exported weights themselves: the metric's value at the
 export's eval/step (the weight version those weights were synced as), never the newest value of the
 run (which may belong to older weights). The version is tagged with the metric, the value and the eval
-step; when that eval has not run (no eval at that step yet), the version is tagged
-``miles.champion_pending`` with the eval step and not crowned."""
+step; when that eval has not run yet (a later eval point, the nightly eval flow), the version is tagged
+``miles.champion_pending`` and judged by ``crown_pending`` when that eval lands."""
 
 from __future__ import annotations
 
@@ -51,6 +51,28 @@ def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: in
         tags |= {VALUE_TAG: repr(value)} if value is not None else {PENDING_TAG: f"no {champion_metric} at eval/step {eval_step} yet"}
     mv = client.create_model_version(model_name, source=uri, run_id=run_id, tags=tags)
     return RegisteredExport(mv.version, uri, _maybe_crown(client, model_name, mv.version, value))
+
+
+def crown_pending(tracking_uri: str, run_id: str, model_name: str, metric: str, eval_step: int, value: float) -> list[str]:
+    """An eval at ``eval_step`` landed with ``metric`` = ``value``: judge the run's versions of ``model_name`` that waited
+    for it (tag the value, drop the pending tag, crown when better). -> the versions judged."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    try:
+        versions = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
+    except MlflowException:
+        return []
+    judged = []
+    for mv in sorted(versions, key=lambda v: int(v.version)):
+        tags = mv.tags
+        if PENDING_TAG in tags and tags.get(METRIC_TAG) == metric and tags.get(EVAL_STEP_TAG) == str(eval_step):
+            client.set_model_version_tag(model_name, mv.version, VALUE_TAG, repr(value))
+            client.delete_model_version_tag(model_name, mv.version, PENDING_TAG)
+            _maybe_crown(client, model_name, mv.version, value)
+            judged.append(str(mv.version))
+    return judged
 
 
 def _value_at(client, run_id: str, key: str, eval_step: int) -> float | None:
