@@ -1,6 +1,6 @@
 """Flow state hooks: a failed or crashed train run ends its MLflow run as FAILED with a resume hint.
 
-Only the MLflow run this flow run opened or re-attached (flows/tracking.py OPENED) is touched: a run
+Only the MLflow run this flow run opened or re-attached (``OPENED``, filled by flows/tracking.py) is touched: a run
 refused before that (a changed param, a run dir in use, a bad input) leaves every MLflow run as it was.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 log = logging.getLogger("miles")
+OPENED: dict[str, tuple[str, str]] = {}  # Prefect flow run id -> (MLflow run id, tracking URI) it opened or re-attached
 
 
 def mark_failed(flow_run, state) -> None:
@@ -16,8 +17,6 @@ def mark_failed(flow_run, state) -> None:
 
     from miles_core.checkpoint import find_latest
     from miles_core.config import TrainConfig
-
-    from .tracking import OPENED
 
     opened = OPENED.pop(str(flow_run.id), None)
     if opened is None:

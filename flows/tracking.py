@@ -2,7 +2,7 @@
 
 Re-attach: the checkpoint's run; without a checkpoint, the unfinished run the run dir's mlflow_run.json
 names (a kill before the first checkpoint leaves no second, orphan run). A re-attached run drops the
-tags of its previous failure. ``OPENED`` remembers which MLflow run each flow run opened or re-attached:
+tags of its previous failure. ``OPENED`` (flows/hooks.py) remembers which MLflow run each flow run opened or re-attached:
 the failure hooks touch that run only, never one another flow run owns.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from flows.hooks import OPENED  # absolute: a deployment loads flows/train.py under another module name
 from miles_core.config import ConfigError, TrainConfig
 from miles_core.tracking import MlflowTracker, flatten, sanitize_key
 from miles_core.tracking.mlflow_tracker import param_str
@@ -19,7 +20,6 @@ AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
 MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run"}
 FAILURE_TAGS = ("miles.failure", "miles.resume_from_rollout")
-OPENED: dict[str, tuple[str, str]] = {}  # Prefect flow run id -> (MLflow run id, tracking URI) it opened or re-attached
 
 
 @dataclass
