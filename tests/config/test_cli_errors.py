@@ -104,3 +104,19 @@ def test_a_full_disk_names_the_path_and_a_runtime_error_exits_1(tmp_path):
     assert line == f"error: no space left on device: {tmp_path / 'checkpoints' / '0' / 'optimizer.pt'}"
     assert exit_code(full.value) == 1
     assert describe(json.JSONDecodeError("bad", "x", 0))[0].startswith("error: JSONDecodeError: bad")
+
+
+def test_prefect_error_records_stay_off_the_console_unless_debugging(monkeypatch):
+    """A failed run prints one message, not Prefect's task and flow tracebacks (69 -> 5 lines for train@0 with
+    MILES_FAULT_INJECT); the fault warning and miles' own warnings still show."""
+    import logging
+
+    from flows.run import _DropPrefectErrors
+
+    keep = _DropPrefectErrors().filter
+    record = lambda name, level: logging.LogRecord(name, level, __file__, 1, "m", None, None)  # noqa: E731
+    monkeypatch.delenv("MILES_DEBUG", raising=False)
+    assert not keep(record("prefect.task_runs", logging.ERROR)) and not keep(record("prefect.flow_runs", logging.ERROR))
+    assert keep(record("miles_core.faults", logging.WARNING)) and keep(record("prefect.flow_runs", logging.WARNING))
+    monkeypatch.setenv("MILES_DEBUG", "1")
+    assert keep(record("prefect.task_runs", logging.ERROR))
