@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 import typing
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -11,10 +14,34 @@ import yaml
 from rich.console import Console
 
 import flows  # noqa: F401  (configures the environment first)
-from miles_core.config import GROUPS, ConfigError, list_recipes, load_config
+from miles_core.config import GROUPS, list_recipes, load_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="miles: RL post-training as a tracked pipeline.")
+from .errors import DEBUG_ENV, debug_enabled, describe, exit_code
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="miles: RL post-training as a tracked pipeline.")
 console = Console()
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help=f"Print full tracebacks (same as {DEBUG_ENV}=1).")) -> None:
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+
+
+@contextlib.contextmanager
+def _one_message(dirs: dict[str, Path] | None = None):
+    """An error inside -> one short message (flows/errors.py) and exit 2 (input) or 1; the traceback only in debug mode."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        if debug_enabled():
+            raise
+        for line in describe(e, dirs):
+            console.print(line, markup=False, highlight=False, soft_wrap=True, style="red" if line.startswith("error") else None)
+        raise typer.Exit(exit_code(e)) from None
 
 
 def _is_bool(annotation: Any) -> bool:
@@ -97,17 +124,20 @@ def _passthrough(args: list[str]) -> dict[str, Any]:
 
 
 def _load_or_exit(recipe_file: str, flags: dict[str, Any]):
-    try:
+    with _one_message():
         return load_config(recipe_file, parse_overrides(flags))
-    except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
 
 
 def _train(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
     from flows.run import run_train
+    from miles_core import runlock
+    from miles_core.preflight import preflight
 
-    run_train(_load_or_exit(recipe_file, flags), console)
+    cfg = _load_or_exit(recipe_file, flags)
+    with _one_message({"run_dir": cfg.run_dir, "save": cfg.save_dir, "export": cfg.export_dir}):
+        preflight(cfg)  # inputs, outputs, devices: before Prefect starts or any model loads
+        runlock.probe(cfg)  # another run on these dirs: refused now (the flow holds the lock)
+        run_train(cfg, console)
 
 
 _with_config_flags("train", "Train with GRPO-family RL on a recipe; any config field is a flag.", _train)
@@ -145,11 +175,8 @@ def _eval(target: str = EVAL_TARGET, all_points: bool = EVAL_ALL, **flags: Any) 
     from flows.run import _quiet_libraries
 
     _quiet_libraries()
-    try:
+    with _one_message():
         s = evaluate(target, "all" if all_points else "latest", parse_overrides(flags))
-    except (ConfigError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
     console.print(f"MLflow run        : {s['mlflow_run_id']}{'  (linked: the training run is gone)' if s['linked_run'] else ''}")
     console.print(f"evaluated         : eval/step {s['evaluated'] or 'none'}")
     console.print(f"already evaluated : eval/step {s['already_evaluated'] or 'none'}")
@@ -172,7 +199,8 @@ def export_cmd(
     """Export a saved checkpoint as an HF snapshot (safetensors + index + config + tokenizer + .complete)."""
     from flows.export import export as export_flow
 
-    result = export_flow(checkpoint, export_dir, mlflow_tracking_uri, registered_model_name, champion_metric)
+    with _one_message():
+        result = export_flow(checkpoint, export_dir, mlflow_tracking_uri, registered_model_name, champion_metric)
     console.print(result)
 
 
@@ -195,7 +223,8 @@ def convert_cmd(
             raise typer.Exit(2)
         from flows.convert import convert
 
-        console.print(convert(args[0]))
+        with _one_message():
+            console.print(convert(args[0]))
         return
     if len(args) != 3:
         console.print(f"[red]error:[/red] miles convert {args[0]} takes SOURCE OUT; got {args[1:]}")

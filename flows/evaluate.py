@@ -40,6 +40,9 @@ def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides:
     """
     overrides = dict(overrides or {})
     points = find_points(Path(target), which)
+    if not points:
+        raise FileNotFoundError(f"{target}: no complete checkpoint or HF snapshot to evaluate (half-written ones are skipped "
+                                "with a warning)")
     ref = find_run(Path(target), points, overrides.get("mlflow_tracking_uri"))
     ledger = EvalLedger(ref, overrides.get("mlflow_experiment_name", "miles"), link_key=ref.run_id or str(Path(target).absolute()))
     done = ledger.done_steps()
@@ -59,6 +62,7 @@ def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides:
                 result = eval_point(key, point, tokenizer_dir, str(export_root))
                 if ledger.record(result, lag_steps=trainer_version - point.step):
                     publish(result)
+                    judge_pending(config, ledger.run_id, ref.tracking_uri, result)
                 _tally(summary, result)
         finally:
             release_eval(key)
@@ -137,6 +141,7 @@ def eval_at(run_key: str, tracker, config: TrainConfig) -> None:
         _log(tracker, skip)
     for result in snapshot_collect(run_key):
         _log(tracker, result)
+        _judge(run_key, tracker, result)
 
 
 def finish_evals(run_key: str, tracker, config: TrainConfig) -> None:
@@ -144,6 +149,23 @@ def finish_evals(run_key: str, tracker, config: TrainConfig) -> None:
     if config.eval.eval_mode == "snapshot":
         for result in snapshot_collect(run_key, wait=True):
             _log(tracker, result)
+            _judge(run_key, tracker, result)
+
+
+def judge_pending(config: TrainConfig, run_id: str, tracking_uri: str, result: PointResult) -> None:
+    """An eval landed: registered versions that waited for it are judged for the champion alias now."""
+    ck = config.checkpoint
+    value = result.metrics.get(ck.champion_metric) if ck.champion_metric else None
+    if ck.registered_model_name and value is not None and not result.skipped:
+        from miles_core.tracking.registry import crown_pending
+
+        crown_pending(tracking_uri, run_id, ck.registered_model_name, ck.champion_metric, result.step, value)
+
+
+def _judge(run_key: str, tracker, result: PointResult) -> None:
+    """A background eval landed after its weights were registered: judge the version that waited for it."""
+    cfg = registry.get_runtime(run_key).cfg
+    judge_pending(cfg, tracker.mlflow.run_id, cfg.tracking_uri, result)
 
 
 def _log(tracker, result: PointResult) -> None:

@@ -9,6 +9,7 @@ from prefect import flow
 
 from miles_core.checkpoint import find_latest
 from miles_core.checkpoint.layout import read_info
+from miles_core.evaluation.discover import checkpoint_point
 from tasks.export import export_checkpoint, register
 
 
@@ -24,5 +25,7 @@ def export(checkpoint: str, export_dir: str, tracking_uri: str | None = None, re
     result = {"export_path": out, "rollout_id": info.rollout_id}
     if tracking_uri and meta.get("mlflow_run_id"):
         step = meta.get("steps_done", 0)
-        result |= register(tracking_uri, meta["mlflow_run_id"], out, info.rollout_id, step, registered_model_name, champion_metric)
+        eval_step = checkpoint_point(info.path).step  # the eval/step these weights were synced and evaluated as
+        result |= register(tracking_uri, meta["mlflow_run_id"], out, info.rollout_id, step, registered_model_name, champion_metric,
+                           eval_step)
     return result

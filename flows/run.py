@@ -14,6 +14,26 @@ from miles_core.tracking import progress
 def _quiet_libraries() -> None:
     for name in ("prefect", "mlflow", "alembic", "httpx", "uvicorn", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    _no_prefect_tracebacks_on_console()
+
+
+class _DropPrefectErrors(logging.Filter):
+    """Prefect's own error records (a failed task or flow run, with its traceback): the CLI prints one message
+    instead (flows/errors.py). They still reach the Prefect API's run logs; ``--debug`` shows them here too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from flows.errors import debug_enabled
+
+        return debug_enabled() or not (record.name.startswith("prefect") and record.levelno >= logging.ERROR)
+
+
+def _no_prefect_tracebacks_on_console() -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+    for handler in {h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}:
+        if not any(isinstance(f, _DropPrefectErrors) for f in handler.filters):
+            handler.addFilter(_DropPrefectErrors())
 
 
 def run_train(cfg: TrainConfig, console: Console) -> dict:

@@ -1,9 +1,17 @@
-"""MLflow wiring of the train flow: open or re-attach the run, skip steps already logged on resume."""
+"""MLflow wiring of the train flow: open or re-attach the run, skip steps already logged on resume.
+
+Re-attach: the checkpoint's run; without a checkpoint, the unfinished run the run dir's mlflow_run.json
+names (a kill before the first checkpoint leaves no second, orphan run). A re-attached run drops the
+tags of its previous failure. ``OPENED`` (flows/hooks.py) remembers which MLflow run each flow run opened or re-attached:
+the failure hooks touch that run only, never one another flow run owns.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
+from flows.hooks import OPENED  # absolute: a deployment loads flows/train.py under another module name
 from miles_core.config import ConfigError, TrainConfig
 from miles_core.tracking import MlflowTracker, flatten, sanitize_key
 from miles_core.tracking.mlflow_tracker import param_str
@@ -11,6 +19,7 @@ from miles_core.tracking.mlflow_tracker import param_str
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
 MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run"}
+FAILURE_TAGS = ("miles.failure", "miles.resume_from_rollout")
 
 
 @dataclass
@@ -36,7 +45,9 @@ def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
 
 
 def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
-    """New run with params, or re-attach ``run_id`` after checking the params did not change."""
+    """New run with params, or re-attach ``run_id`` (or the run dir's unfinished run) after checking the params did not change."""
+    if run_id is None and not cfg.tracking.mlflow_new_run:
+        run_id = unfinished_run(cfg)
     local_store = cfg.tracking_uri.startswith("sqlite:")
     artifacts = (cfg.run_dir / "mlruns").as_uri() if local_store else None  # never ./mlruns of the cwd
     tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, cfg.tracking.mlflow_run_name or cfg.misc.recipe,
@@ -44,6 +55,7 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)
+        _opened(tracker.run_id, cfg.tracking_uri)
         return RunTracker(tracker)
     logged = tracker.client.get_run(run_id).data.params
     changed = [
@@ -56,5 +68,37 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
             "with a new --save dir (or --load pointing at the old one)"
         )
     tracker.client.set_terminated(run_id, status="RUNNING")
+    _opened(run_id, cfg.tracking_uri)
+    tags = tracker.client.get_run(run_id).data.tags
+    for tag in FAILURE_TAGS:
+        if tag in tags:
+            tracker.client.delete_tag(run_id, tag)
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
     return RunTracker(tracker, marks)
+
+
+def unfinished_run(cfg: TrainConfig) -> str | None:
+    """The run named by <run_dir>/mlflow_run.json when it is in this tracking store and did not finish (killed or
+    failed before its first checkpoint), else None."""
+    marker = cfg.run_dir / "mlflow_run.json"
+    if not marker.is_file():
+        return None
+    info = json.loads(marker.read_text())
+    if info.get("tracking_uri") != cfg.tracking_uri:
+        return None
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        run = MlflowClient(cfg.tracking_uri).get_run(info["run_id"])
+    except MlflowException:
+        return None
+    return run.info.run_id if run.info.status != "FINISHED" and run.info.lifecycle_stage == "active" else None
+
+
+def _opened(run_id: str, tracking_uri: str) -> None:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is not None and ctx.flow_run is not None:
+        OPENED[str(ctx.flow_run.id)] = (run_id, tracking_uri)

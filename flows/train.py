@@ -24,8 +24,10 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import get_run_context
 
+from miles_core import runlock
 from miles_core.config import TrainConfig
 from miles_core.env import cache_dir
+from miles_core.preflight import preflight
 from miles_core.runtime import registry
 from miles_core.runtime.stage_ledger import StageLedger
 from miles_core.tracking import progress
@@ -72,11 +74,13 @@ def _on_failure(flow, flow_run, state) -> None:
 
 @flow(name="train", on_failure=[_on_failure], on_crashed=[_on_failure], validate_parameters=True)
 def train(config: TrainConfig) -> dict:
+    preflight(config)  # inputs, outputs, devices: one clear error before any model loads
+    lock = runlock.hold(config)  # one run per run dir and save dir; a second is refused naming the holder
     run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
-    convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
-    facts = prepare(run_key, config)
-    n = facts["num_rollout"]
     try:
+        convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
+        facts = prepare(run_key, config)
+        n = facts["num_rollout"]
         meta = restore(run_key)
         start = meta["rollout_id"] + 1 if meta else 0
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout,
@@ -97,6 +101,7 @@ def train(config: TrainConfig) -> dict:
         return _summary(config, run.tracker, rewards, start, n)
     finally:
         registry.release(run_key)
+        lock.release()
 
 
 def _rollout_loop(run: TrainRun, start: int) -> list[dict]:
@@ -131,7 +136,8 @@ def _one_rollout(run: TrainRun, i: int, pending):
     # 4. save
     if save_due:
         run.tracker.mlflow.flush()  # asynchronous metrics: on the store before the checkpoint that counts on them
-        perf |= save(key, i, {"mlflow_run_id": run.tracker.mlflow.run_id, "recipe": cfg.misc.recipe, "tokenizer_dir": run.model_path})
+        perf |= save(key, i, {"mlflow_run_id": run.tracker.mlflow.run_id, "mlflow_tracking_uri": cfg.tracking_uri,
+                              "recipe": cfg.misc.recipe, "tokenizer_dir": run.model_path})
     # 5. sync weights
     if sync_due:
         perf |= update_weights(key)
@@ -149,8 +155,10 @@ def _after_sync(run: TrainRun, i: int) -> None:
     if run.export_due(i) and not run.ledger.done(i, "export"):
         c = run.config
         path = export_live(run.key, i)
+        run.tracker.mlflow.flush()  # the eval of these weights is on the store before register judges the champion by it
         register(c.tracking_uri, run.tracker.mlflow.run_id, path, i, (i + 1) * c.num_steps_per_rollout,
-                 c.checkpoint.registered_model_name, c.checkpoint.champion_metric)
+                 c.checkpoint.registered_model_name, c.checkpoint.champion_metric,
+                 registry.get_runtime(run.key).weight_version)  # the eval/step of the exported weights
         run.ledger.mark(i, "export")
 
 

@@ -14,12 +14,14 @@ from prefect.cache_policies import NO_CACHE
 
 from miles_core.config import TrainConfig
 from miles_core.evaluation import EvalPoint, EvalSuite, PointResult
+from miles_core.faults import inject
 from miles_core.runtime.registry import get_runtime
+from tasks import HOUR, MINUTE
 
 _SUITES: dict[str, tuple[EvalSuite, str]] = {}  # eval key -> (suite, dtype), like runtime/registry.py
 
 
-@task(name="eval-prepare", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="eval-prepare", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, timeout_seconds=30 * MINUTE)
 def prepare_eval(key: str, config: TrainConfig, tokenizer_dir: str) -> dict:
     """Tokenize the eval datasets of ``config`` with the tokenizer of the weights to evaluate."""
     from transformers import AutoTokenizer
@@ -35,10 +37,11 @@ def release_eval(key: str) -> None:
     _SUITES.pop(key, None)
 
 
-@task(name="eval-point", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="eval-point", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, timeout_seconds=2 * HOUR)
 def eval_point(key: str, point: EvalPoint, tokenizer_dir: str, export_root: str) -> PointResult:
     """Evaluate one checkpoint (converted to an HF snapshot under ``export_root`` first, removed after)
     or HF snapshot, on an in-process engine."""
+    inject("eval", point.step)
     from miles_core.checkpoint.convert import checkpoint_to_hf
     from miles_core.evaluation import load_hf_engine, run_point
 
@@ -63,15 +66,16 @@ def _remove_snapshot(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@task(name="snapshot-eval-submit", cache_policy=NO_CACHE, retries=0)
+@task(name="snapshot-eval-submit", cache_policy=NO_CACHE, retries=0, timeout_seconds=HOUR)
 def snapshot_submit(run_key: str) -> PointResult | None:
     """Export the live policy as its current weight version and start its background eval (-> a skip result
     when it cannot start: busy, export_failed)."""
     rt = get_runtime(run_key)
+    inject("eval", rt.weight_version)
     return rt.snapshot_evals().submit(rt.weight_version)
 
 
-@task(name="snapshot-eval-collect", cache_policy=NO_CACHE, retries=0)
+@task(name="snapshot-eval-collect", cache_policy=NO_CACHE, retries=0, timeout_seconds=4 * HOUR)
 def snapshot_collect(run_key: str, wait: bool = False) -> list[PointResult]:
     """Results of the background evals that finished (all of them with ``wait``)."""
     return get_runtime(run_key).snapshot_evals().collect(wait)

@@ -8,26 +8,33 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
+from miles_core.faults import inject
 from miles_core.runtime.registry import get_runtime
 from miles_core.tracking.registry import log_export
+from tasks import HOUR, MINUTE
 
 
-@task(name="export", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+@task(name="export", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1, timeout_seconds=HOUR)
 def export_live(run_key: str, rollout_id: int) -> str:
     """Export the live policy of a running train flow as an HF snapshot."""
+    inject("export", rollout_id)
     return str(get_runtime(run_key).export(rollout_id))
 
 
-@task(name="export-checkpoint", cache_policy=INPUTS + TASK_SOURCE, persist_result=True, retries=1, retry_delay_seconds=1)
+@task(name="export-checkpoint", cache_policy=INPUTS + TASK_SOURCE, persist_result=True, retries=1, retry_delay_seconds=1,
+      timeout_seconds=HOUR)
 def export_checkpoint(checkpoint_dir: str, fingerprint: str, tokenizer_dir: str, export_dir: str, rollout_id: int) -> str:
     """Checkpoint dir -> HF snapshot. ``fingerprint`` (the checkpoint's creation stamp) is part of the cache key."""
+    inject("export", rollout_id)
     from miles_core.checkpoint.convert import checkpoint_to_hf
 
     return str(checkpoint_to_hf(Path(checkpoint_dir), Path(tokenizer_dir), Path(export_dir), rollout_id))
 
 
-@task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+@task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, timeout_seconds=30 * MINUTE)
 def register(tracking_uri: str, run_id: str, export_path: str, rollout_id: int, step: int,
-             model_name: str | None, champion_metric: str | None) -> dict:
-    r = log_export(tracking_uri, run_id, Path(export_path), rollout_id, step, model_name, champion_metric)
+             model_name: str | None, champion_metric: str | None, eval_step: int | None = None) -> dict:
+    """Log and register an export; ``eval_step`` is the eval/step of the exported weights (the champion is judged there)."""
+    inject("register", rollout_id)
+    r = log_export(tracking_uri, run_id, Path(export_path), rollout_id, step, model_name, champion_metric, eval_step)
     return {"version": r.version, "artifact_uri": r.artifact_uri, "champion": r.champion}

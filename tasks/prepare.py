@@ -7,9 +7,10 @@ from prefect.cache_policies import NO_CACHE
 
 from miles_core.config import TrainConfig
 from miles_core.runtime import registry
+from tasks import HOUR
 
 
-@task(name="prepare", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="prepare", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, timeout_seconds=HOUR)
 def prepare(run_key: str, config: TrainConfig) -> dict:
     """Build the live runtime of this run in this process. -> dataset and model facts."""
     from miles_core.checkpoint import validate_hf_dir

@@ -15,48 +15,56 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from miles_core.evaluation import PointResult
+from miles_core.faults import inject
 from miles_core.runtime.registry import get_runtime
 from miles_core.training.protocol import TrainOutput
+from tasks import HOUR, MINUTE
 
 
-@task(name="generate", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1)
+@task(name="generate", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1, timeout_seconds=2 * HOUR)
 def generate(run_key: str, rollout_id: int) -> dict[str, float]:
+    inject("generate", rollout_id)
     return get_runtime(run_key).generate(rollout_id)
 
 
-@task(name="train", cache_policy=NO_CACHE, persist_result=False, retries=0)
+@task(name="train", cache_policy=NO_CACHE, persist_result=False, retries=0, timeout_seconds=2 * HOUR)
 def train_step(run_key: str, rollout_id: int) -> TrainOutput:
+    inject("train", rollout_id)
     return get_runtime(run_key).train(rollout_id)
 
 
-@task(name="update-weights", cache_policy=NO_CACHE, persist_result=False, retries=0)
+@task(name="update-weights", cache_policy=NO_CACHE, persist_result=False, retries=0, timeout_seconds=30 * MINUTE)
 def update_weights(run_key: str) -> dict[str, float]:
+    inject("sync", get_runtime(run_key).weight_version + 1)
     return get_runtime(run_key).sync_weights()
 
 
-@task(name="save", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1)
+@task(name="save", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=HOUR)
 def save(run_key: str, rollout_id: int, state: dict) -> dict[str, float]:
+    inject("save", rollout_id)
     return get_runtime(run_key).save(rollout_id, state)
 
 
-@task(name="eval", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1)
+@task(name="eval", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=2 * HOUR)
 def evaluate(run_key: str) -> PointResult:
     """Inline eval of the live engines at the current weight version."""
+    inject("eval", get_runtime(run_key).weight_version)
     return get_runtime(run_key).evaluate()
 
 
-@task(name="export", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1)
+@task(name="export", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=HOUR)
 def export(run_key: str, rollout_id: int) -> str:
+    inject("export", rollout_id)
     return str(get_runtime(run_key).export(rollout_id))
 
 
-@task(name="sample-rows", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1)
+@task(name="sample-rows", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=10 * MINUTE)
 def sample_rows(run_key: str, rollout_id: int, n: int) -> list[dict]:
     """The first n samples of a rollout as table rows for the tracker."""
     return get_runtime(run_key).sample_rows(rollout_id, n)
 
 
-@task(name="restore", cache_policy=NO_CACHE, persist_result=False, retries=0)
+@task(name="restore", cache_policy=NO_CACHE, persist_result=False, retries=0, timeout_seconds=HOUR)
 def restore(run_key: str) -> dict | None:
     """Load the latest complete checkpoint (None: fresh start from hf_checkpoint)."""
     return get_runtime(run_key).restore()

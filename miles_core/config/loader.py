@@ -39,6 +39,8 @@ def list_recipes() -> list[str]:
 
 def recipe_path(recipe: str) -> Path:
     p = Path(recipe)
+    if p.is_dir():
+        raise ConfigError(f"recipe {recipe} is a directory; expected a recipe name or a YAML file")
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
     p = RECIPES_DIR / f"{recipe}.yaml"
@@ -49,8 +51,14 @@ def recipe_path(recipe: str) -> Path:
 
 def read_recipe(recipe: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = recipe_path(recipe)
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"recipe {path}:{line}: not UTF-8 (byte {raw[e.start]:#04x})") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
@@ -74,6 +82,8 @@ def read_recipe(recipe: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
 def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{source}: key {key!r} is not a string ({type(key).__name__}); config keys are field names")
         if key in GROUPS and isinstance(value, Mapping):
             out.update(_flatten(value, source))
         else:

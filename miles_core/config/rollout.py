@@ -34,7 +34,8 @@ class RolloutConfig(Group):
         "recycle", description="async_mode fully: a group over max_weight_staleness has its prompt regenerated (recycle) or is dropped (drop).")
     fully_async_buffer_groups: int | None = Field(
         None, ge=1, description="async_mode fully: most scored groups held in the buffer (default 2 * rollout_batch_size); the worker waits when full.")
-    custom_generate_function_path: str | None = Field(None, description="Dotted path of a custom generate function.")
+    custom_generate_function_path: str | None = Field(
+        None, description="Dotted path of a custom generate function. Not supported yet: refused at load when set.")
     rm_type: str = Field("math", description="Reward function name (see the rewards page); a boxed_ prefix grades the last \\boxed{} only.")
     custom_rm_path: str | None = Field(None, description="Dotted path of an async reward function; overrides rm_type.")
     rm_url: str | None = Field(None, description="URL of a remote reward model (rm_type remote_rm).")

@@ -116,7 +116,8 @@ def run_dir_of(target: Path) -> Path | None:
 
 def find_run(target: Path, points: list[EvalPoint], tracking_uri: str | None) -> RunRef:
     """Run id: a checkpoint's meta ``mlflow_run_id``, else the run dir's marker. Tracking URI: the
-    one given, else the marker's, else MLFLOW_TRACKING_URI, else the run dir's local store."""
+    one given, else the marker's, else the checkpoint's (a save dir outside the run dir), else
+    MLFLOW_TRACKING_URI, else the run dir's local store."""
     target = Path(target).absolute()
     run_dir = run_dir_of(target)
     marker = json.loads((run_dir / RUN_MARKER).read_text()) if run_dir else {}
@@ -126,7 +127,7 @@ def find_run(target: Path, points: list[EvalPoint], tracking_uri: str | None) ->
         meta = latest.meta if latest else None
     meta = meta or {}
     run_id = meta.get("mlflow_run_id") or marker.get("run_id")
-    uri = tracking_uri or marker.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = tracking_uri or marker.get("tracking_uri") or meta.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
     if uri is None and run_dir is not None:
         uri = f"sqlite:///{run_dir / 'mlflow.db'}"
     if uri is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +41,17 @@ def backoff_seconds(retry: int) -> float:
     return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (retry - 1))
 
 
-def parse_reward(url: str, body: str) -> float | dict[str, Any]:
-    """The reward in a reply body, or RemoteRewardError naming the url and the body."""
+def parse_reward(url: str, body: str, sample: str = "") -> float | dict[str, Any]:
+    """The reward in a reply body, or RemoteRewardError naming the url, the body and ``sample`` (which sample
+    was scored). NaN and infinities are refused: a reward must be a finite number."""
     try:
         value = json.loads(body)
     except json.JSONDecodeError as exc:
         raise RemoteRewardError(
             f"remote_rm {url} returned a non-JSON body ({exc}): {body[:200]!r}") from exc
+    numbers = value.values() if isinstance(value, dict) else [value]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+        raise RemoteRewardError(f"remote_rm {url} returned {body[:200]!r} for {sample or 'a sample'}: a reward must be a finite number")
     if isinstance(value, dict):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -93,6 +98,6 @@ async def remote_reward(sample: Sample, opts: "RewardOptions") -> float | dict[s
             if status >= 400:
                 raise RemoteRewardError(
                     f"remote_rm {url} rejected the request: HTTP {status}: {body[:200]!r}")
-            return parse_reward(url, body)
+            return parse_reward(url, body, f"sample {sample.index} (group {sample.group_index}, rollout {sample.rollout_id})")
     raise RemoteRewardError(
         f"remote_rm {url} failed after {attempts} attempts; last failure: {last_failure}")

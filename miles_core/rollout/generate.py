@@ -57,6 +57,7 @@ class RolloutSpec:
     reward_key: str | None = None
     seed: int = 0
     partial_rollout: bool = False
+    max_rounds: int = 100  # dynamic sampling gives up (an error) when this many rounds did not keep enough groups
 
 
 @dataclass
@@ -152,8 +153,11 @@ def generate_rollout(engine, source: DataSource, spec: RolloutSpec, reward: Rewa
             else:
                 kept.append(g)
         round_idx += 1
-        if round_idx > 100 and not kept:
-            raise RuntimeError(f"dynamic sampling kept no group in {round_idx} rounds (drops: {dict(drops)})")
+        if len(kept) < want and round_idx >= spec.max_rounds:
+            raise RuntimeError(
+                f"dynamic sampling kept {len(kept)} of {want} groups in {round_idx} rounds of "
+                f"{spec.over_sampling_batch_size or want} (drops: {dict(drops)}); the filter {spec.filter_path} rejects almost "
+                "every group: relax it, raise over_sampling_batch_size, or check the rewards")
     samples = [s for g in kept for s in g]
     for s in samples:
         s.rollout_id = rollout_id  # buffered samples are trained in this rollout; weight_versions keeps their age

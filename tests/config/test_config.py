@@ -94,7 +94,7 @@ def test_missing_required_field_named():
 
 
 def test_grouped_recipe_form_accepted():
-    cfg = build_config({"rollout": {"rollout_batch_size": 4}, "data": {"prompt_data": "x.jsonl"}, "lr": 1e-5})
+    cfg = build_config({"rollout": {"rollout_batch_size": 4, "n_samples_per_prompt": 2}, "data": {"prompt_data": "x.jsonl"}, "lr": 1e-5})
     assert cfg.rollout.rollout_batch_size == 4 and cfg.algo.lr == 1e-5
 
 

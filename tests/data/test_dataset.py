@@ -45,7 +45,7 @@ def test_malformed_line_named(tmp_path):
 
 def test_row_without_input_key_named(tmp_path, tiny_tokenizer):
     p = _jsonl(tmp_path / "d.jsonl", [{"input": "1+1=", "label": "2"}, {"question": "x", "label": "1"}])
-    with pytest.raises(DataError, match=r"row 1 has no input key 'input'"):
+    with pytest.raises(DataError, match=r"d.jsonl:2: row has no input key 'input'"):  # the 1-based line
         load_prompts(str(p), tiny_tokenizer, PromptSpec())
 
 

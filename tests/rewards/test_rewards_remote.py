@@ -19,7 +19,7 @@ from miles_core.rewards.remote_rm import RemoteRewardError, backoff_seconds
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Routes: /len, /dict, /slow-once, /fail-twice, /always-500, /not-json, /list, /bad-request."""
+    """Routes: /len, /dict, /slow-once, /fail-twice, /always-500, /not-json, /list, /nan, /nan-dict, /bad-request."""
 
     def log_message(self, *args):  # keep test output quiet
         return None
@@ -51,6 +51,10 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, "hello"
         if self.path == "/list":
             return 200, "[1, 2]"
+        if self.path == "/nan":
+            return 200, "NaN"
+        if self.path == "/nan-dict":
+            return 200, '{"score": Infinity}'
         return 400, "bad request"
 
     def _reply(self, status, text):
@@ -134,10 +138,12 @@ def test_always_failing_names_the_url_and_the_last_failure(server):
     ("/not-json", "non-JSON body"),
     ("/list", "expected a number or an object"),
     ("/bad-request", "HTTP 400"),
+    ("/nan", "returned 'NaN' for sample 5 \\(group 2, rollout 7\\): a reward must be a finite number"),
+    ("/nan-dict", "a reward must be a finite number"),
 ])
 def test_malformed_replies_fail_at_once(server, path, needle):
     with pytest.raises(RemoteRewardError, match=needle) as err:
-        score_remote(server, path)
+        score_remote(server, path, Sample(prompt="p", response="abc", label="L", index=5, group_index=2, rollout_id=7))
     assert url(server, path) in str(err.value)
     assert server.hits[path] == 1  # not retried
 

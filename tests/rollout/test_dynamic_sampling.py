@@ -59,6 +59,14 @@ def test_rounds_continue_until_enough_groups_are_kept(engine, source, tiny_token
     assert len({s.group_index for s in rollout.samples}) == 3
 
 
+def test_sampling_gives_up_after_max_rounds_with_a_clear_error(engine, source, tiny_tokenizer):
+    from dataclasses import replace
+
+    spec = replace(_spec(tiny_tokenizer, want=3, over=3, filter_path="check_reward_nonzero_std"), max_rounds=2)
+    with pytest.raises(RuntimeError, match=r"kept 2 of 3 groups in 2 rounds of 3 .*check_reward_nonzero_std"):
+        _run(engine, source, spec, tiny_tokenizer)  # one mixed group per round: 3 rounds needed
+
+
 def test_surplus_kept_groups_are_not_used_beyond_rollout_batch_size(engine, source, tiny_tokenizer):
     spec = _spec(tiny_tokenizer, want=1, over=6, filter_path="check_reward_nonzero_std")
     rollout = _run(engine, source, spec, tiny_tokenizer)

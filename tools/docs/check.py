@@ -106,7 +106,7 @@ class Code:
     def __init__(self) -> None:
         self.fields = facts.config_fields()
         self.commands = facts.cli_commands()
-        self.miles_flags = set().union(*(c.flags for c in self.commands.values()))
+        self.miles_flags = set().union(*(c.flags for c in self.commands.values())) | facts.cli_root_flags()
         from miles_core.rollout.sglang.server_args import cli_flags, snapshot
 
         snap = snapshot()  # the pinned SGLang's server arguments (miles_core/rollout/sglang/server_args.json)

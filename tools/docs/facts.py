@@ -156,6 +156,15 @@ def cli_commands() -> dict[str, CliCommand]:
     return out
 
 
+def cli_root_flags() -> set[str]:
+    """Options of `miles` itself, before the command (`miles --debug train ...`)."""
+    import typer.main
+
+    from flows.cli import app
+
+    return {o for p in typer.main.get_command(app).params if p.name != "help" for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+
+
 def cli_root_help() -> str:
     from flows.cli import app
 
@@ -295,21 +304,80 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # ---- config fields the code does not read yet ------------------------------------------------------
 @lru_cache(maxsize=1)
 def unused_config_fields() -> frozenset[str]:
-    """Fields no code outside miles_core/config reads (as an attribute, keyword, name or string): accepted, not used yet."""
+    """Fields no code reads: accepted, not used yet. A read is ``<x>.<group>.<field>``, ``<v>.<field>`` where ``v``
+    holds a group (``r = cfg.rollout``, ``algo: AlgoConfig``, ``self.algo = cfg.algo``), the field's name as a string
+    (getattr loops, flat dicts) outside miles_core/config, or an attribute read in a property of miles_core/config
+    (``weight_sync_mode`` reads ``update_weight_mode``). Validators and rules only check a value: they are not reads.
+    Attributes of other objects with a field's name (a tensor's ``.device``) are not reads either."""
+    fields = config_fields()
+    by_group: dict[str, set[str]] = {}
+    for f in fields.values():
+        by_group.setdefault(f.group, set()).add(f.name)
     used: set[str] = set()
+    config_dir = ROOT / "miles_core" / "config"
     for path in py_files(CODE_PACKAGES):
-        if path.is_relative_to(ROOT / "miles_core" / "config"):
+        tree = _parse(path)
+        if path.is_relative_to(config_dir):
+            used |= _property_reads(tree)
             continue
-        for node in ast.walk(_parse(path)):
-            if isinstance(node, ast.Attribute):
+        used |= field_reads(tree, by_group)
+    return frozenset(n for n in fields if n not in used)
+
+
+def field_reads(tree: ast.Module, by_group: dict[str, set[str]]) -> set[str]:
+    """Names read from a config group in ``tree`` (code outside miles_core/config), and string constants."""
+    holders = _group_holders(tree, by_group)
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = _owner_name(node.value)
+            if owner in holders and node.attr in by_group[holders[owner]]:
                 used.add(node.attr)
-            elif isinstance(node, ast.keyword) and node.arg:
-                used.add(node.arg)
-            elif isinstance(node, ast.Name):
-                used.add(node.id)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _is_docstring_text(node.value):
-                used.add(node.value)
-    return frozenset(n for n in config_fields() if n not in used)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not _is_docstring_text(node.value):
+            used.add(node.value)
+    return used
+
+
+_GROUP_CLASSES = {"ClusterConfig": "cluster", "RolloutConfig": "rollout", "DataConfig": "data", "AlgoConfig": "algo",
+                  "CheckpointConfig": "checkpoint", "EvalConfig": "eval", "TrackingConfig": "tracking", "MiscConfig": "misc"}
+
+
+def _owner_name(node: ast.AST) -> str | None:
+    """``a.b.c`` -> ``c``'s owner name ``b`` (the last name of the owner expression)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _group_holders(tree: ast.Module, by_group: dict[str, set[str]]) -> dict[str, str]:
+    """Names (variables, attributes) that hold a config group in this module -> the group."""
+    holders = {g: g for g in by_group}  # cfg.rollout.x, self.algo.x, algo.x
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and node.value.attr in by_group:
+            for t in node.targets:
+                targets = t.elts if isinstance(t, ast.Tuple) else [t]
+                for name in filter(None, map(_owner_name, targets)):
+                    holders[name] = node.value.attr
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):  # r, a = c.rollout, c.algo
+            for t in node.targets:
+                if isinstance(t, ast.Tuple):
+                    for tgt, val in zip(t.elts, node.value.elts):
+                        if isinstance(val, ast.Attribute) and val.attr in by_group and _owner_name(tgt):
+                            holders[_owner_name(tgt)] = val.attr
+        elif isinstance(node, ast.arg) and isinstance(node.annotation, (ast.Name, ast.Constant)):
+            ann = node.annotation.id if isinstance(node.annotation, ast.Name) else str(node.annotation.value)
+            if ann in _GROUP_CLASSES:
+                holders[node.arg] = _GROUP_CLASSES[ann]
+    return holders
+
+
+def _property_reads(tree: ast.Module) -> set[str]:
+    """Attributes read inside the ``@property`` methods of a config module (``self.checkpoint.load``)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
+            out |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+    return out
 
 
 def _is_docstring_text(s: str) -> bool:

@@ -21,6 +21,12 @@ ENV_NOTES: dict[str, str] = {
     "HF_HOME": "Hugging Face cache inside the project cache.",
     "MILES_ENGINE_API_KEY": "The API key an engine server requires (`Authorization: Bearer <key>`); the launcher "
                             "(`launch_server_process(api_key=...)`) sets it in the server's environment, never on its command line.",
+    "MILES_DEBUG": "`1`: the `miles` CLI prints full tracebacks (as `miles --debug`); otherwise an error is one short "
+                   "message, exit code 2 for a config or input error, 1 for a failure while running.",
+    "MILES_FAULT_INJECT": "Tests only: `<stage>@<id>[x<attempts>]`, comma-separated (stages generate, train, save, sync, eval, "
+                          "export, register): the first `attempts` (default 1) attempts of that stage for that id raise, each "
+                          "logging one warning naming the variable and the stage. The id is the rollout id; for sync the weight "
+                          "version it makes, for eval the eval/step (`miles_core/faults.py`). A malformed value fails at load.",
     "MILES_ENGINE_FAULT_INJECTION": "Tests only: engine servers serve POST /debug/fail (the Ray runtime passes it from the driver to its engines).",
     "RAY_TMPDIR": "Ray's temp dir (short, per user: Ray's socket paths have a length limit).",
     "MPLCONFIGDIR": "matplotlib's config dir (pulled in by MLflow) inside the project cache.",
@@ -130,7 +136,9 @@ def render_cli() -> str:
     commands = facts.cli_commands()
     n_flags = sum(len(c.flags - {"--help"}) for c in commands.values())
     out = [HEADER.format(source="the typer app in flows/cli.py"), "# CLI reference\n\n",
-           f"`miles`: {_cell(facts.cli_root_help())} {len(commands)} commands, {n_flags} flags. Every command takes `--help`.\n"]
+           f"`miles`: {_cell(facts.cli_root_help())} {len(commands)} commands, {n_flags} flags. Every command takes `--help`.\n",
+           f"Before the command: {', '.join(_code(f) for f in sorted(facts.cli_root_flags()))} (`miles --debug train tiny`: "
+           "full tracebacks; otherwise an error is one message, exit code 2 for a config or input error).\n"]
     for name, cmd in commands.items():
         args = [p for p in cmd.params if p.kind == "argument"]
         opts = [p for p in cmd.params if p.kind == "option"]

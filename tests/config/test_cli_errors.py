@@ -1,0 +1,122 @@
+"""`miles train` with a bad config or input: exit code 2 and one short message naming the field, file
+or row, in a few seconds, before Prefect starts or any model loads (no traceback without --debug)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.errors import describe, exit_code
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_SECONDS = 6.0  # ~1 s on an idle machine: the config, a data scan, no torch, no Prefect
+MAX_LINES = 20
+
+
+def _miles(*args: str, env: dict | None = None) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """case -> (args after `train`, the text the message must contain)."""
+    (tmp / "latin1.yaml").write_bytes(b"rollout_batch_size: 4\nprompt_data: caf\xe9\n")
+    (tmp / "intkey.yaml").write_text("rollout_batch_size: 4\n1: 2\n")
+    (tmp / "dir.yaml").mkdir()
+    (tmp / "prompts.jsonl").write_text('{"input": "1+1=", "label": "2"}\n\n{"input": 7, "label": "3"}\n')
+    (tmp / "latin1.jsonl").write_bytes(b'{"input": "1+1=", "label": "2"}\n{"input": "caf\xe9", "label": "3"}\n')
+    (tmp / "file").write_text("x")
+    run = ["--run-dir", str(tmp / "run")]
+    return {
+        "recipe not UTF-8": ([str(tmp / "latin1.yaml")], "latin1.yaml:2: not UTF-8"),
+        "recipe non-string key": ([str(tmp / "intkey.yaml")], "key 1 is not a string"),
+        "recipe is a directory": ([str(tmp / "dir.yaml")], "is a directory"),
+        "prompt_data missing": (["tiny", *run, "--prompt-data", str(tmp / "nope.jsonl")], "prompt data file not found"),
+        "prompt_data is a directory": (["tiny", *run, "--prompt-data", str(tmp)], "is a directory"),
+        "prompt_data not UTF-8": (["tiny", *run, "--prompt-data", str(tmp / "latin1.jsonl")], "latin1.jsonl:2: not UTF-8"),
+        "non-string prompt": (["tiny", *run, "--prompt-data", str(tmp / "prompts.jsonl")], "prompts.jsonl:3: 'input' must be a string"),
+        "eval data missing": (["tiny", *run, "--eval-prompt-data", f"[t, {tmp / 'nope.jsonl'}]"], "eval dataset t: prompt data file not found"),
+        "save is a file": (["tiny", *run, "--save", str(tmp / "file")], "is a file; expected a directory"),
+        "mistyped load": (["tiny", *run, "--load", str(tmp / "chekpoints")], "no such directory; fix the path, or drop --load"),
+        "bad dtype": (["tiny", *run, "--dtype", "foo"], "dtype"),
+        "adam beta1": (["tiny", *run, "--adam-beta1", "1.5"], "adam_beta1"),
+        "tis clip": (["tiny", *run, "--tis-clip-low", "3"], "tis_clip_low (3.0) must be <= tis_clip"),
+        "min_lr": (["tiny", *run, "--min-lr", "1e-7"], "min_lr is not supported yet"),
+        "opd without teacher": (["tiny", *run, "--use-opd", "--opd-type", "sglang"], "needs opd_teacher_load"),
+        "ray snapshot eval": (["tiny", *run, "--runtime", "ray", "--eval-mode", "snapshot"], "eval_mode snapshot is not supported yet"),
+        "grpo with one sample": (["tiny", *run, "--n-samples-per-prompt", "1"], "every advantage is 0"),
+        "megatron": (["tiny", *run, "--runtime", "ray", "--train-backend", "megatron"], "train_backend: megatron is not supported yet"),
+        "bad fault spec": (["tiny", *run, "--num-rollout", "1"], "MILES_FAULT_INJECT: unknown stage 'trian'"),
+    }
+
+
+def test_every_bad_input_is_one_message_and_exit_2_in_seconds(tmp_path):
+    failures = []
+    for case, (args, needle) in _bad_inputs(tmp_path).items():
+        env = {"MILES_FAULT_INJECT": "trian@1"} if case == "bad fault spec" else None
+        rc, out, seconds = _miles("train", *args, env=env)
+        lines = out.strip().splitlines()
+        ok = rc == 2 and needle in out and len(lines) <= MAX_LINES and "Traceback" not in out and seconds < MAX_SECONDS
+        if not ok:
+            failures.append(f"{case}: rc {rc}, {len(lines)} lines, {seconds:.1f} s, {needle!r} in output: {needle in out}\n{out}")
+    assert not failures, "\n".join(failures)
+    assert not (tmp_path / "run" / "mlflow.db").exists()  # nothing started
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    rc, out, _ = _miles("--debug", "train", "tiny", "--run-dir", str(tmp_path / "run"), "--prompt-data", str(tmp_path / "nope.jsonl"))
+    assert rc != 0 and "Traceback" in out and "prompt data file not found" in out
+
+
+def test_a_second_run_on_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from miles_core.config import load_config; from miles_core import runlock; "
+        f"lock = runlock.hold(load_config('tiny', {{'run_dir': {str(run_dir)!r}}})); print('held', flush=True); time.sleep(60)")],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rc, out, seconds = _miles("train", "tiny", "--run-dir", str(run_dir))
+        assert rc == 2, out
+        assert f"pid {holder.pid} on host {os.uname().nodename}" in out and str(run_dir) in out
+        assert len(out.strip().splitlines()) <= MAX_LINES and seconds < MAX_SECONDS
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_full_disk_names_the_path_and_a_runtime_error_exits_1(tmp_path):
+    with pytest.raises(OSError) as full:
+        with open("/dev/full", "wb") as f:  # a real ENOSPC
+            f.write(b"x" * 1024)
+    assert full.value.errno == errno.ENOSPC
+    full.value.filename = str(tmp_path / "checkpoints" / "0" / "optimizer.pt")  # as the writer reports it (open + write)
+    (line, *_rest) = describe(full.value, {"run_dir": tmp_path})
+    assert line == f"error: no space left on device: {tmp_path / 'checkpoints' / '0' / 'optimizer.pt'}"
+    assert exit_code(full.value) == 1
+    assert describe(json.JSONDecodeError("bad", "x", 0))[0].startswith("error: JSONDecodeError: bad")
+
+
+def test_prefect_error_records_stay_off_the_console_unless_debugging(monkeypatch):
+    """A failed run prints one message, not Prefect's task and flow tracebacks (69 -> 5 lines for train@0 with
+    MILES_FAULT_INJECT); the fault warning and miles' own warnings still show."""
+    import logging
+
+    from flows.run import _DropPrefectErrors
+
+    keep = _DropPrefectErrors().filter
+    record = lambda name, level: logging.LogRecord(name, level, __file__, 1, "m", None, None)  # noqa: E731
+    monkeypatch.delenv("MILES_DEBUG", raising=False)
+    assert not keep(record("prefect.task_runs", logging.ERROR)) and not keep(record("prefect.flow_runs", logging.ERROR))
+    assert keep(record("miles_core.faults", logging.WARNING)) and keep(record("prefect.flow_runs", logging.WARNING))
+    monkeypatch.setenv("MILES_DEBUG", "1")
+    assert keep(record("prefect.task_runs", logging.ERROR))

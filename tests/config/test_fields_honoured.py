@@ -1,0 +1,70 @@
+"""Every config field is read by code, or refused when set ("not supported yet"): nothing is accepted and
+ignored. Table-driven: implementing a field removes its line from rules.NOT_SUPPORTED (and from VALUES here),
+a backend value its line from preflight.UNSUPPORTED_VALUES."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from miles_core.config import ConfigError, build_config, rules
+from miles_core.preflight import UNSUPPORTED_VALUES, PreflightError, preflight
+from tools.docs import facts
+
+BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
+VALUES = {"min_lr": 1e-7, "custom_generate_function_path": "my_pkg.rollout.generate"}  # a non-default value per NOT_SUPPORTED entry
+
+
+def test_every_field_is_read_by_code_or_refused_at_load():
+    unused = facts.unused_config_fields()
+    assert set(VALUES) == set(rules.NOT_SUPPORTED)
+    read_nowhere = sorted(n for n in facts.config_fields() if n in unused and n not in rules.NOT_SUPPORTED)
+    assert not read_nowhere, f"fields no code reads and no rule refuses: {read_nowhere}"
+    assert unused >= set(rules.NOT_SUPPORTED)  # a refused field that code reads now: drop its NOT_SUPPORTED line
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_a_field_not_supported_yet_is_refused_at_load_naming_it(name):
+    build_config(BASE)  # the default is fine
+    with pytest.raises(ConfigError, match=f"{name} is not supported yet"):
+        build_config({**BASE, name: VALUES[name]})
+
+
+@pytest.mark.parametrize(("field", "value"), sorted(UNSUPPORTED_VALUES))
+def test_a_backend_value_no_runtime_honours_is_refused_at_run_start(tmp_path, field, value):
+    cfg = build_config({**BASE, "runtime": "ray", field: value, "run_dir": str(tmp_path / "run")})
+    with pytest.raises(PreflightError, match=f"{field}: {value} is not supported yet"):
+        preflight(cfg)
+
+
+def test_device_cuda_is_refused_at_run_start_naming_the_field(tmp_path):
+    import torch
+
+    cfg = build_config({**BASE, "device": "cuda", "run_dir": str(tmp_path / "run")})
+    expected = "not supported yet" if torch.cuda.is_available() else "torch sees no CUDA device"
+    with pytest.raises(PreflightError, match=f"device: cuda.*{expected}"):
+        preflight(cfg)
+    preflight(build_config({**BASE, "device": "cpu", "run_dir": str(tmp_path / "run")}))
+
+
+BY_GROUP = {"cluster": {"device", "update_weight_mode"}, "algo": {"lr"}}
+
+
+@pytest.mark.parametrize(("code", "reads"), [
+    ("x = tensor.device", set()),  # a tensor's .device is not the config field
+    ("torch.zeros(3, device=d)", set()),  # nor a keyword of that name
+    ("cfg.cluster.device", {"device"}),
+    ("cl = cfg.cluster\ncl.device", {"device"}),
+    ("r, a = c.rollout, c.algo\na.lr", {"lr"}),
+    ("def f(algo: AlgoConfig):\n    return algo.lr", {"lr"}),
+    ("self.algo = cfg.algo\nself.algo.lr", {"lr"}),
+])
+def test_the_planned_detector_counts_config_reads_only(code, reads):
+    assert facts.field_reads(ast.parse(code), BY_GROUP) & {"device", "update_weight_mode", "lr"} == reads
+
+
+def test_a_field_read_through_a_config_property_is_not_planned():
+    tree = ast.parse("class C:\n    @property\n    def mode(self):\n        return self.update_weight_mode or 'tensor'\n")
+    assert "update_weight_mode" in facts._property_reads(tree)
+    assert "update_weight_mode" not in facts.unused_config_fields()
