@@ -9,7 +9,7 @@ it first, so a bad input fails in about a second with one message naming the fie
 - outputs: the run, save and export dirs are directories (not files), can be created and written, and
   have ``MIN_FREE_BYTES`` free, or 3x the initial weights when they are a local directory (model plus
   the two AdamW moments of a checkpoint);
-- values no runtime honours yet (``UNSUPPORTED_VALUES``), ``device`` (cuda needs a CUDA device), and a
+- the optional install a backend value needs (sglang), ``device`` (cuda needs a CUDA device), and a
   well-formed ``MILES_FAULT_INJECT``.
 """
 
@@ -26,11 +26,6 @@ from miles_core.data.dataset import split_slice
 MIN_FREE_BYTES = 256 * 1024**2
 BUILTIN = "builtin://"
 # (field, value) -> why no runtime honours it yet; the default of each field is honoured.
-UNSUPPORTED_VALUES: dict[tuple[str, str], str] = {
-    ("train_backend", "megatron"): "both runtimes train with the torch trainer",
-    ("rollout_engine", "sglang"): "both runtimes generate with miles' own engines (in-process hf; the SGLang-protocol server of "
-                                  "the ray runtime), never with sglang servers",
-}
 
 
 class PreflightError(ConfigError):
@@ -39,16 +34,19 @@ class PreflightError(ConfigError):
 
 def preflight(cfg: TrainConfig) -> None:
     """Raise PreflightError for the first problem found (see the module docstring)."""
-    for check in (_unsupported_values, _device, _fault_spec, _inputs, _outputs):
+    for check in (_backend_installed, _device, _fault_spec, _inputs, _outputs):
         check(cfg)
 
 
-def _unsupported_values(cfg: TrainConfig) -> None:
-    cl = cfg.cluster
-    for field, value in (("train_backend", cl.train_backend), ("rollout_engine", cl.rollout_engine)):
-        why = UNSUPPORTED_VALUES.get((field, value))
-        if why:
-            raise PreflightError(f"{field}: {value} is not supported yet ({why}); use the default")
+def _backend_installed(cfg: TrainConfig) -> None:
+    """rollout_engine sglang needs the optional sglang install (validating such a recipe does not)."""
+    if cfg.cluster.rollout_engine == "sglang":
+        from miles_core.rollout.sglang.launch import SGLangNotInstalled, require_sglang
+
+        try:
+            require_sglang(cfg)
+        except SGLangNotInstalled as e:
+            raise PreflightError(f"rollout_engine: {e}") from None
 
 
 def _device(cfg: TrainConfig) -> None:

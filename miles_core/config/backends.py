@@ -9,7 +9,7 @@ from __future__ import annotations
 
 SUPPORTED: dict[str, dict[str, frozenset[str]]] = {
     "local": {"train_backend": frozenset({"torch", "megatron"}), "rollout_engine": frozenset({"hf"})},
-    "ray": {"train_backend": frozenset({"torch", "megatron"}), "rollout_engine": frozenset({"hf"})},
+    "ray": {"train_backend": frozenset({"torch", "megatron"}), "rollout_engine": frozenset({"hf", "sglang"})},
 }
 
 

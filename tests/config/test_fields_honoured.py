@@ -1,6 +1,6 @@
 """Every config field is read by code, or refused when set ("not supported yet"): nothing is accepted and
 ignored. Table-driven: implementing a field removes its line from rules.NOT_SUPPORTED (and from VALUES here),
-a backend value its line from preflight.UNSUPPORTED_VALUES."""
+a backend value its line from config/backends.SUPPORTED."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import ast
 import pytest
 
 from miles_core.config import ConfigError, build_config, rules
-from miles_core.preflight import UNSUPPORTED_VALUES, PreflightError, preflight
+from miles_core.preflight import PreflightError, preflight
 from tools.docs import facts
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
@@ -31,10 +31,14 @@ def test_a_field_not_supported_yet_is_refused_at_load_naming_it(name):
         build_config({**BASE, name: VALUES[name]})
 
 
-@pytest.mark.parametrize(("field", "value"), sorted(UNSUPPORTED_VALUES))
-def test_a_backend_value_no_runtime_honours_is_refused_at_run_start(tmp_path, field, value):
-    cfg = build_config({**BASE, "runtime": "ray", field: value, "run_dir": str(tmp_path / "run")})
-    with pytest.raises(PreflightError, match=f"{field}: {value} is not supported yet"):
+def test_sglang_without_its_install_is_refused_at_run_start_with_the_install_command(tmp_path):
+    import importlib.util
+
+    cfg = build_config({**BASE, "runtime": "ray", "rollout_engine": "sglang", "run_dir": str(tmp_path / "run")})  # validates
+    if importlib.util.find_spec("sglang") is None:  # the default install: never has it
+        with pytest.raises(PreflightError, match="rollout_engine: .*pip install"):
+            preflight(cfg)
+    else:
         preflight(cfg)
 
 

@@ -39,7 +39,7 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
     closers.insert(0, train_group.shutdown)
     engines = EngineGroup(cfg, data.model_path, pg, plan.engine_bundles, res, ENGINE_SERVERS[cl.rollout_engine])
     bucket = cl.update_weight_buffer_size
-    router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket}, bucket_bytes=bucket)
+    router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket, "api_key": engines.api_key}, bucket_bytes=bucket)
     fleet = HTTPFleet(router, WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend),
                       colocate=cl.colocate, launcher=engines, client=engines.client)
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:

@@ -10,18 +10,56 @@ With ``MILES_ENGINE_FAULT_INJECTION`` set in the driver, the servers serve POST 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What an engine actor needs to start its server: the config, the model, this engine's index, the run's
+    API key, the env of the server process, and the host to bind (127.0.0.1: one machine; a placement across
+    nodes binds the node's address)."""
+
+    cfg: object
+    model_path: str
+    index: int
+    api_key: str
+    env: dict
+    host: str = "127.0.0.1"
+
+
+def start_hf_server(spec: ServerSpec):
+    """Our SGLang-protocol server (python -m miles_core.rollout.http.server) on an HF engine."""
+    from miles_core.rollout.http import launch_server_process
+
+    threads = spec.cfg.cluster.num_threads or 1
+    args = ["--dtype", spec.cfg.misc.dtype, "--num-threads", str(threads), "--batching", "exact"]
+    return launch_server_process(spec.model_path, args, host=spec.host, env=spec.env, api_key=spec.api_key)
+
+
+def start_sglang_server(spec: ServerSpec):
+    """python -m sglang.launch_server with the config's passthrough arguments (rollout/sglang/launch.py)."""
+    from miles_core.rollout.sglang.launch import EngineLaunch, require_sglang
+    from miles_core.rollout.sglang.process import SGLangProcess, free_port
+
+    require_sglang(spec.cfg)
+    launch = EngineLaunch(model_path=spec.model_path, host=spec.host, port=free_port(spec.host), api_key=spec.api_key,
+                          engine_index=spec.index)
+    return SGLangProcess.start(spec.cfg, launch, spec.cfg.run_dir / "engines", env=spec.env).wait_ready()
+
+
+ENGINE_SERVERS = {"hf": start_hf_server, "sglang": start_sglang_server}  # by rollout_engine: the server each engine actor runs
 
 
 class EngineWorker:
-    def __init__(self, model_path: str, args: list[str], env: dict[str, str]):
-        self.model_path, self.args, self.env = model_path, list(args), env
+    """One engine actor: it owns its server process (started by one of ENGINE_SERVERS)."""
+
+    def __init__(self, spec: ServerSpec, start):
+        self.spec, self._start = spec, start
         self.proc = None
         self.start()
 
     def start(self) -> str:
-        from miles_core.rollout.http import launch_server_process
-
-        self.proc = launch_server_process(self.model_path, self.args, env=self.env)
+        self.proc = self._start(self.spec)
         return self.proc.url
 
     def url(self) -> str:
@@ -44,29 +82,24 @@ class EngineWorker:
         self.proc.stop()
 
 
-def hf_server_args(cfg, num_threads: int) -> list[str]:
-    """Arguments of our HTTP engine server (python -m miles_core.rollout.http.server)."""
-    return ["--dtype", cfg.misc.dtype, "--num-threads", str(num_threads), "--batching", "exact"]
-
-
-ENGINE_SERVERS = {"hf": hf_server_args}  # by rollout_engine: the server each engine actor runs
-
-
 class EngineGroup:
     """The engine actors of a run (the HTTPFleet's launcher: urls, restart, dead, shutdown)."""
 
-    def __init__(self, cfg, model_path: str, pg, bundles: list[int], resources: dict[str, float], server_args):
+    def __init__(self, cfg, model_path: str, pg, bundles: list[int], resources: dict[str, float], start):
         import ray
 
         from miles_core.rollout.http.server import FAULT_ENV
+        from miles_core.rollout.sglang.launch import new_api_key
 
         from .placement import in_bundle
 
         threads = cfg.cluster.num_threads or 1
         env = {"OMP_NUM_THREADS": str(threads), **{k: os.environ[k] for k in (FAULT_ENV,) if k in os.environ}}
+        self.api_key = new_api_key()  # one per run: every engine requires it, the router and weight syncs send it
         cls = ray.remote(EngineWorker)
-        self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(str(model_path), server_args(cfg, threads), env)
-                        for b in bundles]
+        self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(
+                            ServerSpec(cfg=cfg, model_path=str(model_path), index=j, api_key=self.api_key, env=env), start)
+                        for j, b in enumerate(bundles)]
         self.urls = ray.get([w.url.remote() for w in self.workers])
         self.bucket_bytes = cfg.cluster.update_weight_buffer_size
 
@@ -74,7 +107,7 @@ class EngineGroup:
         """A client like the router's (fails fast: the router fails over)."""
         from miles_core.rollout.http import HTTPEngineClient
 
-        return HTTPEngineClient(url, max_retries=1, backoff_s=0.05, bucket_bytes=self.bucket_bytes)
+        return HTTPEngineClient(url, max_retries=1, backoff_s=0.05, bucket_bytes=self.bucket_bytes, api_key=self.api_key)
 
     def restart(self, i: int) -> str:
         """Kill engine i's server (if still running) and start a fresh one at the same place. -> its URL."""
