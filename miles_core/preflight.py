@@ -93,7 +93,8 @@ def _eval_data(cfg: TrainConfig) -> list[tuple[str, str, PromptSpec]]:
     if cfg.eval.eval_config:
         from miles_core.evaluation.spec import resolve_datasets
 
-        return [(ds.name, ds.path, PromptSpec(ds.input_key, ds.label_key, ds.metadata_key, ds.tool_key, d.apply_chat_template))
+        return [(ds.name, ds.path, PromptSpec(input_key=ds.input_key, label_key=ds.label_key, metadata_key=ds.metadata_key,
+                                             tool_key=ds.tool_key, apply_chat_template=d.apply_chat_template))
                 for ds in resolve_datasets(cfg)]
     pairs = cfg.eval.eval_prompt_data or []
     return [(name, path, _run_keys(cfg)) for name, path in zip(pairs[::2], pairs[1::2])]
@@ -101,7 +102,8 @@ def _eval_data(cfg: TrainConfig) -> list[tuple[str, str, PromptSpec]]:
 
 def _run_keys(cfg: TrainConfig) -> PromptSpec:
     d = cfg.data
-    return PromptSpec(d.input_key, d.label_key, d.metadata_key, d.tool_key, d.apply_chat_template)
+    return PromptSpec(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, tool_key=d.tool_key,
+                      apply_chat_template=d.apply_chat_template)
 
 
 def _check_data(field: str, spec: str | None, prompt_spec: PromptSpec) -> None:

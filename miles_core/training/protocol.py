@@ -48,6 +48,8 @@ class TrainerContext:
 
 class Trainer(Protocol):
     steps_done: int
+    collective: bool  # True: every method must run on every rank together (megatron); False: rank 0 alone may
+                      # answer named_tensors / save / export / mean_log_probs (torch: the ranks hold equal replicas)
 
     def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int) -> TrainOutput: ...
     def named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...

@@ -54,6 +54,8 @@ class RolloutTensors:
 class TorchTrainer:
     """Owns the policy, its optimizer and the forward-only models: reference (KL), critic (ppo), teacher (OPD)."""
 
+    collective = False  # data-parallel replicas: rank 0 alone answers weights, checkpoints and exports
+
     def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None, teacher: Teacher | None = None):
         self.model = model
         self.ref_model = ref_model
@@ -113,7 +115,12 @@ class TorchTrainer:
         if self.teacher is not None:
             return self.teacher.log_probs(batch)
         if self.algo.use_opd:
-            return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1])
+            try:
+                return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1])
+            except ValueError as e:
+                raise ValueError(f"{e}: use_opd without opd_teacher_load reads the teacher log-probs from the samples (set by a "
+                                 "custom reward, post-process or generate function); set opd_teacher_load to score with a "
+                                 "teacher model") from None
         return None
 
     # ---- one rollout of training ----------------------------------------------------------------

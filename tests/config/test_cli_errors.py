@@ -51,10 +51,9 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "adam beta1": (["tiny", *run, "--adam-beta1", "1.5"], "adam_beta1"),
         "tis clip": (["tiny", *run, "--tis-clip-low", "3"], "tis_clip_low (3.0) must be <= tis_clip"),
         "min_lr": (["tiny", *run, "--min-lr", "1e-7"], "min_lr is not supported yet"),
-        "opd without teacher": (["tiny", *run, "--use-opd", "--opd-type", "sglang"], "needs opd_teacher_load"),
         "ray snapshot eval": (["tiny", *run, "--runtime", "ray", "--eval-mode", "snapshot"], "eval_mode snapshot is not supported yet"),
         "grpo with one sample": (["tiny", *run, "--n-samples-per-prompt", "1"], "every advantage is 0"),
-        "megatron": (["tiny", *run, "--runtime", "ray", "--train-backend", "megatron"], "train_backend: megatron is not supported yet"),
+        "sglang not installed": (["tiny", *run, "--runtime", "ray", "--rollout-engine", "sglang"], "pip install"),
         "bad fault spec": (["tiny", *run, "--num-rollout", "1"], "MILES_FAULT_INJECT: unknown stage 'trian'"),
     }
 

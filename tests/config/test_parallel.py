@@ -32,7 +32,7 @@ def test_torch_backend_refuses_megatron_fields(field, value):
 @pytest.mark.parametrize("values, match", [
     ({"use_distributed_optimizer": True}, "use_distributed_optimizer is not supported yet"),
     ({"offload_train": True}, "offload_train is not supported yet"),
-    ({"offload_train_target": "disk"}, "apply only with offload_train"),
+    ({"offload_train_target": "disk"}, "offload_train_target is not supported yet"),
     ({"context_parallel_size": 2, "actor_num_gpus_per_node": 2}, "context_parallel_size 2 is not supported yet"),
     ({"sequence_parallel": True}, "sequence_parallel is not supported yet"),
     ({"recompute_granularity": "full"}, "needs recompute_method"),
@@ -47,12 +47,10 @@ def test_rules_name_the_fields(values, match):
         build_config({**RAY, **values})
 
 
-MULTI_RANK = "on 8 Ray train ranks .* is not supported yet"
 
 
 def test_world_size_must_be_a_multiple_of_model_parallel():
-    with pytest.raises(ConfigError, match=MULTI_RANK):  # valid sizes; several Ray megatron ranks are refused last
-        build_config({**RAY, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "actor_num_gpus_per_node": 8})
+    build_config({**RAY, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "actor_num_gpus_per_node": 8})  # valid
     with pytest.raises(ConfigError, match=r"world size 6 .* = 4 \(world = TP \* PP \* CP \* DP\)"):
         build_config({**RAY, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "actor_num_gpus_per_node": 6})
     with pytest.raises(ConfigError, match="expert_model_parallel_size"):
@@ -63,8 +61,7 @@ def test_model_sizes_must_divide(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         {"num_attention_heads": 6, "num_key_value_heads": 2, "num_hidden_layers": 3, "num_experts": 4}))
     ok = {**RAY, "hf_checkpoint": str(tmp_path), "actor_num_gpus_per_node": 6}
-    with pytest.raises(ConfigError, match=MULTI_RANK.replace("8", "6")):  # the sizes divide
-        build_config({**ok, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 3})
+    build_config({**ok, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 3})  # the sizes divide
     with pytest.raises(ConfigError, match=r"tensor_model_parallel_size \(3\) must divide the model's num_key_value_heads \(2"):
         build_config({**ok, "tensor_model_parallel_size": 3})
     with pytest.raises(ConfigError, match=r"pipeline_model_parallel_size \(2\) must divide the model's num_hidden_layers \(3"):

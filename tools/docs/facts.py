@@ -339,7 +339,8 @@ def field_reads(tree: ast.Module, by_group: dict[str, set[str]]) -> set[str]:
 
 
 _GROUP_CLASSES = {"ClusterConfig": "cluster", "RolloutConfig": "rollout", "DataConfig": "data", "AlgoConfig": "algo",
-                  "CheckpointConfig": "checkpoint", "EvalConfig": "eval", "TrackingConfig": "tracking", "MiscConfig": "misc"}
+                  "CheckpointConfig": "checkpoint", "EvalConfig": "eval", "TrackingConfig": "tracking", "MiscConfig": "misc",
+                  "ParallelConfig": "parallel", "SglangConfig": "sglang"}
 
 
 def _owner_name(node: ast.AST) -> str | None:

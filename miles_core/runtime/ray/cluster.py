@@ -44,4 +44,4 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
                       colocate=cl.colocate, launcher=engines, client=engines.client)
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout)
-    return RunParts(trainer=train_group, fleet=fleet, weights=RankZeroSender(train_group.workers[0]), close=closers)
+    return RunParts(trainer=train_group, fleet=fleet, weights=RankZeroSender(train_group), close=closers)

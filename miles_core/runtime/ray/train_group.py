@@ -19,6 +19,9 @@ from miles_core.training.protocol import TrainerContext, TrainOutput
 from miles_core.weights.sync import WeightSender
 
 
+GATHERING = ("tensors", "meta", "broadcast", "save")  # WeightSender methods that read named_tensors() once
+
+
 def free_address() -> str:
     host = socket.gethostbyname(socket.gethostname())
     with socket.socket() as s:
@@ -69,9 +72,17 @@ class TrainWorker:
         """The critic's (ppo) tensors, by module name, as named_tensors gives the policy's (tests)."""
         return {k: [(n, t.detach().clone()) for n, t in m.state_dict().items()] for k, m in self.trainer.extra_modules().items()}
 
+    def collective(self) -> bool:
+        return getattr(self.trainer, "collective", False)
+
     def send(self, method: str, *args):
-        """sender.<method>(*args): this rank's WeightSender (RankZeroSender calls it on rank 0)."""
-        return getattr(self.sender, method)(*args)
+        """sender.<method>(*args) on rank 0. With a collective trainer every rank is called: the others take part
+        in gathering the weights the sender reads (named_tensors), and send nothing."""
+        if self.rank == 0:
+            return getattr(self.sender, method)(*args)
+        if method in GATHERING:
+            list(self.trainer.named_tensors())
+        return None
 
 
 class TrainGroup:
@@ -90,6 +101,7 @@ class TrainGroup:
         address = ray.get(self.workers[0].address.remote())
         ray.get([w.start.remote(address, backend) for w in self.workers])
         self._hf_config = self.rank0("run", "hf_config")
+        self.collective = self.rank0("collective")
         self.steps_done = 0  # a fresh trainer on every rank; restore() sets it from the checkpoint
 
     def call(self, method: str, *args):
@@ -103,6 +115,10 @@ class TrainGroup:
 
         return ray.get(getattr(self.workers[0], method).remote(*args))
 
+    def lead(self, method: str, *args):
+        """method(*args) on rank 0, or on every rank when the trainer is collective. -> rank 0's answer."""
+        return self.call(method, *args) if self.collective else self.rank0(method, *args)
+
     # ---- the Trainer protocol ----------------------------------------------------------------------
     def train_rollout(self, samples, rewards, rollout_id: int) -> TrainOutput:
         out = self.call("run", "train_rollout", samples, rewards, rollout_id)
@@ -110,16 +126,16 @@ class TrainGroup:
         return out
 
     def named_tensors(self):
-        return self.rank0("named_tensors")
+        return self.lead("named_tensors")
 
     def hf_config(self):
         return self._hf_config
 
     def mean_log_probs(self, samples) -> list[float]:
-        return self.rank0("run", "mean_log_probs", samples)
+        return self.lead("run", "mean_log_probs", samples)
 
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
-        self.rank0("run", "save", save_dir, rollout_id, state)
+        self.lead("run", "save", save_dir, rollout_id, state)
 
     def restore(self, load_dir: Path) -> dict | None:
         meta = self.call("run", "restore", load_dir)
@@ -128,7 +144,7 @@ class TrainGroup:
         return meta
 
     def export(self, export_dir: Path, rollout_id: int, tokenizer=None) -> Path:
-        return Path(self.rank0("export", str(export_dir), rollout_id))
+        return Path(self.lead("export", str(export_dir), rollout_id))
 
     def offload(self) -> None:
         self.call("run", "offload")
@@ -147,13 +163,14 @@ class RankZeroSender:
     """WeightSender's interface, served by train rank 0 (the bytes of broadcast and disk modes never
     pass through the driver; tensor mode fetches them through the object store)."""
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, group: "TrainGroup"):
+        self.group = group
 
     def _call(self, method: str, *args):
         import ray
 
-        return ray.get(self.worker.send.remote(method, *args))
+        workers = self.group.workers if self.group.collective and method in GATHERING else self.group.workers[:1]
+        return ray.get([w.send.remote(method, *args) for w in workers])[0]
 
     def tensors(self):
         return self._call("tensors")

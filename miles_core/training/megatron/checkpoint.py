@@ -169,6 +169,6 @@ def restore(trainer, load_dir: Path) -> dict | None:
         trainer.optimizer.load_state_dict(opt_state)
     rng = path / "rng" / f"{_rank()}.pt"
     if meta["world_size"] == dist.get_world_size() and rng.is_file():
-        _set_rng_state(torch.load(rng, weights_only=False))
+        _set_rng_state(torch.load(rng, weights_only=True))
     trainer.steps_done = meta["steps_done"]
     return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer")}

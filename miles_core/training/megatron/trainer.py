@@ -58,6 +58,8 @@ def load_hf_state(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
 class MegatronTrainer:
     """Owns the policy stage (DDP-wrapped), its megatron optimizer and the reference stage for KL."""
 
+    collective = True  # every method is a collective over the train group: a Ray train group calls it on every rank
+
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         self.cfg, self.algo, self.p = cfg, cfg.algo, cfg.parallel
         self.temperature = cfg.rollout.rollout_temperature

@@ -176,7 +176,7 @@ SGLANG_RECIPES = [r for r in list_recipes() if read_recipe(r).get("rollout_engin
 
 @pytest.mark.parametrize("recipe", SGLANG_RECIPES)
 def test_every_sglang_recipe_launches_with_its_server_args(recipe):
-    c = load_config(recipe, {"train_backend": "torch"})  # the engines' command does not depend on the trainer (megatron: not in the tables yet)
+    c = load_config(recipe)
     argv = launch_command(c, EngineLaunch(model_path="/m", host="10.0.0.2", port=30000, api_key="K"))
     ns = _sglang_parser().parse_args(_server_argv(argv))
     assert ns.tp_size == c.cluster.rollout_num_gpus_per_engine and ns.enable_memory_saver is c.cluster.colocate
@@ -185,12 +185,12 @@ def test_every_sglang_recipe_launches_with_its_server_args(recipe):
 
 
 def test_a_recipe_setting_sglang_server_args_replaces_the_inherited_passthroughs(tmp_path):
-    assert load_config("glm4-5", {"train_backend": "torch"}).sglang.sglang_server_args["attn_dp_size"] == 4
+    assert load_config("glm4-5").sglang.sglang_server_args["attn_dp_size"] == 4
     assert load_config("glm4-5-debug").sglang.sglang_server_args == {}  # extends glm4-5, no SGLang engine
     child = tmp_path / "child.yaml"
-    child.write_text("extends: glm4-5\ntrain_backend: torch\nsglang_server_args: {log_level: debug}\nsglang_ep_size: 8\n")
+    child.write_text("extends: glm4-5\nsglang_server_args: {log_level: debug}\nsglang_ep_size: 8\n")
     assert load_config(str(child)).sglang.sglang_server_args == {"log_level": "debug", "ep_size": 8}
-    child.write_text("extends: glm4-5\ntrain_backend: torch\nsglang_ep_size: 8\n")  # without it, keys are set on top of the parent's
+    child.write_text("extends: glm4-5\nsglang_ep_size: 8\n")  # without it, keys are set on top of the parent's
     args = load_config(str(child)).sglang.sglang_server_args
     assert args["ep_size"] == 8 and args["attn_dp_size"] == 4
 
