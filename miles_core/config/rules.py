@@ -257,7 +257,8 @@ def _champion_rule(c: "TrainConfig") -> None:
                          "judged by the eval of the exported weights")
     names = (c.eval.eval_prompt_data or [])[::2]
     entry = match(metric)
-    known_ds = c.eval.eval_config is not None or any(metric == f"eval/{n}" or metric.startswith(f"eval/{n}-") for n in names)
+    dataset = metric.split("/", 2)[1].split("-", 1)[0] if metric.count("/") >= 1 else None  # eval/<ds>[-...] -> <ds>
+    known_ds = c.eval.eval_config is not None or dataset in names
     if entry is None or entry.axis != EVAL or not known_ds or not entry.name.startswith("eval/<ds>"):
         examples = ", ".join(f"eval/{n}, eval/{n}-pass@1" for n in names[:2]) or "eval/<dataset>"
         raise ValueError(f"champion_metric {metric!r} is not an eval metric of this run's datasets; e.g. {examples} "

@@ -76,7 +76,7 @@ def _compile(template: str) -> re.Pattern[str]:
 
 
 _RM = "miles_core/rollout/metrics.py"
-_LOCAL = "miles_core/runtime/local.py"
+_LOCAL = "miles_core/runtime/runtime.py"
 _TRAINER = "miles_core/training/torch_trainer.py"
 _ADV = "miles_core/algorithms/advantages"
 _LOSS = "miles_core/algorithms/losses.py"

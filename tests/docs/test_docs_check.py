@@ -111,10 +111,10 @@ def test_an_unknown_env_var_is_caught(scratch):
 
 def test_a_missing_file_path_is_caught(scratch):
     plant(scratch, "guide/backends.md", "`miles_core/rollout/hf_engine.py`", "`miles_core/rollout/engines/hf.py`")
-    plant(scratch, "guide/backends.md", "`miles_core/runtime/local.py::LocalRuntime`", "`miles_core/runtime/local.py::Runtime`")
+    plant(scratch, "guide/prefect.md", "`miles_core/runtime/placement.py::build_runtime`", "`miles_core/runtime/placement.py::LocalRuntime`")
     found = problems_of(scratch, "path")
     assert any("miles_core/rollout/engines/hf.py" in p for p in found), found
-    assert any("defines no Runtime" in p for p in found), found
+    assert any("defines no LocalRuntime" in p for p in found), found
 
 
 def test_a_bad_config_key_or_value_is_caught(scratch):

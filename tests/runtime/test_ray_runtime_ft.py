@@ -24,7 +24,7 @@ def _engine_weights_equal_trainer(rt, url: str) -> bool:
     from miles_core.rollout.http import HTTPEngineClient
 
     named = rt.trainer.named_tensors()
-    with HTTPEngineClient(url) as c:
+    with HTTPEngineClient(url, api_key=rt.fleet.launcher.api_key) as c:
         return all(torch.equal(c.get_weights_by_name(n), t) for n, t in named)
 
 
@@ -45,7 +45,7 @@ def test_engine_killed_mid_rollout_is_restarted(tmp_path, monkeypatch):
     try:
         rt.sync_weights()
         dead_url = rt.fleet.launcher.urls[0]
-        with HTTPEngineClient(dead_url) as c:
+        with HTTPEngineClient(dead_url, api_key=rt.fleet.launcher.api_key) as c:
             c.request("POST", "/debug/fail", json={"mode": "crash", "on": "generate", "after": 1})
         rt.generate(0)
         samples = rt.load_rollout(0)
@@ -80,7 +80,7 @@ def test_colocated_offload_order_disk_mode(tmp_path):
         rt.sync_weights()
         rt.generate(0)
         rt.train(0)
-        with HTTPEngineClient(rt.fleet.launcher.urls[0]) as c:
+        with HTTPEngineClient(rt.fleet.launcher.urls[0], api_key=rt.fleet.launcher.api_key) as c:
             assert c.server_info()["released"] == ["cuda_graph", "kv_cache", "weights"]  # released during train
             rt.sync_weights()
             info = c.server_info()
