@@ -39,6 +39,20 @@ def _algo_rules(c: "TrainConfig") -> None:
         raise ValueError("loss_type custom_loss needs custom_loss_function_path (a dotted path to the loss function)")
     if a.use_opd and a.opd_type == "megatron" and not a.opd_teacher_load:
         raise ValueError("use_opd with opd_type megatron needs opd_teacher_load (the teacher's HF dir or builtin:// name)")
+    _mis_options(a)
+
+
+def _mis_options(a) -> None:
+    """The built-in MIS reads its knobs from custom_config_path: check them now, not at the first train step."""
+    from miles_core.algorithms.mis import MIS_NAMES, MISConfig
+    from miles_core.algorithms.rollout_correction import load_options
+
+    if a.custom_tis_function_path not in MIS_NAMES:
+        return
+    try:
+        MISConfig(**load_options(a.custom_config_path))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"custom_config_path={a.custom_config_path!r} (MIS settings): {exc}") from exc
 
 
 def _rollout_rules(c: "TrainConfig") -> None:
