@@ -187,7 +187,7 @@ def test_metric_names_snapshot(batch):
     ]
     bare = LossInputs(batch.logp, batch.old, batch.advantages, batch.mask)
     _, metrics = actor_loss(AlgoConfig(), bare, reduce)
-    assert sorted(metrics) == ["loss", "pg_clipfrac", "pg_loss", "ppo_kl"]
+    assert sorted(metrics) == ["ess_ratio", "loss", "pg_clipfrac", "pg_loss", "ppo_kl"]
     assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
 
 
@@ -210,9 +210,7 @@ def test_micro_batches_sum_to_full_batch(per_token, tis, make):
     parts = [run(slice(i, i + 3)) for i in range(0, 9, 3)]
     assert sum(p[0] for p in parts).item() == pytest.approx(full_loss.item(), rel=1e-5, abs=1e-7)
     torch.testing.assert_close(torch.cat([p[2] for p in parts]), full_grad)
-    per_micro_batch = {"ess_ratio"}  # a share-weighted mean of micro-batch values by definition
-    for name, value in full_metrics.items():
-        if name not in per_micro_batch:
+    for name, value in full_metrics.items():  # ess_ratio too: a per-sample quantity, so additive
             assert sum(p[1][name] for p in parts).item() == pytest.approx(value.item(), rel=1e-5, abs=1e-6), name
 
 

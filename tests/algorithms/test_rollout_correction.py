@@ -49,10 +49,9 @@ def test_mismatch_metrics_hand_values():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     m = mismatch_metrics(old, rollout, mask, Reducer(False, 1, 2))
     # |d| = [log 2, 0] -> log(2)/2; low_var_kl(rollout vs old): e^d - 1 - d = [2 - 1 - log 2, 0] -> (1 - log 2)/2
-    # ess over w = [2, 1]: (2 + 1)^2 / (2 * (4 + 1)) = 0.9, share R(1) = 1
     assert m["train_rollout_logprob_abs_diff"].item() == pytest.approx(math.log(2) / 2)
     assert m["train_rollout_kl"].item() == pytest.approx((1 - math.log(2)) / 2)
-    assert m["ess_ratio"].item() == pytest.approx(0.9)
+    assert sorted(m) == ["train_rollout_kl", "train_rollout_logprob_abs_diff"]
 
 
 def test_mis_mismatch_set_hand_values():
@@ -313,32 +312,38 @@ def test_ess_ratio_edges():
     from miles_core.algorithms.rollout_correction import ess_ratio
 
     w = torch.tensor([[1.0, 4.0, 9.0]])
-    # equal weights -> 1; [1, 4] -> 25 / (2 * 17); empty mask -> 1 (defined, not nan)
-    assert ess_ratio(torch.full((2, 3), 0.3), torch.ones(2, 3)).item() == pytest.approx(1.0)
+    # per sample: equal weights -> 1; [1, 4] -> 25 / (2 * 17); an empty mask -> 0 (as the reference)
+    assert ess_ratio(torch.full((2, 3), 0.3), torch.ones(2, 3)).tolist() == pytest.approx([1.0, 1.0])
     assert ess_ratio(w, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(25 / 34)
-    assert ess_ratio(w, torch.zeros(1, 3)).item() == 1.0
+    assert ess_ratio(w, torch.zeros(1, 3)).item() == 0.0
 
 
-REFERENCE_MIS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "mis.yaml"
+def _loop_ess(logp, old, mask, per_token):
+    """The reference's definition: w = exp(logp - logp_old) per token, ESS per sample, a sample mean (or a
+    token-weighted mean with calculate_per_token_loss)."""
+    total, tokens = 0.0, 0.0
+    for i in range(len(mask)):
+        w = [math.exp(logp[i][t] - old[i][t]) for t in range(len(mask[i])) if mask[i][t] > 0]
+        n = max(len(w), 1)
+        ess = sum(w) ** 2 / (n * max(sum(x * x for x in w), 1e-8))
+        total += ess * len(w) if per_token else ess
+        tokens += len(w)
+    return total / (tokens if per_token else len(mask))
 
 
-def test_the_reference_mis_yaml_loads_unchanged(batch):
-    cfg = load_config("tiny-mis", {"custom_config_path": str(REFERENCE_MIS)})
-    options = load_options(cfg.algo.custom_config_path)
-    assert options["use_tis"] is True and options["rs_level"] == "geometric" and options["tis_batch_normalize"] is True
-    reduce = Reducer(False, 8, batch.mask.sum().item())
-    inputs = TISInputs(cfg.algo, batch.old, batch.rollout, batch.mask, reduce, options)
-    weights, kept, metrics = compute_mis_weights(inputs)
-    assert {"mis_batch_norm_factor", "mis_rs_mask_fraction_low", "mis_rs_catastrophic_seq_fraction"} <= set(metrics)
-    assert kept.sum() < batch.mask.sum()  # rs bounds [0.99, 1.001] at the geometric level reject most samples
-
-
-def test_mis_knobs_are_checked_at_config_load(tmp_path):
-    bad = tmp_path / "mis.yaml"
-    bad.write_text("tis_mode: truncate\ntis_levle: token\n")
-    with pytest.raises(ConfigError, match="tis_levle"):
-        load_config("tiny-mis", {"custom_config_path": str(bad)})
-    bad = tmp_path / "mis-geometric.yaml"  # load_options caches by path
-    bad.write_text("tis_level: geometric\ntis_batch_normalize: true\n")
-    with pytest.raises(ConfigError, match="geometric"):
-        load_config("tiny-mis", {"custom_config_path": str(bad)})
+@pytest.mark.parametrize("per_token", [False, True])
+def test_ess_ratio_is_the_policy_ratio_per_sample(per_token, make):
+    b = make(n=8, t=6, seed=4, spread=0.6)
+    reduce = Reducer(per_token, 8, b.mask.sum().item())
+    algo = AlgoConfig(calculate_per_token_loss=per_token)
+    inputs = LossInputs(b.logp.clone().requires_grad_(), b.old, b.advantages, b.mask, rollout_log_probs=b.rollout)
+    _, metrics = actor_loss(algo, inputs, reduce)
+    expected = _loop_ess(b.logp.tolist(), b.old.tolist(), b.mask.tolist(), per_token)
+    assert metrics["ess_ratio"].item() == pytest.approx(expected, rel=1e-5)
+    # the rollout log-probs play no part (the old definition used exp(logp_old - logp_roll))
+    shifted = LossInputs(inputs.log_probs, b.old, b.advantages, b.mask, rollout_log_probs=b.rollout + 1.0)
+    assert actor_loss(algo, shifted, reduce)[1]["ess_ratio"].item() == pytest.approx(expected, rel=1e-5)
+    # hand values: one sample, w = pi/pi_old = [2, 1] -> (2 + 1)^2 / (2 * (4 + 1)) = 0.9
+    one = LossInputs(torch.tensor([[math.log(2.0), 0.0]], requires_grad=True), torch.zeros(1, 2), torch.ones(1, 2),
+                     torch.ones(1, 2))
+    assert actor_loss(AlgoConfig(), one, Reducer(False, 1, 2))[1]["ess_ratio"].item() == pytest.approx(0.9)
