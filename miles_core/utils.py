@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import types
 from typing import Any, Callable
 
 
@@ -21,3 +23,20 @@ def load_function(path: str, registry: dict[str, Callable[..., Any]] | None = No
     if not hasattr(module, attr):
         raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})")
     return getattr(module, attr)
+
+
+def takes_reference_args(fn: Callable[..., Any]) -> bool:
+    """True when ``fn`` is written for the reference system: its first parameter is named ``args`` (the
+    reference passes its argparse namespace first: ``reward(args, sample)``, ``filter(args, samples)``, ...)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].name == "args" and params[0].kind != inspect.Parameter.KEYWORD_ONLY
+
+
+def reference_args(**fields: Any) -> types.SimpleNamespace:
+    """The ``args`` a reference-style function receives: our config fields (same names as the reference's
+    flags) as attributes. Only the fields the calling stage knows are set; reading another raises
+    AttributeError naming it."""
+    return types.SimpleNamespace(**fields)

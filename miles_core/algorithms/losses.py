@@ -26,6 +26,8 @@ from torch import Tensor
 
 from miles_core.config.algo import AlgoConfig
 
+from miles_core.utils import takes_reference_args
+
 from ._resolve import resolve_callable
 from .kl import kl_estimate
 from .policy_loss import LOG_RATIO_BOUND, ppo_clip
@@ -108,7 +110,15 @@ def resolve_loss(algo: AlgoConfig) -> LossFunction:
         raise ValueError(
             "loss_type='custom_loss' needs custom_loss_function_path (a dotted path 'package.module.function')"
         )
-    return resolve_callable(algo.custom_loss_function_path, LOSS_FUNCTIONS, "custom_loss_function_path")
+    fn = resolve_callable(algo.custom_loss_function_path, LOSS_FUNCTIONS, "custom_loss_function_path")
+    if takes_reference_args(fn):
+        raise ValueError(
+            f"custom_loss_function_path={algo.custom_loss_function_path!r} is written for the reference system "
+            "(args, batch, logits, sum_of_sample_mean): it reads Megatron's packed logits and the reference's own "
+            "helpers, which this trainer does not have; not supported yet. Write fn(algo, inputs, reduce) -> "
+            "(loss, metrics) (docs/guide/customization.md)"
+        )
+    return fn
 
 
 def actor_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:

@@ -11,7 +11,8 @@ Always, when rollout log-probs are given (original loss mask):
 
 Corrections (one module each, in the TIS_FUNCTIONS name table; signature in tis.py):
     "vanilla" (tis.vanilla_tis, chosen by `use_tis`), "mis" (mis.compute_mis_weights), or a dotted path
-    in `custom_tis_function_path`; knobs come from the YAML at `custom_config_path` (inputs.options).
+    in `custom_tis_function_path`; knobs come from the YAML at `custom_config_path` (inputs.options). A function
+    written for the reference (keyword arguments, first parameter `args`) is adapted (reference_tis.py).
 With any correction on, also ois = R(exp(clamp(logp - logp_old, +-20))) (the PPO ratio, detached).
 A correction is active when `use_tis` is set or `custom_tis_function_path` is given.
 """
@@ -29,6 +30,9 @@ from torch import Tensor
 
 from miles_core.config.algo import AlgoConfig
 
+from miles_core.utils import takes_reference_args
+
+from . import reference_tis
 from ._resolve import resolve_callable
 from .kl import kl_estimate
 from .mis import compute_mis_weights
@@ -79,7 +83,8 @@ def load_options(path: str | None) -> Mapping[str, Any]:
 def resolve_tis_function(algo: AlgoConfig) -> TISFunction | None:
     """The active correction: custom_tis_function_path, else vanilla TIS with use_tis, else None."""
     if algo.custom_tis_function_path is not None:
-        return resolve_callable(algo.custom_tis_function_path, TIS_FUNCTIONS, "custom_tis_function_path")
+        fn = resolve_callable(algo.custom_tis_function_path, TIS_FUNCTIONS, "custom_tis_function_path")
+        return reference_tis.adapt(fn) if takes_reference_args(fn) else fn
     return vanilla_tis if algo.use_tis else None
 
 

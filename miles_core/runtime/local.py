@@ -23,7 +23,7 @@ from miles_core.rewards import reward_value
 from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.hf_engine import HFEngine
-from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
+from miles_core.rollout.metrics import generation_perf_metrics, rollout_metrics, staleness_metrics
 from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
 from miles_core.training.teacher import load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
@@ -101,9 +101,8 @@ class LocalRuntime:
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.rewards, rollout_id, self.decode)
         dt = time.perf_counter() - t0
         rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
-        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt)}
-        tokens = sum(len(s.tokens) for s in rollout.samples)
-        metrics |= {"perf/rollout_time": dt, "perf/tokens_per_gpu_per_sec": tokens / max(dt, 1e-9)}
+        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, self.cfg.algo)}
+        metrics |= generation_perf_metrics(rollout.samples, dt, num_gpus=self.cfg.cluster.rollout_num_gpus or 1)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save({"samples": [s.to_dict() for s in rollout.samples], "metrics": metrics, "weight_version": version,

@@ -223,8 +223,8 @@ def test_value_loss_hand_values():
     # t0: clipped V = 1 + 0.2 = 1.2 -> (1.2 - 2)^2 = 0.64; unclipped (1.5 - 2)^2 = 0.25 -> 0.64, clipped (|0.5| > 0.2)
     # t1: clipped V = 0.9 -> 0.81 both -> 0.81, not clipped; mean (0.64 + 0.81)/2 = 0.725; clipfrac 1/2
     assert loss.item() == pytest.approx(0.725)
-    assert metrics["value_loss"].item() == pytest.approx(0.725)
-    assert metrics["value_clipfrac"].item() == pytest.approx(0.5)
+    assert metrics["critic-value_loss"].item() == pytest.approx(0.725)
+    assert metrics["critic-value_clipfrac"].item() == pytest.approx(0.5)
 
 
 def test_value_loss_loop(make):

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from miles_core.algorithms import LossInputs, MISConfig, Reducer, TISInputs, actor_loss, compute_mis_weights
-from miles_core.algorithms.rollout_correction import TIS_FUNCTIONS, load_options, mismatch_metrics, resolve_tis_function
+from miles_core.algorithms.rollout_correction import (
+    TIS_FUNCTIONS, load_options, mismatch_metrics, resolve_tis_function, rollout_correction,
+)
 from miles_core.config import ConfigError, load_config
 from miles_core.config.algo import AlgoConfig
 
@@ -347,3 +349,58 @@ def test_ess_ratio_is_the_policy_ratio_per_sample(per_token, make):
     one = LossInputs(torch.tensor([[math.log(2.0), 0.0]], requires_grad=True), torch.zeros(1, 2), torch.ones(1, 2),
                      torch.ones(1, 2))
     assert actor_loss(AlgoConfig(), one, Reducer(False, 1, 2))[1]["ess_ratio"].item() == pytest.approx(0.9)
+
+
+REFERENCE_MIS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "mis.yaml"
+
+
+def test_the_reference_mis_yaml_loads_unchanged(batch):
+    cfg = load_config("tiny-mis", {"custom_config_path": str(REFERENCE_MIS)})
+    options = load_options(cfg.algo.custom_config_path)
+    assert options["use_tis"] is True and options["rs_level"] == "geometric" and options["tis_batch_normalize"] is True
+    reduce = Reducer(False, 8, batch.mask.sum().item())
+    inputs = TISInputs(cfg.algo, batch.old, batch.rollout, batch.mask, reduce, options)
+    weights, kept, metrics = compute_mis_weights(inputs)
+    assert {"mis_batch_norm_factor", "mis_rs_mask_fraction_low", "mis_rs_catastrophic_seq_fraction"} <= set(metrics)
+    assert kept.sum() < batch.mask.sum()  # rs bounds [0.99, 1.001] at the geometric level reject most samples
+
+
+def test_mis_knobs_are_checked_at_config_load(tmp_path):
+    bad = tmp_path / "mis.yaml"
+    bad.write_text("tis_mode: truncate\ntis_levle: token\n")
+    with pytest.raises(ConfigError, match="tis_levle"):
+        load_config("tiny-mis", {"custom_config_path": str(bad)})
+    bad = tmp_path / "mis-geometric.yaml"  # load_options caches by path
+    bad.write_text("tis_level: geometric\ntis_batch_normalize: true\n")
+    with pytest.raises(ConfigError, match="geometric"):
+        load_config("tiny-mis", {"custom_config_path": str(bad)})
+
+
+def _reference_fixtures(monkeypatch):
+    monkeypatch.syspath_prepend(str(REFERENCE_MIS.parent))
+
+
+def test_a_reference_tis_function_by_keyword_arguments(monkeypatch, batch):
+    _reference_fixtures(monkeypatch)
+    algo = AlgoConfig(custom_tis_function_path="reference_style_rm.tis_func", tis_clip=1.3)
+    reduce = Reducer(False, 8, batch.mask.sum().item())
+    weights, kept, metrics = rollout_correction(algo, batch.old, batch.rollout, batch.mask, reduce)
+    # loop: w = min(exp(old - rollout), 1.3) on each sample's first L_i tokens (L_i = 1 + last trainable position)
+    for i in range(8):
+        trainable = [t for t in range(batch.mask.shape[1]) if batch.mask[i, t] > 0]
+        for t in range(batch.mask.shape[1]):
+            inside = bool(trainable) and t <= trainable[-1]
+            expected = min(math.exp(batch.old[i, t] - batch.rollout[i, t]), 1.3) if inside else 0.0
+            assert weights[i, t].item() == pytest.approx(expected, rel=1e-5)
+    assert torch.equal(kept, batch.mask)
+    expected_metric = reduce(torch.exp(batch.old - batch.rollout).clamp(max=1.3), batch.mask)
+    assert metrics["ref_tis_weight"].item() == pytest.approx(expected_metric.item(), rel=1e-5)
+
+
+def test_a_reference_custom_loss_is_refused_naming_the_field(monkeypatch):
+    from miles_core.algorithms.losses import resolve_loss
+
+    _reference_fixtures(monkeypatch)
+    algo = AlgoConfig(loss_type="custom_loss", custom_loss_function_path="reference_style_rm.custom_loss")
+    with pytest.raises(ValueError, match="custom_loss_function_path.*not supported yet"):
+        resolve_loss(algo)

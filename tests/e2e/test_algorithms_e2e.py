@@ -50,12 +50,12 @@ def _learned(client: MlflowClient, run_id: str, recipe: str) -> None:
 def test_ppo_with_a_critic_learns(tmp_path, tiny_model_dir):
     client, run_id = _train("tiny-ppo", tmp_path, num_rollout=NUM_LEARN)
     _learned(client, run_id, "tiny-ppo")
-    value_loss = _history(client, run_id, "train/value_loss")
+    value_loss = _history(client, run_id, "train/critic-value_loss")
     assert [s for s, _ in value_loss] == list(range(NUM_LEARN))  # the critic trains every rollout
     assert [s for s, _ in _history(client, run_id, "train/pg_loss")] == list(range(1, NUM_LEARN))  # num_critic_only_steps 1
     values = [v for _, v in _history(client, run_id, "rollout/values")]
     assert values[0] == 0.0 and values[-1] > 0.05  # zero head at first, then it tracks the rewards
-    for key in ("train/value_clipfrac", "rollout/returns", "rollout/advantages"):
+    for key in ("train/critic-value_clipfrac", "train/critic-lr-pg_0", "rollout/returns", "rollout/advantages"):
         assert len(_history(client, run_id, key)) == NUM_LEARN, key
 
 

@@ -158,7 +158,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         eval_run = _run(client, "eval/nightly", {"target": str(tiny.save_dir), "which": "all"})
         assert _wait(client, eval_run).state.is_completed()
         assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [2, 3]
-        assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith-weight_version/mean")} == {2: 2.0, 3: 3.0}
+        assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith/weight_version/mean")} == {2: 2.0, 3: 3.0}
 
         # a failed run, retried from the CLI, resumes from its last checkpoint
         failed = _wait(client, flaky_run)
