@@ -37,6 +37,10 @@ def _algo_rules(c: "TrainConfig") -> None:
         )
     if a.loss_type == "custom_loss" and not a.custom_loss_function_path:
         raise ValueError("loss_type custom_loss needs custom_loss_function_path (a dotted path to the loss function)")
+    if a.loss_type == "custom_loss":
+        from miles_core.algorithms.losses import resolve_loss
+
+        resolve_loss(a)  # a typo, or a loss written for the reference's Megatron trainer, fails here
     if a.use_opd and a.opd_type == "megatron" and not a.opd_teacher_load:
         raise ValueError("use_opd with opd_type megatron needs opd_teacher_load (the teacher's HF dir or builtin:// name)")
     _mis_options(a)

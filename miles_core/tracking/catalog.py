@@ -78,6 +78,7 @@ def _compile(template: str) -> re.Pattern[str]:
 _RM = "miles_core/rollout/metrics.py"
 _LOCAL = "miles_core/runtime/local.py"
 _TRAINER = "miles_core/training/torch_trainer.py"
+_PERF = "miles_core/training/perf.py"
 _ADV = "miles_core/algorithms/advantages"
 _LOSS = "miles_core/algorithms/losses.py"
 _CORR = "miles_core/algorithms/rollout_correction.py"
@@ -166,6 +167,23 @@ CATALOG: tuple[Metric, ...] = (
            "always", _RM),
     Metric("perf/actor_train_time", ROLLOUT, "seconds of the train stage (forward-only passes and optimizer steps)", "always", _TRAINER),
     Metric("perf/actor_train_tok_per_s", ROLLOUT, "trained tokens per second (tokens * num_steps_per_rollout / time)", "always", _TRAINER),
+    Metric("perf/train_time", ROLLOUT, "seconds of the trainer's train_rollout (forward-only passes and optimizer steps)",
+           "always", _PERF),
+    Metric("perf/train_wait_time", ROLLOUT, "seconds the trainer waited since its previous train ended (0 at the first)",
+           "always", _PERF),
+    Metric("perf/step_time", ROLLOUT, "train_wait_time + train_time", "always", _PERF),
+    Metric("perf/wait_time_ratio", ROLLOUT, "train_wait_time / step_time", "always", _PERF),
+    Metric("perf/log_probs_time", ROLLOUT, "seconds of the old-policy log-prob pass", "when it runs (not on-policy, "
+           "not use_rollout_logprobs)", _PERF),
+    Metric("perf/ref_log_probs_time", ROLLOUT, "seconds of the reference-model log-prob pass", "a reference model", _PERF),
+    Metric("perf/teacher_log_probs_time", ROLLOUT, "seconds of the teacher pass", "use_opd with a teacher", _PERF),
+    Metric("perf/log_probs_tflops", ROLLOUT, "2 * params * tokens / log_probs_time (TFLOP/s, attention not counted)",
+           "when the old-policy pass runs", _PERF),
+    Metric("perf/ref_log_probs_tflops", ROLLOUT, "2 * params * tokens / ref_log_probs_time (TFLOP/s)", "a reference model", _PERF),
+    Metric("perf/actor_train_tflops", ROLLOUT, "3 * 2 * params * tokens * num_steps_per_rollout / train_time (TFLOP/s)",
+           "always", _PERF),
+    Metric("perf/mfu_peak_tflops", ROLLOUT, "the configured peak TFLOP/s of one device", "mfu_peak_tflops", _PERF),
+    Metric("perf/actor_train_mfu", ROLLOUT, "actor_train_tflops / mfu_peak_tflops", "mfu_peak_tflops", _PERF),
     Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
     Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far, cumulative: by the health monitor "
            "(use_fault_tolerance) or found dead before a weight sync", "runtime: ray", "miles_core/runtime/ray_runtime.py"),

@@ -404,3 +404,5 @@ def test_a_reference_custom_loss_is_refused_naming_the_field(monkeypatch):
     algo = AlgoConfig(loss_type="custom_loss", custom_loss_function_path="reference_style_rm.custom_loss")
     with pytest.raises(ValueError, match="custom_loss_function_path.*not supported yet"):
         resolve_loss(algo)
+    with pytest.raises(ConfigError, match="custom_loss_function_path.*not supported yet"):  # at config load
+        load_config("tiny", {"loss_type": "custom_loss", "custom_loss_function_path": "reference_style_rm.custom_loss"})
