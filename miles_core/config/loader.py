@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import ValidationError
 
+from .reference_flags import ALIASES, refusal
 from .train import GROUPS, TrainConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "deployments" / "recipes"
@@ -80,6 +81,9 @@ def build_config(values: Mapping[str, Any], source: str = "config") -> TrainConf
     groups = field_groups()
     nested: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
     for key, value in _flatten(values, source).items():
+        key = ALIASES.get(key, key)  # the reference's name of one of our fields (save_hf -> export)
+        if key not in groups and (why := refusal(key, frozenset(groups))):
+            raise ConfigError(f"{source}: {why}")
         if key not in groups:
             close = difflib.get_close_matches(key, groups, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
