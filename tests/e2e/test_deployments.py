@@ -182,7 +182,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         params = gmlflow.get_run(grun_id).data.params
         want = {"algo.advantage_estimator": "gspo", "algo.use_tis": "true", "algo.eps_clip": "0.0001", "algo.eps_clip_high": "0.0002",
                 "algo.kl_loss_type": "low_var_kl", "algo.lr": "1e-06", "algo.weight_decay": "0.1", "algo.num_steps_per_rollout": "4",
-                "rollout.rm_type": "deepscaler", "rollout.rollout_temperature": "0.8", "checkpoint.hf_checkpoint": "builtin://glm4-5-debug",
+                "rollout.rm_type": "deepscaler", "rollout.rollout_temperature": "1.0", "checkpoint.hf_checkpoint": "builtin://glm4-5-debug",
                 "misc.recipe": "glm4-5-debug"}
         assert {k: params.get(k) for k in want} == want
         assert [m.step for m in gmlflow.get_metric_history(grun_id, "rollout/raw_reward")] == [0, 1]
