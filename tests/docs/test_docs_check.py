@@ -156,7 +156,7 @@ def test_a_gpu_block_is_only_parsed(tmp_path):
 
 
 def test_opt_out_and_history_pages(scratch):
-    plant(scratch, "guide/mlflow.md", "Useful first charts:", "The reference's `eval/<ds>/response_len/mean` is not used. <!-- not-in-code -->\n\nUseful first charts:")
+    plant(scratch, "guide/mlflow.md", "Useful first charts:", "The reference's `rollout/spec_accept_rate` is not logged. <!-- not-in-code -->\n\nUseful first charts:")
     plant(scratch, "decisions.md", "# Decision log", "# Decision log\n\nWe dropped `--old-flag` and `train/old_metric`.")
     assert check(scratch, readme=None, run=()) == []
 
@@ -169,8 +169,8 @@ def test_parse_value(text, value):
 
 @pytest.mark.parametrize("name, known", [
     ("rollout/raw_reward", True), ("passrate/pass@k", True), ("passrate/pass_4", True), ("eval/<ds>-pass@k", True),
-    ("train/mis_*", True), ("train/tis*", True), ("rollout/<key>", True), ("eval/<ds>/response_len/mean", False),
-    ("train/clip_ratio", False), ("perf/step_time", False),
+    ("train/mis_*", True), ("train/tis*", True), ("rollout/<key>", True), ("eval/<ds>/response_len/mean", True),
+    ("eval/<ds>-response_len/mean", False), ("train/clip_ratio", False), ("perf/step_time", True), ("perf/not_a_timer", False),
 ])
 def test_metric_names_in_docs(name, known):
     assert metric_known(name) is known
