@@ -1,34 +1,19 @@
-"""MLflow wiring of the train flow: open or re-attach the run, skip steps already logged on resume."""
+"""Tracking wiring of the train flow: open or re-attach the MLflow run, open the mirrors (W&B,
+TensorBoard, Prometheus: miles_core/tracking/fanout.py), skip steps already logged on resume."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from miles_core.config import ConfigError, TrainConfig
 from miles_core.tracking import MlflowTracker, flatten, sanitize_key
+from miles_core.tracking.fanout import MirrorSpec, RunTracker, open_mirrors
 from miles_core.tracking.mlflow_tracker import param_str
 
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
 MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run"}
-
-
-@dataclass
-class RunTracker:
-    """MlflowTracker plus per-axis high-water marks: a resumed run re-logs nothing it already has."""
-
-    mlflow: MlflowTracker
-    marks: dict[str, int] = field(default_factory=dict)
-
-    def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        """Log metrics and the axis value at ``step``, unless a resumed run already has that step."""
-        if step > self.marks.get(axis, -1):
-            self.mlflow.log_metrics({**metrics, axis: step}, step=step)
-
-    def log_extra(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        """More metrics at a step already logged by this process (timings of save and sync)."""
-        if step > self.marks.get(axis, -1):
-            self.mlflow.log_metrics(metrics, step=step)
+# nor are the trackers that watch it (a resume may turn a mirror on or off, or move its endpoint)
+MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_wandb", "wandb_mode", "wandb_dir", "use_tensorboard", "tensorboard_dir",
+                                             "use_prometheus", "prometheus_port", "prometheus_host")}
 
 
 def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
@@ -44,7 +29,7 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)
-        return RunTracker(tracker)
+        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params))
     logged = tracker.client.get_run(run_id).data.params
     changed = [
         k for k, v in flatten(params).items()
@@ -57,4 +42,11 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
         )
     tracker.client.set_terminated(run_id, status="RUNNING")
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
-    return RunTracker(tracker, marks)
+    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params))
+
+
+def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict) -> list:
+    name = cfg.tracking.mlflow_run_name or cfg.misc.recipe
+    mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name, params=params))
+    tracker.set_tags({f"miles.{m.name}": m.link for m in mirrors})
+    return mirrors

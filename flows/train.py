@@ -56,6 +56,7 @@ def train(config: TrainConfig) -> dict:
     facts = prepare(run_key, config)
     rt = registry.get_runtime(run_key)
     n = facts["num_rollout"]
+    tracker = None
     try:
         meta = restore(run_key)
         start = meta["rollout_id"] + 1 if meta else 0
@@ -78,9 +79,11 @@ def train(config: TrainConfig) -> dict:
                 shown = time.monotonic()
             progress.emit(i, n, rewards[-1])
         finish_evals(run_key, tracker)  # background evals of eval_mode snapshot land before the run ends
-        tracker.mlflow.end("FINISHED")
+        tracker.end("FINISHED")
         return _summary(config, tracker, rewards, start, n)
     finally:
+        if tracker is not None:
+            tracker.close()  # the mirrors (W&B, TensorBoard, Prometheus); no-op after end()
         registry.release(run_key)
 
 
@@ -104,7 +107,7 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
         nxt.wait()  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
     perf = {}
     if save_due:
-        tracker.mlflow.flush()  # asynchronous metrics: on the store before the checkpoint that counts on them
+        tracker.flush()  # asynchronous metrics: on every tracker's store before the checkpoint that counts on them
         perf |= save(run_key, i, {"mlflow_run_id": tracker.mlflow.run_id, "recipe": config.misc.recipe,
                                   "tokenizer_dir": str(registry.get_runtime(run_key).model_path)})
     if sync_due:
