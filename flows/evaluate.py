@@ -158,3 +158,4 @@ def _log(tracker, result: PointResult) -> None:
     tracker.log(result.metrics, "eval/step", step)
     tracker.mlflow.log_table(result.rows, f"eval/samples_step_{step}.json")
     publish(result)
+    tracker.log_plots()  # MLflow plots/ with this eval point

@@ -8,9 +8,11 @@ from miles_core.tracking import MlflowTracker, flatten, sanitize_key
 from miles_core.tracking.fanout import MirrorSpec, RunTracker, open_mirrors
 from miles_core.tracking.mlflow_tracker import param_str
 
+from .links import run_name, tag_run
+
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
-MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run"}
+MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run", "tracking.mlflow_ui_url"}
 # nor are the trackers that watch it (a resume may turn a mirror on or off, or move its endpoint)
 MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_wandb", "wandb_mode", "wandb_dir", "use_tensorboard", "tensorboard_dir",
                                              "use_prometheus", "prometheus_port", "prometheus_host")}
@@ -24,12 +26,12 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     """New run with params, or re-attach ``run_id`` after checking the params did not change."""
     local_store = cfg.tracking_uri.startswith("sqlite:")
     artifacts = (cfg.run_dir / "mlruns").as_uri() if local_store else None  # never ./mlruns of the cwd
-    tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, cfg.tracking.mlflow_run_name or cfg.misc.recipe,
+    tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, run_name(cfg),
                             run_id, artifact_location=artifacts, asynchronous=True)  # flushed before each save and at the end
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)
-        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params))
+        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
     logged = tracker.client.get_run(run_id).data.params
     changed = [
         k for k, v in flatten(params).items()
@@ -42,11 +44,13 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
         )
     tracker.client.set_terminated(run_id, status="RUNNING")
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
-    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params))
+    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
 
 
 def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict) -> list:
-    name = cfg.tracking.mlflow_run_name or cfg.misc.recipe
+    """Tag the run with this flow run (flows/links.py), then open the mirrors the config turns on."""
+    tag_run(tracker)
+    name = tracker.client.get_run(tracker.run_id).info.run_name
     mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name, params=params))
     tracker.set_tags({f"miles.{m.name}": m.link for m in mirrors})
     return mirrors

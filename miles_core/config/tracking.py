@@ -13,6 +13,9 @@ class TrackingConfig(Group):
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default sqlite:///<run_dir>/mlflow.db).")
     mlflow_experiment_name: str = Field("miles", description="MLflow experiment.")
     mlflow_run_name: str | None = Field(None, description="MLflow run name (default the recipe name).")
+    mlflow_ui_url: str | None = Field(
+        None, description="Base URL of an MLflow UI serving this store (`mlflow ui --backend-store-uri ...`), for the run link in the "
+                          "Prefect summary (default: the tracking URI when it is http(s); none for a SQLite store).")
     mlflow_new_run: bool = Field(False, description="On resume, log into a new MLflow run instead of re-attaching to the checkpoint's run (needed when params changed).")
     log_samples: int = Field(8, ge=0, description="Sample completions logged per rollout as a table.")
     log_samples_interval: int | None = Field(

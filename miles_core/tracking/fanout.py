@@ -98,6 +98,8 @@ class RunTracker:
     marks: dict[str, int] = field(default_factory=dict)
     mirrors: list[Mirror] = field(default_factory=list)
     closed: bool = False
+    plot_dir: Path | None = None  # where log_plots draws (the run dir's plots/); None: no plots
+    plots: list[Path] = field(default_factory=list)  # the PNGs of the last log_plots
 
     def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
         """Log metrics and the axis value at ``step`` on every tracker that does not have that step yet."""
@@ -118,6 +120,21 @@ class RunTracker:
             if step > m.marks.get(axis, -1):
                 m.log_extra(metrics, axis, step)
 
+    def log_plots(self) -> list[Path]:
+        """Draw the run's curves into ``plot_dir`` and log them to MLflow under plots/ (eval points, the end)."""
+        from . import plots
+        from .mlflow_tracker import histories
+
+        if self.plot_dir is None:
+            return []
+        self.mlflow.flush()
+        keys = plots.wanted_keys(self.mlflow.client.get_run(self.mlflow.run_id).data.metrics)
+        written = plots.render(histories(self.mlflow.client, self.mlflow.run_id, keys), self.plot_dir)
+        if written:
+            self.mlflow.log_artifacts(str(self.plot_dir), "plots")
+        self.plots = written
+        return written
+
     def flush(self) -> None:
         """Everything logged so far is on every tracker's store (before a checkpoint that counts on it)."""
         self.mlflow.flush()
@@ -125,7 +142,9 @@ class RunTracker:
             m.flush()
 
     def end(self, status: str = "FINISHED") -> None:
-        """End the MLflow run and close the mirrors."""
+        """Draw the final plots (a finished run), end the MLflow run and close the mirrors."""
+        if status == "FINISHED":
+            self.log_plots()
         self.mlflow.end(status)
         self.close(status)
 

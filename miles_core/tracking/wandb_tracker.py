@@ -45,7 +45,8 @@ class WandbMirror:
         same_run = previous.get("mlflow_run_id") == spec.mlflow_run_id and (not t.wandb_run_id or t.wandb_run_id == previous.get("run_id"))
         run_id = t.wandb_run_id or (previous["run_id"] if same_run else secrets.token_hex(4))
         wandb_dir = Path(t.wandb_dir).absolute() if t.wandb_dir else spec.run_dir
-        wandb_dir.mkdir(parents=True, exist_ok=True)
+        for d in (wandb_dir, spec.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
         run = wandb.init(project=t.wandb_project or t.mlflow_experiment_name, entity=t.wandb_team, group=t.wandb_group,
                          name=spec.run_name, id=run_id, resume="allow", dir=str(wandb_dir), mode=t.wandb_mode,
                          config=flatten(spec.params), settings=wandb.Settings(console="off"))

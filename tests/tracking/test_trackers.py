@@ -12,12 +12,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flows.tracking import open_run
 from miles_core.config import load_config
+from miles_core.tracking.prometheus_tracker import PrometheusMirror
 from miles_core.tracking.tensorboard_tracker import read_scalars
 from miles_core.tracking.wandb_tracker import RECORD, read_history
 
 
-def _config(tmp_path, **trackers):
-    return load_config("tiny", {"run_dir": str(tmp_path / "run"), "wandb_mode": "offline", "prometheus_port": 0, **trackers})
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One SQLite store for the module's runs (creating one costs seconds of schema migrations)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+
+
+def _config(tmp_path, store, **trackers):
+    return load_config("tiny", {"run_dir": str(tmp_path / "run"), "mlflow_tracking_uri": store, "wandb_mode": "offline",
+                                "prometheus_port": 0, **trackers})
 
 
 def _rollouts(tracker, steps) -> None:
@@ -32,8 +40,8 @@ def _scrape(url: str) -> dict[str, float]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def test_every_tracker_gets_the_same_keys_at_the_same_axes(tmp_path):
-    cfg = _config(tmp_path, use_wandb=True, use_tensorboard=True, use_prometheus=True)
+def test_every_tracker_gets_the_same_keys_at_the_same_axes(tmp_path, store):
+    cfg = _config(tmp_path, store, use_wandb=True, use_tensorboard=True, use_prometheus=True)
     tracker = open_run(cfg, None, {})
     wandb, tb, prom = tracker.mirrors
     _rollouts(tracker, range(3))
@@ -62,8 +70,8 @@ def test_every_tracker_gets_the_same_keys_at_the_same_axes(tmp_path):
         pass
 
 
-def test_resume_duplicates_no_step_on_any_tracker(tmp_path):
-    cfg = _config(tmp_path, use_wandb=True, use_tensorboard=True)
+def test_resume_duplicates_no_step_on_any_tracker(tmp_path, store):
+    cfg = _config(tmp_path, store, use_wandb=True, use_tensorboard=True)
     first = open_run(cfg, None, {})
     _rollouts(first, range(4))
     first.mirrors[0].log({"rollout/raw_reward": 0.4, "rollout/step": 4}, "rollout/step", 4)  # the mirrors got step 4 ...
@@ -89,8 +97,8 @@ def test_resume_duplicates_no_step_on_any_tracker(tmp_path):
     assert (cfg.run_dir / RECORD).exists()
 
 
-def test_a_new_mlflow_run_gets_a_new_wandb_run(tmp_path):
-    cfg = _config(tmp_path, use_wandb=True, wandb_dir=str(tmp_path / "wb"))
+def test_a_new_mlflow_run_gets_a_new_wandb_run(tmp_path, store):
+    cfg = _config(tmp_path, store, use_wandb=True, wandb_dir=str(tmp_path / "wb"))
     first = open_run(cfg, None, {})
     first.end("FINISHED")
     second = open_run(cfg, None, {})  # mlflow_new_run, or a fresh run dir record
@@ -99,11 +107,9 @@ def test_a_new_mlflow_run_gets_a_new_wandb_run(tmp_path):
     assert (tmp_path / "wb" / "wandb").is_dir()
 
 
-def test_a_busy_prometheus_port_is_a_clear_error(tmp_path):
-    cfg = _config(tmp_path, use_prometheus=True, use_tensorboard=True)
-    holder = open_run(cfg, None, {})
-    port = int(holder.mirrors[1].link.rsplit(":", 1)[1].split("/")[0])
-    busy = load_config("tiny", {"run_dir": str(tmp_path / "other"), "use_prometheus": True, "prometheus_port": port})
+def test_a_busy_prometheus_port_is_a_clear_error():
+    holder = PrometheusMirror("127.0.0.1", 0, {"run_id": "a", "run_name": "tiny"})
+    port = int(holder.link.rsplit(":", 1)[1].split("/")[0])
     with pytest.raises(OSError, match=f"prometheus_port {port}"):
-        open_run(busy, None, {})
-    holder.end("FINISHED")
+        PrometheusMirror("127.0.0.1", port, {"run_id": "b", "run_name": "tiny"})
+    holder.close("FINISHED")
