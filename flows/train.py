@@ -26,11 +26,13 @@ from miles_core.runtime import registry
 from miles_core.tracking import progress
 from miles_core.env import cache_dir
 from tasks.convert import convert
-from tasks.export import export_live, register
+from tasks.export import export_live
 from tasks.prepare import prepare
 from tasks.stages import generate, restore, save, train_step, update_weights
 
 from .evaluate import eval_at, finish_evals
+from .promotion import register_export
+from .summary import summary_markdown
 from .tracking import RunTracker, open_run
 
 
@@ -117,8 +119,7 @@ def _one_rollout(run_key: str, i: int, n: int, config: TrainConfig, tracker: Run
         eval_at(run_key, tracker, registry.get_runtime(run_key).weight_version)
     if due(config.checkpoint.export_interval, i, n):
         path = export_live(run_key, i)
-        register(config.tracking_uri, tracker.mlflow.run_id, path, i, (i + 1) * config.num_steps_per_rollout,
-                 config.checkpoint.registered_model_name, config.checkpoint.champion_metric)
+        register_export(config, tracker.mlflow.run_id, path, i)  # behind the promotion gate (flows/promotion.py)
     return metrics, nxt
 
 
@@ -143,8 +144,5 @@ def _summary(config: TrainConfig, tracker: RunTracker, rewards: list[dict], star
         "rollouts": n, "resumed_from": start, "first_reward": raw[0] if raw else None, "last_reward": raw[-1] if raw else None,
         "first3_reward": statistics.fmean(raw[:3]) if raw else None, "last3_reward": statistics.fmean(raw[-3:]) if raw else None,
     }
-    create_markdown_artifact(
-        key="train-summary",
-        markdown=f"# miles train {config.misc.recipe}\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary.items()),
-    )
+    create_markdown_artifact(key="train-summary", markdown=summary_markdown(config, tracker, summary))
     return summary

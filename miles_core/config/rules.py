@@ -41,6 +41,13 @@ def _algo_rules(c: "TrainConfig") -> None:
         raise ValueError("use_opd with opd_type megatron needs opd_teacher_load (the teacher's HF dir or builtin:// name)")
 
 
+def _promotion_rules(c: "TrainConfig") -> None:
+    ck = c.checkpoint
+    if ck.promotion_gate == "manual" and not (ck.registered_model_name and ck.champion_metric and ck.export_interval):
+        raise ValueError("promotion_gate manual gates the champion alias of exports: it needs export_interval, registered_model_name "
+                         "and champion_metric; set them, or promotion_gate: auto")
+
+
 def _rollout_rules(c: "TrainConfig") -> None:
     from miles_core.rewards import validate_rm_type
 
@@ -104,5 +111,5 @@ def _async_rules(c: "TrainConfig") -> None:
 
 
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules):
+    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _promotion_rules):
         rule(c)

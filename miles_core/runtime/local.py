@@ -25,6 +25,7 @@ from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
 from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
+from miles_core.tracking.samples import sample_rows
 from miles_core.training.teacher import load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
 from miles_core.weights.sync import sync_weights
@@ -116,13 +117,8 @@ class LocalRuntime:
         return [Sample.from_dict(d) for d in saved["samples"]]
 
     def sample_rows(self, rollout_id: int, n: int) -> list[dict]:
-        """The first n samples of a rollout as table rows (for the tracker)."""
-        return [
-            {"rollout_id": rollout_id, "group_index": s.group_index, "prompt": str(s.prompt), "response": s.response,
-             "label": str(s.label), "reward": reward_value(s.reward, self.cfg.rollout.reward_key), "status": s.status.value,
-             "weight_version": s.weight_versions[0]}
-            for s in self.load_rollout(rollout_id)[:n]
-        ]
+        """n samples of a rollout, spread across its prompts, as table rows (miles_core/tracking/samples.py)."""
+        return sample_rows(self.load_rollout(rollout_id), n, lambda r: reward_value(r, self.cfg.rollout.reward_key))
 
     def train(self, rollout_id: int) -> tuple[dict[str, float], list[dict[str, float]]]:
         samples = self.load_rollout(rollout_id)

@@ -75,8 +75,10 @@ MIRRORS: dict[str, Callable[[MirrorSpec], Mirror]] = {
 
 
 def open_mirrors(spec: MirrorSpec) -> list[Mirror]:
-    """The mirrors the config switches on; those already opened are closed if a later one fails."""
-    opened: list[Mirror] = []
+    """The run log (always) and the mirrors the config switches on; those opened are closed if a later one fails."""
+    from .runlog import RunLogMirror
+
+    opened: list[Mirror] = [RunLogMirror.open(spec)]
     try:
         for switch, opener in MIRRORS.items():
             if getattr(spec.tracking, switch):

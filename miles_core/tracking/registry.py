@@ -14,11 +14,12 @@ VALUE_TAG = "miles.champion_metric_value"
 class RegisteredExport:
     version: str | None
     artifact_uri: str
-    champion: bool
+    champion: bool  # the alias moved to this version
+    candidate: bool = False  # its metric beats the champion's (with crown=False the alias waits: set_champion)
 
 
 def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: int, step: int,
-               model_name: str | None, champion_metric: str | None) -> RegisteredExport:
+               model_name: str | None, champion_metric: str | None, crown: bool = True) -> RegisteredExport:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -38,7 +39,10 @@ def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: in
     if value is not None:
         tags[VALUE_TAG] = repr(value)
     mv = client.create_model_version(model_name, source=uri, run_id=run_id, tags=tags)
-    return RegisteredExport(mv.version, uri, _maybe_crown(client, model_name, mv.version, value))
+    candidate = _beats_champion(client, model_name, value)
+    if candidate and crown:
+        client.set_registered_model_alias(model_name, CHAMPION, mv.version)
+    return RegisteredExport(mv.version, uri, candidate and crown, candidate)
 
 
 def _latest_value(client, run_id: str, key: str) -> float | None:
@@ -48,8 +52,8 @@ def _latest_value(client, run_id: str, key: str) -> float | None:
     return max(history, key=lambda m: (m.step, m.timestamp)).value if history else None
 
 
-def _maybe_crown(client, name: str, version: str, value: float | None) -> bool:
-    """Move the champion alias to ``version`` when its metric beats the current champion's."""
+def _beats_champion(client, name: str, value: float | None) -> bool:
+    """Whether ``value`` beats the current champion's metric (no champion yet: any value does)."""
     from mlflow.exceptions import MlflowException
 
     if value is None:
@@ -59,7 +63,11 @@ def _maybe_crown(client, name: str, version: str, value: float | None) -> bool:
         best = float(current.tags.get(VALUE_TAG, "-inf"))
     except MlflowException:
         best = float("-inf")
-    if value > best:
-        client.set_registered_model_alias(name, CHAMPION, version)
-        return True
-    return False
+    return value > best
+
+
+def set_champion(tracking_uri: str, name: str, version: str) -> None:
+    """Move the champion alias to ``version`` (a manual promotion gate's approval)."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri).set_registered_model_alias(name, CHAMPION, version)

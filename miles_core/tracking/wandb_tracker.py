@@ -2,7 +2,7 @@
 ``step_metric``), the flattened config as the W&B config.
 
 The W&B run id is recorded in ``<run_dir>/wandb_run.json`` with the MLflow run it mirrors and the
-highest step logged per axis (written after every log call): a resume of the same MLflow run
+highest step sent per axis (written after every row sent): a resume of the same MLflow run
 resumes the same W&B run and starts above those marks. A new MLflow run (``mlflow_new_run``) gets a
 new W&B run; ``wandb_run_id`` names the W&B run explicitly.
 
@@ -33,6 +33,7 @@ class WandbMirror:
         self.marks = dict(marks)  # at open (resume); fixed
         self._logged = dict(marks)  # the highest step logged per axis, written to the record
         self._defined: set[str] = set()
+        self._pending: tuple[str, int, dict] | None = None  # (axis, step, row) not sent yet
         self._write_record()
 
     @classmethod
@@ -60,13 +61,17 @@ class WandbMirror:
         return self.run.url or str(Path(self.run.dir).parent)
 
     def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        self.run.log(self._row(metrics, axis))
-        self._logged[axis] = max(step, self._logged.get(axis, -1))
-        self._write_record()
+        """A new row; the previous one is sent (a row waits for the timings ``log_extra`` adds at its step)."""
+        self.flush()
+        self._pending = (axis, step, self._row(metrics, axis))
 
     def log_extra(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        """Metrics at a step already logged: the row takes the axis' last value (W&B's step_sync)."""
-        self.run.log(self._row(metrics, axis))
+        """Metrics at a step already logged: into that step's row while it waits, else a row of its own."""
+        if self._pending and self._pending[:2] == (axis, step):
+            self._pending[2].update(self._row(metrics, axis))
+        else:
+            self.flush()
+            self._pending = (axis, step, {**self._row(metrics, axis), axis: step})
 
     def _row(self, metrics: dict[str, float], axis: str) -> dict[str, float]:
         """The row with MLflow's keys; a key seen for the first time is plotted against ``axis``."""
@@ -77,9 +82,16 @@ class WandbMirror:
         return row
 
     def flush(self) -> None:
-        """W&B's service process owns the data once ``log`` returns; nothing to wait for here."""
+        """Send the waiting row (W&B's service process owns it once ``run.log`` returns) and record its step."""
+        if self._pending:
+            axis, step, row = self._pending
+            self._pending = None
+            self.run.log(row)
+            self._logged[axis] = max(step, self._logged.get(axis, -1))
+            self._write_record()
 
     def close(self, status: str) -> None:
+        self.flush()
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
 
     def _write_record(self) -> None:

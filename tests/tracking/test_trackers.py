@@ -35,6 +35,10 @@ def _rollouts(tracker, steps) -> None:
         tracker.log_extra({"perf/save_model_time": 0.25}, "rollout/step", i)
 
 
+def _named(tracker) -> dict:
+    return {m.name: m for m in tracker.mirrors}
+
+
 def _scrape(url: str) -> dict[str, float]:
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
@@ -43,7 +47,8 @@ def _scrape(url: str) -> dict[str, float]:
 def test_every_tracker_gets_the_same_keys_at_the_same_axes(tmp_path, store):
     cfg = _config(tmp_path, store, use_wandb=True, use_tensorboard=True, use_prometheus=True)
     tracker = open_run(cfg, None, {})
-    wandb, tb, prom = tracker.mirrors
+    assert [m.name for m in tracker.mirrors] == ["log", "wandb", "tensorboard", "prometheus"]
+    _, wandb, tb, prom = tracker.mirrors
     _rollouts(tracker, range(3))
     live = _scrape(prom.link)  # while the run lives
     assert prom.link.startswith("http://127.0.0.1:")
@@ -74,22 +79,23 @@ def test_resume_duplicates_no_step_on_any_tracker(tmp_path, store):
     cfg = _config(tmp_path, store, use_wandb=True, use_tensorboard=True)
     first = open_run(cfg, None, {})
     _rollouts(first, range(4))
-    first.mirrors[0].log({"rollout/raw_reward": 0.4, "rollout/step": 4}, "rollout/step", 4)  # the mirrors got step 4 ...
-    first.mirrors[1].log({"rollout/raw_reward": 0.4, "rollout/step": 4}, "rollout/step", 4)
+    for name in ("wandb", "tensorboard"):  # the mirrors got step 4 ...
+        _named(first)[name].log({"rollout/raw_reward": 0.4, "rollout/step": 4}, "rollout/step", 4)
     first.mlflow.flush()  # ... MLflow did not (the process died before)
     first.close("FAILED")  # the crash: mirrors closed by the flow's finally, the MLflow run left RUNNING
-    wandb_id = first.mirrors[0].run.id
+    wandb_id = _named(first)["wandb"].run.id
 
     resumed = open_run(cfg, first.mlflow.run_id, {})  # a rerun from the checkpoint of rollout 1 logs 2..5 again
-    assert resumed.marks["rollout/step"] == 3 and [m.marks["rollout/step"] for m in resumed.mirrors] == [4, 4]
-    assert resumed.mirrors[0].run.id == wandb_id  # the same W&B run, from <run_dir>/wandb_run.json
+    mirrors = _named(resumed)
+    assert resumed.marks["rollout/step"] == 3 and [mirrors[n].marks["rollout/step"] for n in ("wandb", "tensorboard")] == [4, 4]
+    assert mirrors["wandb"].run.id == wandb_id  # the same W&B run, from <run_dir>/wandb_run.json
     _rollouts(resumed, range(2, 6))
     resumed.end("FINISHED")
 
     client = MlflowClient(cfg.tracking_uri)
     assert [m.step for m in client.get_metric_history(first.mlflow.run_id, "rollout/step")] == list(range(6))
     assert [m.step for m in client.get_metric_history(first.mlflow.run_id, "train/step")] == list(range(6))
-    tb = read_scalars(resumed.mirrors[1].logdir)
+    tb = read_scalars(mirrors["tensorboard"].logdir)
     assert [s for s, _ in tb["rollout/step"]] == list(range(6)) and [s for s, _ in tb["train/step"]] == list(range(6))
     rows = read_history(cfg.run_dir, wandb_id)
     assert [r["rollout/step"] for r in rows if "rollout/raw_reward" in r] == list(range(6))
@@ -103,7 +109,7 @@ def test_a_new_mlflow_run_gets_a_new_wandb_run(tmp_path, store):
     first.end("FINISHED")
     second = open_run(cfg, None, {})  # mlflow_new_run, or a fresh run dir record
     second.end("FINISHED")
-    assert first.mirrors[0].run.id != second.mirrors[0].run.id
+    assert _named(first)["wandb"].run.id != _named(second)["wandb"].run.id
     assert (tmp_path / "wb" / "wandb").is_dir()
 
 
