@@ -50,7 +50,8 @@ PLOTS: tuple[Plot, ...] = (
          (Panel("log-prob mismatch", ("train/train_rollout_logprob_abs_diff", "train/train_rollout_kl"), _T),
           Panel("staleness (weight syncs)", ("rollout/staleness/mean", "rollout/staleness/max"), _R))),
 )
-_DATASET = re.compile(r"eval/(.+)-truncated_ratio\Z")
+_TRUNCATED = f"eval/{DS}-truncated_ratio"  # logged for every eval dataset
+_DATASET = re.compile(re.escape(_TRUNCATED).replace(re.escape(DS), "(.+)") + r"\Z")
 
 
 def datasets(keys) -> list[str]:
