@@ -91,8 +91,13 @@ class WandbMirror:
             self._write_record()
 
     def close(self, status: str) -> None:
+        """Finish the run and stop W&B's service process: only then are its files complete on disk (``finish``
+        returns before the transaction log is written out), so ``wandb sync`` or ``read_history`` right after see it all."""
+        import wandb
+
         self.flush()
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        wandb.teardown()
 
     def _write_record(self) -> None:
         tmp = self.record.with_suffix(".tmp")

@@ -104,10 +104,16 @@ def test_a_tiny_run_is_visible_in_every_tracker_and_ui(tmp_path, tiny_model_dir)
     wandb_id = json.loads((cfg.run_dir / RECORD).read_text())["run_id"]
     flow_run_2, summary_2 = _train(_config(tmp_path, 3), [])
     assert summary_2["mlflow_run_id"] == run.info.run_id and summary_2["resumed_from"] == 2
+    rows = read_history(cfg.run_dir, wandb_id)
+    tensorboard = read_scalars(cfg.run_dir / "tensorboard" / run.info.run_id)
     for axis, steps in (("rollout/step", [0, 1, 2]), ("train/step", [0, 1, 2]), ("eval/step", [1, 3, 4])):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, axis)) == steps, axis
-        assert [s for s, _ in read_scalars(cfg.run_dir / "tensorboard" / run.info.run_id)[axis]] == steps, axis
-        assert [r[axis] for r in read_history(cfg.run_dir, wandb_id) if axis in r] == steps, axis
+    for axis, key, steps in (("rollout/step", "rollout/raw_reward", [0, 1, 2]),
+                             ("train/step", "train/loss", [0, 1, 2]), ("eval/step", "eval/arith", [1, 3, 4]),
+                             ("rollout/step", "perf/save_model_time", [1, 2])):  # saved after the last rollout of each run
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == steps, key
+        assert [s for s, _ in tensorboard[key]] == steps, key
+        assert [r[axis] for r in rows if key in r] == steps, key  # each W&B point of a key at its axis step, once
     assert json.loads((cfg.run_dir / RECORD).read_text())["run_id"] == wandb_id
     _, logs_2, _ = asyncio.run(_prefect(flow_run_2))
     assert any(m.startswith(f"resuming MLflow run {run.info.run_id}") for m in logs_2), logs_2

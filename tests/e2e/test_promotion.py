@@ -10,7 +10,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect import flow, get_client
-from prefect.context import get_run_context
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 
 from flows.promotion import register_export
@@ -21,25 +22,27 @@ MODEL = "gate-tiny"
 
 
 @flow
-def _gate_flow(config, run_id: str, export_path: str, rollout_id: int, seen: list) -> dict:
-    seen.append(get_run_context().flow_run.id)
+def _gate_flow(config, run_id: str, export_path: str, rollout_id: int) -> dict:
     return register_export(config, run_id, export_path, rollout_id)
 
 
-def _start(cfg, run_id: str, path, rollout_id: int) -> tuple[threading.Thread, list, list]:
-    seen, out = [], []
-    thread = threading.Thread(target=lambda: out.append(_gate_flow(cfg, run_id, str(path), rollout_id, seen)), daemon=True)
+def _start(cfg, run_id: str, path, rollout_id: int) -> tuple[threading.Thread, list]:
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(_gate_flow(cfg, run_id, str(path), rollout_id)), daemon=True)
     thread.start()
-    return thread, seen, out
+    return thread, out
 
 
-def _paused(flow_run_id, timeout: float = 90.0):
+def _paused(timeout: float = 90.0):
+    """The flow run of this test that is paused (the only one in the session)."""
+    paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            state = client.read_flow_run(flow_run_id).state
-            if state is not None and state.is_paused():
-                return state
+            runs = client.read_flow_runs(flow_run_filter=paused)
+            if runs:
+                (run,) = runs
+                return run
             time.sleep(0.5)
     raise AssertionError("the flow run never paused")
 
@@ -61,31 +64,24 @@ def test_manual_gate_pauses_and_moves_the_alias_only_when_approved(tmp_path):
     client = MlflowClient(store)
 
     _eval(tracker, 1, 0.3)
-    thread, seen, out = _start(cfg, tracker.run_id, export, 0)
-    state = _paused(_wait(seen))
-    assert state.state_details.run_input_keyset  # paused waiting for the approve/reject form
+    thread, out = _start(cfg, tracker.run_id, export, 0)
+    paused = _paused()
+    assert paused.state.state_details.run_input_keyset  # paused waiting for the approve/reject form
     assert not client.get_registered_model(MODEL).aliases  # nothing moved while it waits
-    resume_flow_run(seen[0], run_input={"approve": True})
+    resume_flow_run(paused.id, run_input={"approve": True})
     thread.join(90)
     assert out and out[0]["champion"] is True and client.get_model_version_by_alias(MODEL, "champion").version == "1"
 
     _eval(tracker, 2, 0.5)  # better again: a candidate, rejected
-    thread, seen, out = _start(cfg, tracker.run_id, export, 1)
-    _paused(_wait(seen))
-    resume_flow_run(seen[0], run_input={"approve": False})
+    thread, out = _start(cfg, tracker.run_id, export, 1)
+    resume_flow_run(_paused().id, run_input={"approve": False})
     thread.join(90)
     assert out and out[0] == {**out[0], "version": "2", "candidate": True, "champion": False}
     assert client.get_model_version_by_alias(MODEL, "champion").version == "1"
 
     quick = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"promotion_timeout": 3})})
-    thread, seen, out = _start(quick, tracker.run_id, export, 2)  # nobody answers
+    thread, out = _start(quick, tracker.run_id, export, 2)  # nobody answers
     thread.join(90)
     assert out and out[0]["candidate"] is True and out[0]["champion"] is False
     assert client.get_model_version_by_alias(MODEL, "champion").version == "1"
 
-
-def _wait(seen: list, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return seen[0]
