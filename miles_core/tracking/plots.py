@@ -87,8 +87,10 @@ def render(histories: History, out_dir: Path) -> list[Path]:
 def _draw(plot: Plot, panels: list[tuple[Panel, list[str]]], histories: History, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(4.2 * len(panels), 3.2), dpi=90, layout="constrained")
+    fig = Figure(figsize=(4.2 * len(panels), 3.2), dpi=90)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.82, wspace=0.3)
     FigureCanvasAgg(fig)
     fig.suptitle(plot.title)
     series = {}
@@ -96,6 +98,7 @@ def _draw(plot: Plot, panels: list[tuple[Panel, list[str]]], histories: History,
         ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel(panel.xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.grid(alpha=0.3)
         for key in keys:
             points = histories[key]
