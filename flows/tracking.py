@@ -57,5 +57,5 @@ def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict) -> list:
     tag_run(tracker)
     name = tracker.client.get_run(tracker.run_id).info.run_name
     mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name, params=params))
-    tracker.set_tags({f"miles.{m.name}": m.link for m in mirrors})
+    tracker.set_tags({f"miles.{m.name}": m.link for m in mirrors if m.link})
     return mirrors

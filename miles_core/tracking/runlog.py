@@ -19,7 +19,7 @@ log = logging.getLogger(RUN_LOG)
 
 class RunLogMirror:
     name = "log"
-    link = RUN_LOG
+    link = ""  # the flow run's logs: nothing to tag the MLflow run with
 
     def __init__(self, num_rollout: int | None):
         self.num_rollout = num_rollout
