@@ -9,6 +9,7 @@ from miles_core.data import PromptSpec
 from miles_core.data.tasks import materialize_builtin
 from miles_core.env import cache_dir
 from miles_core.rewards import RewardOptions
+from miles_core.rollout.multi_turn.tools import load_tool_specs
 from miles_core.rollout.protocol import SamplingParams
 
 if TYPE_CHECKING:
@@ -27,8 +28,9 @@ def resolve_data_path(spec: str) -> str:
 
 def prompt_spec(cfg: TrainConfig) -> PromptSpec:
     d = cfg.data
+    tools = tuple(load_tool_specs(cfg.rollout.generate_tool_specs_path)) if cfg.rollout.generate_tool_specs_path else None
     return PromptSpec(d.input_key, d.label_key, d.metadata_key, d.tool_key, d.apply_chat_template,
-                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len)
+                      d.apply_chat_template_kwargs, cfg.rollout.rollout_max_prompt_len, tools=tools)
 
 
 def reward_options(cfg: TrainConfig) -> RewardOptions:

@@ -103,6 +103,12 @@ def _async_rules(c: "TrainConfig") -> None:
         raise ValueError(f"fully_async_buffer_groups ({r.fully_async_buffer_groups}) must be >= rollout_batch_size ({r.rollout_batch_size})")
 
 
+def _multi_turn_rules(c: "TrainConfig") -> None:
+    from miles_core.rollout.multi_turn import check_multi_turn_config
+
+    check_multi_turn_config(c)
+
+
 def check_rules(c: "TrainConfig") -> None:
-    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules):
+    for rule in (_batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _multi_turn_rules):
         rule(c)

@@ -20,6 +20,7 @@ class Status(str, enum.Enum):
     FAILED = "failed"
 
 
+FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}  # by engine finish reason
 _NUMBER_LISTS = frozenset({"tokens", "loss_mask", "rollout_log_probs", "weight_versions", "teacher_log_probs"})
 
 

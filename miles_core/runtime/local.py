@@ -24,6 +24,7 @@ from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
+from miles_core.rollout.multi_turn import turn_spec
 from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
 from miles_core.training.teacher import load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
@@ -76,7 +77,7 @@ class LocalRuntime:
         r = self.cfg.rollout
         return RolloutSpec(r.rollout_batch_size, r.n_samples_per_prompt, self.params, r.rollout_max_context_len,
                            r.over_sampling_batch_size, r.dynamic_sampling_filter_path, r.reward_key, self.cfg.misc.seed,
-                           r.partial_rollout)
+                           r.partial_rollout, turns=turn_spec(self.cfg, self.model_path))
 
     def generate(self, rollout_id: int) -> dict[str, float]:
         """Generate and score rollout ``rollout_id``, written atomically; reused if it exists for this weight version
