@@ -41,6 +41,7 @@ class Sample:
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
     teacher_log_probs: list[float] | None = None
+    Status = Status  # not a field: ``Sample.Status.COMPLETED`` as the reference's custom functions write it
 
     @property
     def prompt_length(self) -> int:

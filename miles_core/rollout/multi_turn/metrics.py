@@ -19,20 +19,22 @@ from collections import Counter
 from miles_core.data.sample import Sample, Status
 
 
-def _spread(prefix: str, values: list[float]) -> dict[str, float]:
-    return {f"{prefix}_mean": statistics.fmean(values), f"{prefix}_max": float(max(values)), f"{prefix}_min": float(min(values))}
-
-
 def multi_turn_metrics(samples: list[Sample]) -> dict[str, float]:
     raw = [float(s.response_length) for s in samples]
     model = [float(sum(s.loss_mask)) for s in samples]
     rounds = [float(s.metadata.get("round_number", len(s.weight_versions))) for s in samples]
     calls = [s.metadata.get("tool_calls", 0) for s in samples]
     m = {
-        **_spread("multi_turn/raw_response_length/response_length", raw),
+        "multi_turn/raw_response_length/response_length_mean": statistics.fmean(raw),
+        "multi_turn/raw_response_length/response_length_max": max(raw),
+        "multi_turn/raw_response_length/response_length_min": min(raw),
         "multi_turn/raw_response_length/response_length_clip_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
-        **_spread("multi_turn/wo_obs_response_length/response_length", model),
-        **_spread("multi_turn/multi_turn_metric/round_number", rounds),
+        "multi_turn/wo_obs_response_length/response_length_mean": statistics.fmean(model),
+        "multi_turn/wo_obs_response_length/response_length_max": max(model),
+        "multi_turn/wo_obs_response_length/response_length_min": min(model),
+        "multi_turn/multi_turn_metric/round_number_mean": statistics.fmean(rounds),
+        "multi_turn/multi_turn_metric/round_number_max": max(rounds),
+        "multi_turn/multi_turn_metric/round_number_min": min(rounds),
         "rollout/round_number": statistics.fmean(rounds),
         "multi_turn/tool_call_ratio": sum(c > 0 for c in calls) / len(samples),
         "multi_turn/tool_calls/mean": statistics.fmean(calls),
