@@ -32,8 +32,12 @@ END_OF_TURN = "<|im_end|>"
 
 @dataclass(frozen=True)
 class TinyToolsSpec(TinySpec):
+    hidden_size: int = 128
+    intermediate_size: int = 344
     task: str = "calc"
-    sft_steps: int = 400
+    sft_steps: int = 200
+    sft_batch_size: int = 32
+    sft_lr: float = 2e-3
     tool_fraction: float = 0.3  # warm-up examples that call the tool; the rest answer directly (and are wrong)
 
 
@@ -66,12 +70,22 @@ def example_ids(tok, row: dict, use_tool: bool) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def build_tiny_tools(spec: TinyToolsSpec, out: Path) -> Path:
-    rows = BUILTIN_TASKS[spec.task].rows()
-    corpus = [m["content"] for r in rows[:1000] for m in conversation(r, True)] + GENERAL_TEXT
-    tok = train_tokenizer(corpus, spec.vocab_size)
+def tools_tokenizer(rows: list[dict], vocab_size: int):
+    """BPE trained on rendered conversations (the template's role lines become single tokens)."""
+    from jinja2 import Template
+
+    template = Template(TOOLS_CHAT_TEMPLATE)
+    corpus = [template.render(messages=conversation(r, t), tools=CALC_TOOLS, add_generation_prompt=False)
+              for r in rows[:500] for t in (True, False)]
+    tok = train_tokenizer(corpus + GENERAL_TEXT, vocab_size)
     tok.chat_template = TOOLS_CHAT_TEMPLATE
     tok.eos_token = END_OF_TURN
+    return tok
+
+
+def build_tiny_tools(spec: TinyToolsSpec, out: Path) -> Path:
+    rows = BUILTIN_TASKS[spec.task].rows()
+    tok = tools_tokenizer(rows, spec.vocab_size)
     model = init_model(spec, tok)
     gen = torch.Generator().manual_seed(spec.seed)
     use_tool = (torch.rand(len(rows), generator=gen) < spec.tool_fraction).tolist()

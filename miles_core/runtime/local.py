@@ -24,7 +24,7 @@ from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
-from miles_core.rollout.multi_turn import turn_spec
+from miles_core.rollout.multi_turn import conversation_columns, turn_spec
 from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
 from miles_core.training.teacher import load_teacher
 from miles_core.training.torch_trainer import TorchTrainer
@@ -117,11 +117,12 @@ class LocalRuntime:
         return [Sample.from_dict(d) for d in saved["samples"]]
 
     def sample_rows(self, rollout_id: int, n: int) -> list[dict]:
-        """The first n samples of a rollout as table rows (for the tracker)."""
+        """The first n samples of a rollout as table rows (for the tracker); log_multi_turn adds the conversations."""
+        conversation = (lambda s: conversation_columns(s, self.tokenizer)) if self.cfg.tracking.log_multi_turn else (lambda s: {})
         return [
             {"rollout_id": rollout_id, "group_index": s.group_index, "prompt": str(s.prompt), "response": s.response,
              "label": str(s.label), "reward": reward_value(s.reward, self.cfg.rollout.reward_key), "status": s.status.value,
-             "weight_version": s.weight_versions[0]}
+             "weight_version": s.weight_versions[0], **conversation(s)}
             for s in self.load_rollout(rollout_id)[:n]
         ]
 

@@ -44,3 +44,11 @@ def multi_turn_metrics(samples: list[Sample]) -> dict[str, float]:
     for reason, n in Counter(s.metadata["tool_failure"] for s in samples if "tool_failure" in s.metadata).items():
         m[f"multi_turn/tool_failures/{reason}"] = float(n)
     return m
+
+
+def conversation_columns(s: Sample, tokenizer) -> dict:
+    """Sample-table columns of one conversation (log_multi_turn): the whole response with its turn
+    markers and tool messages, and the loop's counters."""
+    return {"conversation": tokenizer.decode(s.response_tokens, skip_special_tokens=False),
+            "round_number": s.metadata.get("round_number", len(s.weight_versions)), "tool_calls": s.metadata.get("tool_calls", 0),
+            "tool_failure": s.metadata.get("tool_failure_message", "")}

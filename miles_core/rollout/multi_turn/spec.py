@@ -20,6 +20,8 @@ TOOL_FIELDS = ("generate_tool_specs_path", "generate_tool_call_parser", "generat
 
 def check_multi_turn_config(c: "TrainConfig") -> None:
     r = c.rollout
+    if c.tracking.log_multi_turn and (r.custom_generate_function_path is None or not c.tracking.log_samples):
+        raise ValueError("log_multi_turn shows conversations in the sample table: it needs custom_generate_function_path and log_samples > 0")
     if r.custom_generate_function_path is None:
         set_fields = [f for f in TOOL_FIELDS if getattr(r, f) is not None]
         if set_fields or r.generate_max_turns != 16 or r.generate_tool_timeout != 30.0:
