@@ -78,5 +78,7 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
     assert [s for s, _ in want["rollout/raw_reward"]] == list(range(N))
     if recipe == "tiny-tools":
         assert max(v for _, v in want["multi_turn/tool_call_ratio"]) > 0  # the runs compared did call the tool
+        # the trainer scores exactly the engine's ids; the tool tokens between the turns are masked out
+        assert max(v for _, v in want["train/train_rollout_logprob_abs_diff"]) < 1e-5
     staleness = [v for _, v in want["rollout/staleness/max"]]
     assert staleness == ([0.0] * N if mode == "off" else [0.0] + [1.0] * (N - 1))
