@@ -11,7 +11,6 @@ if TYPE_CHECKING:
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
     "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
-    "custom_generate_function_path": "the generate loop has no custom generate hook yet",
 }
 # Estimators whose baseline is the group mean: with one sample per prompt every advantage is 0.
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
@@ -270,7 +269,13 @@ def _not_supported(c: "TrainConfig") -> None:
             raise ValueError(f"{name} is not supported yet ({why}); drop it (got {value!r}, default {default!r})")
 
 
+def _multi_turn_rules(c: "TrainConfig") -> None:
+    from miles_core.rollout.multi_turn import check_multi_turn_config
+
+    check_multi_turn_config(c)
+
+
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
-                 _sglang_rules, _champion_rule, _extension_rules):
+                 _sglang_rules, _champion_rule, _multi_turn_rules, _extension_rules):
         rule(c)

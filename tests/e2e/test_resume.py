@@ -1,6 +1,7 @@
 """Kill a run with SIGKILL after a checkpoint, rerun it: every logged metric at every step equals
 the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Also with
-async_mode one_step, where the checkpoint counts on the rollout generated ahead of it.
+async_mode one_step, where the checkpoint counts on the rollout generated ahead of it, and with
+tiny-tools (multi-turn: tool calls, tool tokens, several turns per sample).
 
 Exact on CPU: sampling is seeded per (seed, rollout id), the data cursor, optimizer, RNG and step
 count come back from the checkpoint, and torch CPU kernels are deterministic for a fixed thread count.
@@ -25,8 +26,8 @@ ARGS = ["--num-rollout", str(N), "--save-interval", "2", "--eval-interval", "3",
         "--num-threads", "1"]
 
 
-def _cli(run_dir: Path, mode: str) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "train", "tiny", "--run-dir", str(run_dir), *ARGS, "--async-mode", mode]
+def _cli(run_dir: Path, mode: str, recipe: str) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "train", recipe, "--run-dir", str(run_dir), *ARGS, "--async-mode", mode]
 
 
 def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
@@ -41,15 +42,15 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
     return run.info.status, out
 
 
-@pytest.mark.parametrize("mode", ["off", "one_step"])
-def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, mode):
+@pytest.mark.parametrize("recipe, mode", [("tiny", "off"), ("tiny", "one_step"), ("tiny-tools", "off")])
+def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, recipe, mode):
     env = {**os.environ, "COLUMNS": "120"}
     full = tmp_path / "full"
-    subprocess.run(_cli(full, mode), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
+    subprocess.run(_cli(full, mode, recipe), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
 
     killed = tmp_path / "killed"
     # its own process group: the SIGKILL takes the run's ephemeral Prefect API process down with it, as a crash would
-    proc = subprocess.Popen(_cli(killed, mode), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cli(killed, mode, recipe), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 600
@@ -62,7 +63,7 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
     status, _ = _metrics(killed)
     assert status == "RUNNING"  # SIGKILL: no hook ran
 
-    rerun = subprocess.run(_cli(killed, mode), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    rerun = subprocess.run(_cli(killed, mode, recipe), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "resumed from 2" in rerun.stdout
 
@@ -75,5 +76,9 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
         assert len(steps) == len(set(steps)), f"duplicate steps in {key}: {steps}"
         assert got[key] == want[key], key
     assert [s for s, _ in want["rollout/raw_reward"]] == list(range(N))
+    if recipe == "tiny-tools":
+        assert max(v for _, v in want["multi_turn/tool_call_ratio"]) > 0  # the runs compared did call the tool
+        # the trainer scores exactly the engine's ids; the tool tokens between the turns are masked out
+        assert max(v for _, v in want["train/train_rollout_logprob_abs_diff"]) < 1e-5
     staleness = [v for _, v in want["rollout/staleness/max"]]
     assert staleness == ([0.0] * N if mode == "off" else [0.0] + [1.0] * (N - 1))
