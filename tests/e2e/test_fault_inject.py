@@ -82,12 +82,9 @@ def test_a_retried_stage_with_one_fault_gives_the_clean_runs_metrics(tmp_path, m
     assert metrics == clean[0]
 
 
-# sync@2 is the sync after checkpoint 0 and before the eval and export of rollout 0: the rerun must run what was due
-# at the checkpoint's rollout (issue 19 #1, in the runtime restructuring); strict, so the fix flips it
-SYNC_AFTER_SAVE = pytest.mark.xfail(strict=True, reason="issue 19 #1: a resume skips the eval/export due at the checkpoint's rollout")
-
-
-@pytest.mark.parametrize("spec", ["train@1", pytest.param("sync@2", marks=SYNC_AFTER_SAVE)])
+# sync@2 is the sync after checkpoint 0 and before the eval and export of rollout 0: the rerun runs what was due at
+# the checkpoint's rollout and did not complete (the stage ledger, flows/train.py), so its metrics and exports match
+@pytest.mark.parametrize("spec", ["train@1", "sync@2"])
 def test_a_stage_not_retried_fails_the_flow_and_the_rerun_resumes_and_matches(tmp_path, monkeypatch, clean, fault_log, spec):
     from flows.train import train
 
