@@ -38,19 +38,22 @@ def iter_buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[list[t
 
 
 def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_bytes: int) -> dict[str, float]:
-    """Push weights into every engine (tensor mode, same process). -> perf metrics."""
+    """Push weights into every engine (tensor mode, same process). -> perf metrics. A failure leaves the
+    engines generating again at the version they had (the caller does not bump its own)."""
     t0 = time.perf_counter()
     for e in engines:
         e.pause_generation()
-        e.flush_cache()
-    n_buckets = 0
-    for bucket in iter_buckets(named_tensors, max_bytes):
+    try:
         for e in engines:
-            e.update_weights_from_tensor(bucket)
-        n_buckets += 1
-    for e in engines:
-        e.set_weight_version(version)
-        e.continue_generation()
+            e.flush_cache()
+        for bucket in iter_buckets(named_tensors, max_bytes):
+            for e in engines:
+                e.update_weights_from_tensor(bucket)
+        for e in engines:
+            e.set_weight_version(version)
+    finally:
+        for e in engines:
+            e.continue_generation()
     return {"perf/update_weights_time": time.perf_counter() - t0}
 
 
@@ -145,10 +148,12 @@ class WeightSync:
     def sync(self, sender, router, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
         router.pause_generation()
-        router.flush_cache()
-        getattr(self, f"_push_{self.mode}")(sender, router, version)
-        router.set_weight_version(version)
-        router.continue_generation()
+        try:
+            router.flush_cache()
+            getattr(self, f"_push_{self.mode}")(sender, router, version)
+            router.set_weight_version(version)
+        finally:  # a failed sync leaves the engines generating again, at the version they had
+            router.continue_generation()
         return {"perf/update_weights_time": time.perf_counter() - t0}
 
     def _push_tensor(self, sender, router, version: int) -> None:

@@ -122,3 +122,32 @@ def test_release_resume_then_sync(servers, trainer_model, tiny_tokenizer):
         events = client.server_info()["events"]
         assert events[0] == "release:cuda_graph,kv_cache,weights" and events[1] == "resume:weights"
         assert events[2].startswith("weights:") and events[-2:] == ["version:1", "resume:cuda_graph,kv_cache"]
+
+
+def test_a_failed_sync_resumes_the_engines_and_keeps_their_version():
+    """A bucket that fails half-way: generation continues (not left paused), the version is not bumped."""
+    from miles_core.weights.sync import sync_weights
+
+    class Engine:
+        def __init__(self):
+            self.version, self.events = 0, []
+
+        def pause_generation(self):
+            self.events.append("pause")
+
+        def continue_generation(self):
+            self.events.append("continue")
+
+        def flush_cache(self):
+            self.events.append("flush")
+
+        def set_weight_version(self, v):
+            self.version = v
+
+        def update_weights_from_tensor(self, bucket):
+            raise ConnectionError("engine went away mid-sync")
+
+    e = Engine()
+    with pytest.raises(ConnectionError):
+        sync_weights([("w", torch.zeros(2))], [e], version=5, max_bytes=1024)
+    assert e.events == ["pause", "flush", "continue"] and e.version == 0
