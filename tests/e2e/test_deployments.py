@@ -79,9 +79,11 @@ def served(tmp_path_factory):
     env = {"PREFECT_HOME": str(tmp / "prefect"), "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")])),
            "MILES_TEST_FLAKY_ARM": str(tmp / "armed"), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}
     info = serve(_free_port(), tmp / "serve", env=env, poll_seconds=1)
+    sys.path.insert(0, str(tmp))  # configs naming flaky_rm are validated here too (extension points resolve at load)
     try:
         yield {**info, "tmp": tmp, "env": {**os.environ, **env, "PREFECT_API_URL": info["url"]}}
     finally:
+        sys.path.remove(str(tmp))
         stop(tmp / "serve")
 
 
