@@ -23,6 +23,7 @@ from prefect.context import get_run_context
 
 from miles_core.config import ConfigError, TrainConfig, build_config, read_recipe
 from miles_core.evaluation import PointResult
+from miles_core.runtime import registry
 from miles_core.evaluation.discover import RunRef, find_points, find_run
 from miles_core.evaluation.ledger import EvalLedger, config_values_from_params
 from tasks.evaluate import eval_point, prepare_eval, release_eval, snapshot_collect, snapshot_submit
