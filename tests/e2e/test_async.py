@@ -45,7 +45,8 @@ def test_one_step_async_learns_with_overlapping_generate_and_train(tmp_path, tin
 
     n = 16
     cfg = load_config("tiny", {"run_dir": str(tmp_path / "run"), "num_rollout": n, "async_mode": "one_step",
-                               "skip_eval_before_train": True, "eval_interval": 100, "log_samples": 0})
+                               "skip_eval_before_train": True, "eval_interval": 100, "log_samples": 0,
+                               "keep_rollouts": n})  # every rollout file stays for the checks below
     summary = train.with_options(flow_run_name="one-step-async")(cfg)
     client = MlflowClient(cfg.tracking_uri)
     run_id = summary["mlflow_run_id"]
@@ -59,7 +60,7 @@ def test_one_step_async_learns_with_overlapping_generate_and_train(tmp_path, tin
     versions = _history(client, run_id, "rollout/weight_version/mean")
     assert versions == [1.0, 1.0] + [float(i) for i in range(2, n)]
     for i in range(n):  # each sample records the engine's weight version at generation
-        saved = torch.load(cfg.run_dir / "rollouts" / f"{i}.pt", weights_only=False)
+        saved = torch.load(cfg.run_dir / "rollouts" / f"{i}.pt", weights_only=True)
         assert {s["weight_versions"][0] for s in saved["samples"]} == {saved["weight_version"]} == {versions[i]}
 
     tasks = _task_runs("one-step-async")
@@ -76,7 +77,7 @@ def test_fully_async_trains_each_group_once_within_the_staleness_bound(tmp_path,
     n = 6
     cfg = load_config("tiny", {"run_dir": str(tmp_path / "run"), "num_rollout": n, "rollout_batch_size": 4, "async_mode": "fully",
                                "max_weight_staleness": 1, "fully_async_buffer_groups": 12, "skip_eval_before_train": True,
-                               "eval_interval": 100, "log_samples": 0})
+                               "eval_interval": 100, "log_samples": 0, "keep_rollouts": n})
     summary = train(cfg)
     client = MlflowClient(cfg.tracking_uri)
     run_id = summary["mlflow_run_id"]
@@ -86,7 +87,7 @@ def test_fully_async_trains_each_group_once_within_the_staleness_bound(tmp_path,
     assert len(_history(client, run_id, "rollout/fully_async/stale_groups_recycled")) == n
     seen = []
     for i in range(n):
-        saved = torch.load(cfg.run_dir / "rollouts" / f"{i}.pt", weights_only=False)
+        saved = torch.load(cfg.run_dir / "rollouts" / f"{i}.pt", weights_only=True)
         groups = {s["group_index"] for s in saved["samples"]}
         assert len(groups) == 4 and len(saved["samples"]) == 4 * cfg.rollout.n_samples_per_prompt
         seen += sorted(groups)
