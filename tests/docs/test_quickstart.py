@@ -10,13 +10,18 @@ from tools.docs.check import Code, PageCheck, metric_known, runnable_blocks
 from tools.docs.markdown import parse
 
 
-def test_the_quick_start_runs_as_written():
-    blocks = [(rel, b) for rel, b in runnable_blocks() if b.run == "slow" and rel == "docs/getting-started.md"]
+def _run_slow_block(page: str):
+    """Run the one `<!-- runnable: slow -->` block of ``page`` as written. -> (the block, its output)."""
+    blocks = [b for rel, b in runnable_blocks() if b.run == "slow" and rel == page]
     assert len(blocks) == 1, blocks
-    rel, block = blocks[0]
-    checker = PageCheck(parse(rel, ""), Code(), {"slow"})
-    out = checker.run_block(block)
+    checker = PageCheck(parse(page, ""), Code(), {"slow"})
+    out = checker.run_block(blocks[0])
     assert checker.problems == [], "\n".join(map(str, checker.problems))
+    return blocks[0], out
+
+
+def test_the_quick_start_runs_as_written():
+    block, out = _run_slow_block("docs/getting-started.md")
     assert "Traceback" not in out and "ERROR" not in out, out
     assert "MLflow run id" in out and "mean reward" in out and "2/2" in out, out
 
@@ -35,10 +40,5 @@ def test_the_quick_start_runs_as_written():
 
 def test_the_conversion_commands_run_as_written():
     """docs/guide/backends.md's HF <-> torch_dist conversion block (the Megatron backend's format)."""
-    blocks = [(rel, b) for rel, b in runnable_blocks() if b.run == "slow" and rel == "docs/guide/backends.md"]
-    assert len(blocks) == 1, blocks
-    rel, block = blocks[0]
-    checker = PageCheck(parse(rel, ""), Code(), {"slow"})
-    out = checker.run_block(block)
-    assert checker.problems == [], "\n".join(map(str, checker.problems))
+    _, out = _run_slow_block("docs/guide/backends.md")
     assert "Traceback" not in out, out
