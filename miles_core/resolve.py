@@ -14,12 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def resolve(path: str, table: Mapping[str, Callable[..., Any]] | None = None, what: str = "function path") -> Callable[..., Any]:
-    """table[path], or the callable the dotted ``path`` names; ValueError naming ``what``, the path and the choices."""
-    if table and path in table:
-        return table[path]
-    names = f"one of {sorted(table)} or " if table else ""
-    hint = f"expected {names}a dotted path 'pkg.module.function' (or 'pkg.module:function')"
+def resolve_object(path: str, what: str = "function path") -> Any:
+    """The object a dotted ``path`` names (``pkg.mod.attr`` or ``pkg.mod:attr.sub``); ValueError naming ``what`` and the path."""
+    hint = "expected a dotted path 'pkg.module.function' (or 'pkg.module:function')"
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"{what}: invalid function path {path!r}; {hint}")
     module_name, sep, attrs = path.strip().partition(":")
@@ -33,8 +30,21 @@ def resolve(path: str, table: Mapping[str, Callable[..., Any]] | None = None, wh
         raise ValueError(f"{what} {path!r}: cannot import module {module_name!r} ({e}); {hint}") from None
     for attr in attrs.split("."):
         if not hasattr(obj, attr):
-            raise ValueError(f"{what} {path!r}: {getattr(obj, '__name__', type(obj).__name__)!r} has no callable {attr!r}; {hint}")
+            raise ValueError(f"{what} {path!r}: {getattr(obj, '__name__', type(obj).__name__)!r} has no attribute {attr!r}; {hint}")
         obj = getattr(obj, attr)
+    return obj
+
+
+def resolve(path: str, table: Mapping[str, Callable[..., Any]] | None = None, what: str = "function path") -> Callable[..., Any]:
+    """table[path], or the callable the dotted ``path`` names; ValueError naming ``what``, the path and the choices."""
+    if table and path in table:
+        return table[path]
+    try:
+        obj = resolve_object(path, what)
+    except ValueError as e:
+        if not table:
+            raise
+        raise ValueError(f"{e} (or one of {sorted(table)})") from None
     if not callable(obj):
         raise ValueError(f"{what} {path!r} resolves to a non-callable {type(obj).__name__}")
     return obj

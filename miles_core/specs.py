@@ -9,6 +9,7 @@ from miles_core.data import PromptSpec
 from miles_core.data.tasks import materialize_builtin
 from miles_core.env import cache_dir
 from miles_core.rewards import RewardOptions
+from miles_core.rollout.multi_turn.tools import load_tool_specs
 from miles_core.rollout.protocol import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,9 +31,10 @@ def prompt_spec(cfg: TrainConfig, keys=None) -> PromptSpec:
     label_key, metadata_key, tool_key); chat template and length limit from the config either way."""
     d = cfg.data
     k = keys or d
+    tools = tuple(load_tool_specs(cfg.rollout.generate_tool_specs_path)) if cfg.rollout.generate_tool_specs_path else None
     return PromptSpec(input_key=k.input_key, label_key=k.label_key, metadata_key=k.metadata_key, tool_key=k.tool_key,
                       apply_chat_template=d.apply_chat_template, apply_chat_template_kwargs=d.apply_chat_template_kwargs,
-                      max_prompt_len=cfg.rollout.rollout_max_prompt_len)
+                      max_prompt_len=cfg.rollout.rollout_max_prompt_len, tools=tools)
 
 
 def reward_options(cfg: TrainConfig) -> RewardOptions:

@@ -35,7 +35,18 @@ class RolloutConfig(Group):
     fully_async_buffer_groups: int | None = Field(
         None, ge=1, description="async_mode fully: most scored groups held in the buffer (default 2 * rollout_batch_size); the worker waits when full.")
     custom_generate_function_path: str | None = Field(
-        None, description="Dotted path of a custom generate function. Not supported yet: refused at load when set.")
+        None, description="Who generates a response: multi_turn (the built-in tool-calling loop), or the dotted path of an async "
+        "function, the reference's (args, sample, sampling_params) -> Sample or ours (ctx, sample) -> Sample "
+        "(docs/guide/multi-turn.md); resolved when the config loads.")
+    generate_max_turns: int = Field(16, ge=1, description="custom_generate_function_path multi_turn: most model turns per sample.")
+    generate_tool_specs_path: str | None = Field(
+        None, description="Tools passed to the chat template: a .json file or the dotted path of a list of OpenAI-style tool specs.")
+    generate_tool_call_parser: str | None = Field(
+        None, description="Tool-call format of the model's turns: qwen25 (qwen, hermes: <tool_call>{json}</tool_call>) or glm45 (glm4).")
+    generate_execute_tool_function_path: str | None = Field(
+        None, description="Dotted path of the tool runner fn(name, arguments) -> str, sync or async.")
+    generate_tool_timeout: float = Field(
+        30.0, gt=0, description="Seconds one tool call may run; past it the call fails (reason timeout) and the sample's reward is 0.")
     rm_type: str = Field("math", description="Reward function name (see the rewards page); a boxed_ prefix grades the last \\boxed{} only.")
     custom_rm_path: str | None = Field(None, description="Dotted path of an async reward function; overrides rm_type.")
     rm_url: str | None = Field(None, description="URL of a remote reward model (rm_type remote_rm).")

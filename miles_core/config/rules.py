@@ -18,7 +18,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
-    "custom_generate_function_path": "the generate loop has no custom generate hook yet",
 }
 # Estimators whose baseline is the group mean: with one sample per prompt every advantage is 0.
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
@@ -273,7 +272,13 @@ def _not_supported(c: "TrainConfig") -> None:
             raise ValueError(f"{name} is not supported yet ({why}); drop it (got {value!r}, default {default!r})")
 
 
+def _multi_turn_rules(c: "TrainConfig") -> None:
+    from miles_core.rollout.multi_turn import check_multi_turn_config
+
+    check_multi_turn_config(c)
+
+
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
-                 _sglang_rules, _champion_rule, _extension_rules):
+                 _sglang_rules, _champion_rule, _multi_turn_rules, _extension_rules):
         rule(c)

@@ -82,6 +82,7 @@ class PromptSpec:
     apply_chat_template: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_prompt_len: int | None = None
+    tools: tuple | None = None  # tool specs for the chat template of a row without tool_key (generate_tool_specs_path)
 
 
 def load_prompts(spec_path: str, tokenizer, spec: PromptSpec) -> tuple[list[Prompt], int]:
@@ -131,7 +132,8 @@ def check_row(where: str, row: dict[str, Any], spec: PromptSpec) -> None:
 def _encode(text, tokenizer, spec: PromptSpec, row: dict) -> list[int]:
     if spec.apply_chat_template:
         messages = text if isinstance(text, list) else [{"role": "user", "content": text}]
-        tools = row.get(spec.tool_key) if spec.tool_key else None
+        tools = row.get(spec.tool_key) if spec.tool_key and row.get(spec.tool_key) is not None else spec.tools
+        tools = list(tools) if tools is not None else None
         rendered = tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=True, **spec.apply_chat_template_kwargs
         )

@@ -20,6 +20,7 @@ class Status(str, enum.Enum):
     FAILED = "failed"
 
 
+FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}  # by engine finish reason
 _NUMBER_LISTS = frozenset({"tokens", "loss_mask", "rollout_log_probs", "weight_versions", "teacher_log_probs"})
 
 
@@ -40,6 +41,7 @@ class Sample:
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
     teacher_log_probs: list[float] | None = None
+    Status = Status  # not a field: ``Sample.Status.COMPLETED`` as the reference's custom functions write it
 
     @property
     def prompt_length(self) -> int:

@@ -4,6 +4,9 @@
 the tiny model needs no chat template:  ``"23+41="`` -> ``"\\boxed{64}"``.
 ``arith-chat``: the same questions as chat messages for instruct models (``apply_chat_template``):
 a system line and two worked examples that show the ``\\boxed{}`` answer format, then the question.
+``calc``: sums of two 3-digit numbers as one chat message (``"482+397"`` -> ``"\\boxed{879}"``), too
+large for the tiny model to add in its head: it must call the calculator tool ``add`` (``CALC_TOOLS``,
+run by ``calculator``) and copy the result (the ``tiny-tools`` recipe).
 """
 
 from __future__ import annotations
@@ -49,6 +52,41 @@ class ArithChatTask(ArithTask):
         return [{"role": "system", "content": self.system}, *shots, {"role": "user", "content": f"{a} {op} {b}"}]
 
 
+@dataclass(frozen=True)
+class CalcTask(ArithTask):
+    max_operand: int = 1000
+    min_operand: int = 100
+    ops: str = "+"
+
+    def rows(self) -> list[dict]:
+        rng = random.Random(self.seed)
+        out = []
+        for i in range(self.n_rows):
+            a, b = rng.randrange(self.min_operand, self.max_operand), rng.randrange(self.min_operand, self.max_operand)
+            out.append({"input": self.prompt(a, "+", b), "label": str(a + b), "metadata": {"id": i, "a": a, "b": b}})
+        return out
+
+    def prompt(self, a: int, op: str, b: int) -> list[dict]:
+        return [{"role": "user", "content": f"{a}{op}{b}"}]
+
+
+CALC_TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "a + b for two integers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+
+
+def calculator(name: str, arguments: dict) -> str:
+    """The execute-tool function of CALC_TOOLS: ``add`` of two integers, as text."""
+    if name != "add":
+        raise ValueError(f"unknown tool {name!r}; this calculator has: add")
+    return str(int(arguments["a"]) + int(arguments["b"]))
+
+
+def calc_call_text(a: int, b: int) -> str:
+    """The tool call a calc row's model turn should make (Qwen / Hermes format)."""
+    return f'<tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+
+
 def format_answer(label: str) -> str:
     """The supervised target of a label: what a correct response looks like."""
     return f"\\boxed{{{label}}}"
@@ -59,6 +97,8 @@ BUILTIN_TASKS: dict[str, ArithTask] = {
     "arith-test": ArithTask(n_rows=256, seed=1),
     "arith-chat": ArithChatTask(seed=0),
     "arith-chat-test": ArithChatTask(n_rows=256, seed=1),
+    "calc": CalcTask(seed=0),
+    "calc-test": CalcTask(n_rows=256, seed=1),
 }
 
 

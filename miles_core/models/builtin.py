@@ -51,10 +51,18 @@ BUILTIN_MODELS: dict[str, TinySpec] = {"tiny-qwen2": TinySpec(), "tiny-qwen2-bas
 
 def build_tiny(spec: TinySpec, out: Path) -> Path:
     """Tokenizer + random init + supervised warm-up, saved as an HF dir at ``out``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     rows = BUILTIN_TASKS[spec.task].rows()
     tok = train_tokenizer([r["input"] + format_answer(r["label"]) for r in rows] + GENERAL_TEXT, spec.vocab_size)
+    model = init_model(spec, tok)
+    if spec.sft_steps:
+        sft_warmup(model, tok, rows, spec)
+    return publish_model_dir(model, tok, out)
+
+
+def init_model(spec: TinySpec, tok):
+    """A randomly initialised Qwen2 of ``spec``'s sizes over the tokenizer ``tok`` (seeded)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     torch.manual_seed(spec.seed)
     config = Qwen2Config(
         vocab_size=len(tok), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
@@ -63,30 +71,36 @@ def build_tiny(spec: TinySpec, out: Path) -> Path:
         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         rope_theta=10000.0,
     )
-    model = Qwen2ForCausalLM(config)
-    if spec.sft_steps:
-        sft_warmup(model, tok, rows, spec)
-    return publish_model_dir(model, tok, out)
+    return Qwen2ForCausalLM(config)
 
 
 def sft_warmup(model, tok, rows: list[dict], spec: TinySpec) -> None:
     """Teacher-forced cross-entropy on the response tokens (prompt and response tokenized apart,
     exactly as a rollout sees them)."""
     gen = torch.Generator().manual_seed(spec.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
     pick = torch.rand(len(rows), generator=gen) < spec.sft_boxed_fraction
     targets = [format_answer(r["label"]) if boxed else r["label"] for r, boxed in zip(rows, pick.tolist())]
-    examples = [(tok(r["input"])["input_ids"], tok(t)["input_ids"] + [tok.eos_token_id]) for r, t in zip(rows, targets)]
+    examples = []
+    for r, t in zip(rows, targets):
+        prompt, response = tok(r["input"])["input_ids"], tok(t)["input_ids"] + [tok.eos_token_id]
+        examples.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
+    train_supervised(model, tok.pad_token_id, examples, spec, gen)
+
+
+def train_supervised(model, pad_id: int, examples: list[tuple[list[int], list[int]]], spec: TinySpec, gen: torch.Generator) -> None:
+    """AdamW on the cross-entropy of the tokens whose mask is 1; examples = (ids, mask) of equal lengths;
+    ``sft_steps`` batches of ``sft_batch_size`` drawn with ``gen``, lr warmed up over 20 steps."""
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
     model.train()
     for step in range(spec.sft_steps):
         idx = torch.randint(len(examples), (spec.sft_batch_size,), generator=gen)
         batch = [examples[i] for i in idx]
-        width = max(len(p) + len(r) for p, r in batch)
-        ids = torch.full((len(batch), width), tok.pad_token_id)  # [B, L]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), pad_id)  # [B, L]
         labels = torch.full((len(batch), width), -100)
-        for i, (p, r) in enumerate(batch):
-            ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-            labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
+        for i, (row, mask) in enumerate(batch):
+            ids[i, : len(row)] = torch.tensor(row)
+            labels[i, : len(row)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(row), -100)
         for g in opt.param_groups:
             g["lr"] = spec.sft_lr * min(1.0, (step + 1) / 20)
         loss = model(input_ids=ids, labels=labels).loss
@@ -98,12 +112,15 @@ def sft_warmup(model, tok, rows: list[dict], spec: TinySpec) -> None:
 
 def builtin_model_path(name: str, cache_dir: Path) -> Path:
     from miles_core.models.glm import GLM_MODELS, build_glm_debug  # GLM-4.5-architecture debug models
+    from miles_core.models.tiny_tools import TOOL_MODELS, build_tiny_tools
 
-    if name not in BUILTIN_MODELS and name not in GLM_MODELS:
-        raise ValueError(f"unknown builtin model {name!r}; valid: {sorted({**BUILTIN_MODELS, **GLM_MODELS})}")
-    spec = BUILTIN_MODELS.get(name) or GLM_MODELS[name]
+    builders = {**{n: build_tiny for n in BUILTIN_MODELS}, **{n: build_glm_debug for n in GLM_MODELS},
+                **{n: build_tiny_tools for n in TOOL_MODELS}}
+    if name not in builders:
+        raise ValueError(f"unknown builtin model {name!r}; valid: {sorted(builders)}")
+    spec = {**BUILTIN_MODELS, **GLM_MODELS, **TOOL_MODELS}[name]
     out = cache_dir / "models" / f"{name}-{spec.fingerprint()}"
     if not (out / "config.json").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        (build_tiny if name in BUILTIN_MODELS else build_glm_debug)(spec, out)
+        builders[name](spec, out)
     return out

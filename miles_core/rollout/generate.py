@@ -33,15 +33,17 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from miles_core.data.dataset import Prompt
-from miles_core.data.sample import Sample, Status
+from miles_core.data.sample import FINISH_STATUS, Sample, Status
 from miles_core.data.source import DataSource
 from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
 from miles_core.resolve import resolve
 
 from .filters import FILTERS
+from .multi_turn import TurnSpec, multi_turn_metrics, resolve_generate_function, zero_failed_rewards
+from .multi_turn.custom import run_custom
+from .multi_turn.loop import run_turns
 from .protocol import GenerateRequest, SamplingParams
 
-FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +60,7 @@ class RolloutSpec:
     seed: int = 0
     partial_rollout: bool = False
     max_rounds: int = 100  # dynamic sampling gives up (an error) when this many rounds did not keep enough groups
+    turns: TurnSpec | None = None  # custom_generate_function_path (multi-turn, tools): who generates (multi_turn/)
 
 
 @dataclass
@@ -88,7 +91,8 @@ def new_group(group_index: int, prompt: Prompt, rollout_id: int, G: int) -> list
 
 def generate_unfinished(engine, groups: list[list[Sample]], spec: RolloutSpec, seed: int, decode) -> set[int]:
     """Generate (PENDING) or continue (ABORTED) every unfinished sample of `groups`, in one engine
-    call; -> the positions in `groups` of the groups that changed."""
+    call (multi-turn: one call per turn; a custom function: its own calls); -> the positions in
+    `groups` of the groups that changed."""
     todo: list[tuple[int, Sample, int]] = []  # (group position, sample, tokens left)
     changed = set()
     for gi, group in enumerate(groups):
@@ -101,6 +105,22 @@ def generate_unfinished(engine, groups: list[list[Sample]], spec: RolloutSpec, s
                 todo.append((gi, s, left))
             else:
                 s.status = Status.TRUNCATED  # an aborted sample that had already used its whole budget
+    fn = resolve_generate_function(spec.turns.generate_function) if spec.turns and todo else None
+    if fn is None:
+        _single_turn(engine, todo, spec, seed)
+    elif fn.style == "builtin":
+        run_turns(engine, [(s, left) for _, s, left in todo], spec, seed, decode)
+    else:  # the user's function may return new Sample objects: they take the old ones' places
+        outs = run_custom(fn, engine, [(s, left) for _, s, left in todo], spec, seed)
+        for (gi, s, left), out in zip(todo, outs):
+            groups[gi][groups[gi].index(s)] = out
+        todo = [(gi, out, left) for (gi, _, left), out in zip(todo, outs)]
+    for _, s, _ in todo:
+        s.response = decode(s.response_tokens)
+    return changed
+
+
+def _single_turn(engine, todo: list[tuple[int, Sample, int]], spec: RolloutSpec, seed: int) -> None:
     reqs = [GenerateRequest(list(s.tokens), replace(spec.params, max_new_tokens=left)) for _, s, left in todo]
     results = engine.generate(reqs, seed=seed) if reqs else []
     for (_, s, _), res in zip(todo, results):
@@ -110,8 +130,6 @@ def generate_unfinished(engine, groups: list[list[Sample]], spec: RolloutSpec, s
         s.rollout_log_probs = s.rollout_log_probs + res.output_log_probs
         s.weight_versions = s.weight_versions + [res.weight_version]
         s.status = FINISH_STATUS[res.finish_reason]
-        s.response = decode(s.response_tokens)
-    return changed
 
 
 def sample_groups(
@@ -142,6 +160,7 @@ def generate_rollout(engine, source: DataSource, spec: RolloutSpec, reward: Rewa
         to_score = [s for gi in sorted(changed) for s in groups[gi]]
         for s, r in zip(to_score, asyncio.run(batched_async_rm(to_score, reward))):
             s.reward = r
+        zero_failed_rewards(to_score, spec.reward_key)
         for gi, g in enumerate(groups):
             if len(kept) >= want:  # the rest of an over-sampled round is aborted, not filtered (REFERENCE §2)
                 if spec.partial_rollout:
@@ -162,6 +181,8 @@ def generate_rollout(engine, source: DataSource, spec: RolloutSpec, reward: Rewa
     for s in samples:
         s.rollout_id = rollout_id  # buffered samples are trained in this rollout; weight_versions keeps their age
     metrics = {f"rollout/dynamic_filter/drop_{k}": float(v) for k, v in drops.items()}
+    if spec.turns is not None:
+        metrics |= multi_turn_metrics(samples)
     if spec.partial_rollout:
         metrics["rollout/partial_rollout/reused_groups"] = float(reused)
         metrics["rollout/partial_rollout/buffer_groups"] = float(len(source.buffer))

@@ -26,6 +26,7 @@ from miles_core.rollout.fleet import EngineFleet, WeightSource
 from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
+from miles_core.rollout.multi_turn import conversation_columns, turn_spec
 from miles_core.rollout.protocol import SamplingParams
 from miles_core.training.protocol import Trainer, TrainOutput
 
@@ -108,7 +109,8 @@ class Runtime:
         return RolloutSpec(rollout_batch_size=r.rollout_batch_size, n_samples_per_prompt=r.n_samples_per_prompt,
                            params=self.data.params, max_context_len=r.rollout_max_context_len,
                            over_sampling_batch_size=r.over_sampling_batch_size, filter_path=r.dynamic_sampling_filter_path,
-                           reward_key=r.reward_key, seed=self.cfg.misc.seed, partial_rollout=r.partial_rollout)
+                           reward_key=r.reward_key, seed=self.cfg.misc.seed, partial_rollout=r.partial_rollout,
+                           turns=turn_spec(self.cfg, self.model_path))
 
     # ---- 2. generate -------------------------------------------------------------------------------
     def generate(self, rollout_id: int) -> dict[str, float]:
@@ -152,11 +154,12 @@ class Runtime:
         return self.rollouts.read(rollout_id).samples
 
     def sample_rows(self, rollout_id: int, n: int) -> list[dict]:
-        """The first n samples of a rollout as table rows (for the tracker)."""
+        """The first n samples of a rollout as table rows (for the tracker); log_multi_turn adds the conversations."""
+        conversation = (lambda s: conversation_columns(s, self.tokenizer)) if self.cfg.tracking.log_multi_turn else (lambda s: {})
         return [
             {"rollout_id": rollout_id, "group_index": s.group_index, "prompt": str(s.prompt), "response": s.response,
              "label": str(s.label), "reward": reward_value(s.reward, self.cfg.rollout.reward_key), "status": s.status.value,
-             "weight_version": s.weight_versions[0]}
+             "weight_version": s.weight_versions[0], **conversation(s)}
             for s in self.load_rollout(rollout_id)[:n]
         ]
 

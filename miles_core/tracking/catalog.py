@@ -86,6 +86,7 @@ _MIS_ON = "custom_tis_function_path: mis"
 _EVAL = "miles_core/evaluation/core.py"
 _POINT = "miles_core/evaluation/point.py"
 _FULLY = "miles_core/rollout/fully_async.py"
+_MT = "miles_core/rollout/multi_turn/metrics.py"
 
 CATALOG: tuple[Metric, ...] = (
     # ---- step axes (logged as metrics too, so every chart can use them as x) ----------------------
@@ -127,6 +128,23 @@ CATALOG: tuple[Metric, ...] = (
     Metric("rollout/partial_rollout/buffer_groups", ROLLOUT,
            "groups left in the partial-rollout buffer after this rollout (generated, not used yet; saved with checkpoints)",
            "partial_rollout", "miles_core/rollout/generate.py"),
+    # ---- rollout: multi-turn generation (custom_generate_function_path) ------------------------------
+    Metric("multi_turn/raw_response_length/response_length_mean", ROLLOUT, "mean response length over all response tokens (model and tool tokens)", "custom_generate_function_path", _MT),
+    Metric("multi_turn/raw_response_length/response_length_max", ROLLOUT, "longest response, model and tool tokens", "custom_generate_function_path", _MT),
+    Metric("multi_turn/raw_response_length/response_length_min", ROLLOUT, "shortest response, model and tool tokens", "custom_generate_function_path", _MT),
+    Metric("multi_turn/raw_response_length/response_length_clip_ratio", ROLLOUT, "fraction of samples that used their whole response budget (TRUNCATED)", "custom_generate_function_path", _MT),
+    Metric("multi_turn/wo_obs_response_length/response_length_mean", ROLLOUT, "mean count of model tokens (loss_mask 1; tool output excluded)", "custom_generate_function_path", _MT),
+    Metric("multi_turn/wo_obs_response_length/response_length_max", ROLLOUT, "largest count of model tokens of a sample", "custom_generate_function_path", _MT),
+    Metric("multi_turn/wo_obs_response_length/response_length_min", ROLLOUT, "smallest count of model tokens of a sample", "custom_generate_function_path", _MT),
+    Metric("multi_turn/multi_turn_metric/round_number_mean", ROLLOUT, "mean model turns per sample", "custom_generate_function_path", _MT),
+    Metric("multi_turn/multi_turn_metric/round_number_max", ROLLOUT, "most model turns of a sample", "custom_generate_function_path", _MT),
+    Metric("multi_turn/multi_turn_metric/round_number_min", ROLLOUT, "fewest model turns of a sample", "custom_generate_function_path", _MT),
+    Metric("rollout/round_number", ROLLOUT, "mean model turns per sample (reference name)", "custom_generate_function_path", _MT),
+    Metric("multi_turn/tool_call_ratio", ROLLOUT, "fraction of samples that ran at least one tool call", "custom_generate_function_path", _MT),
+    Metric("multi_turn/tool_calls/mean", ROLLOUT, "tool calls run per sample", "custom_generate_function_path", _MT),
+    Metric("multi_turn/tool_calls/malformed", ROLLOUT, "tool calls the parser rejected (bad JSON, no name, arguments not an object), not run", "custom_generate_function_path", _MT),
+    Metric("multi_turn/tool_calls/incomplete", ROLLOUT, "turns that stopped inside an unclosed tool call", "custom_generate_function_path", _MT),
+    Metric("multi_turn/tool_failures/<reason>", ROLLOUT, "samples whose tool call failed, by reason (error, timeout, non_text); their reward is 0", "custom_generate_function_path", _MT),
     # ---- rollout: forward-only passes and advantages (trainer) ------------------------------------
     Metric("rollout/log_probs", ROLLOUT, "token mean of the old-policy log-probs", "always", _TRAINER),
     Metric("rollout/rollout_log_probs", ROLLOUT, "token mean of the engine's log-probs", "always", _TRAINER),

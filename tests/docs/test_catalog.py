@@ -31,7 +31,7 @@ def test_each_entry_names_a_module_that_emits_it():
 def test_entries_are_unique_on_their_axis_and_never_directories_of_each_other():
     names = [m.name for m in CATALOG]
     assert len(names) == len(set(names))
-    prefix_axis = {"rollout": "rollout/step", "perf": "rollout/step", "passrate": "rollout/step", "train": "train/step", "eval": "eval/step"}
+    prefix_axis = {"rollout": "rollout/step", "perf": "rollout/step", "passrate": "rollout/step", "multi_turn": "rollout/step", "train": "train/step", "eval": "eval/step"}
     for m in CATALOG:
         assert m.axis in AXES and prefix_axis[m.name.split("/")[0]] == m.axis, m
     assert prefix_collisions([n for n in names if "<" not in n]) == []

@@ -134,7 +134,7 @@ def test_a_renamed_name_is_caught(scratch):
 
 
 def test_a_planned_field_that_the_code_reads_is_caught(scratch):
-    plant(scratch, "guide/customization.md", "| `custom_generate_function_path` (planned) |", "| `custom_generate_function_path` (planned), `num_threads` (planned) |")
+    plant(scratch, "guide/customization.md", "| `eval_function_path` |", "| `eval_function_path`, `num_threads` (planned) |")
     found = problems_of(scratch, "planned")
     assert any("num_threads" in p for p in found), found
 

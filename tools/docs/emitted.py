@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import ROOT
 
-PREFIXES = ("rollout/", "train/", "perf/", "eval/", "passrate/")
+PREFIXES = ("rollout/", "train/", "perf/", "eval/", "passrate/", "multi_turn/")
 # module glob -> the prefix its bare metric names get (first match wins)
 BARE_MODULES: tuple[tuple[str, str], ...] = (
     ("miles_core/algorithms/advantages/*.py", "rollout/"),
