@@ -101,3 +101,23 @@ def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
     for a, b in zip(steps1, steps2):
         for key in ("train/value_loss", "train/value_clipfrac", "train/critic_grad_norm"):
             assert abs(a[key] - b[key]) < 1e-5 * max(1.0, abs(a[key])), (key, a[key], b[key])
+
+
+def test_a_build_that_fails_frees_its_placement(tmp_path, tiny_model_dir):
+    """A rank that cannot start (here: a model dir without its weights) fails the build, and nothing stays
+    placed: the prepare task's retry can place the same group again instead of waiting for bundles that never free."""
+    import shutil
+    import types
+
+    import ray
+
+    from miles_core.runtime.ray.cluster import build_ray
+
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    cfg = load_config("tiny", {"runtime": "ray", "actor_num_gpus_per_node": 2, "rollout_num_gpus": 1, "run_dir": str(tmp_path / "run")})
+    before = set(ray.util.placement_group_table())
+    with pytest.raises(Exception, match="no-weights|safetensors|model"):
+        build_ray(cfg, types.SimpleNamespace(model_path=broken))
+    table = ray.util.placement_group_table()
+    assert [table[k]["state"] for k in set(table) - before] == ["REMOVED"]

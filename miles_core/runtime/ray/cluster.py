@@ -24,8 +24,6 @@ def wants_gpu(cfg: TrainConfig) -> bool:
 def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
     import ray
 
-    from miles_core.rollout.http import EngineRouter, HTTPFleet
-
     cl = cfg.cluster
     started = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False).bundles))
     plan = plan_placement(cl, use_gpu=wants_gpu(cfg))
@@ -33,15 +31,31 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
         raise ValueError(f"{plan.num_train} train ranks but global_batch_size {cfg.global_batch_size}: every rank needs rows")
     pg = create_placement_group(plan)
     closers = [lambda: ray.util.remove_placement_group(pg)] + ([ray.shutdown] if started else [])
+    built: list = []  # the shutdown of each part built so far
+    try:
+        train_group, fleet = _build_parts(cfg, data, plan, pg, built)
+    except BaseException:
+        for close in [*reversed(built), *closers]:  # nothing stays placed after a failed build: a retried prepare starts clean
+            close()
+        raise
+    return RunParts(trainer=train_group, fleet=fleet, weights=RankZeroSender(train_group), close=[train_group.shutdown, *closers])
+
+
+def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
+    """-> (the train group, the engine fleet) in the placement group; appends each part's shutdown to ``built``."""
+    from miles_core.rollout.http import EngineRouter, HTTPFleet
+
+    cl = cfg.cluster
     backend = "nccl" if plan.bundles[0].get("GPU") else "gloo"
     res = plan.actor_resources()
     train_group = TrainGroup(cfg, str(data.model_path), pg, plan.train_bundles, res, backend)
-    closers.insert(0, train_group.shutdown)
+    built.append(train_group.shutdown)
     engines = EngineGroup(cfg, data.model_path, pg, plan.engine_bundles, res, ENGINE_SERVERS[cl.rollout_engine])
+    built.append(engines.shutdown)
     bucket = cl.update_weight_buffer_size
     router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket, "api_key": engines.api_key}, bucket_bytes=bucket)
     fleet = HTTPFleet(router, WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend),
-                      colocate=cl.colocate, launcher=engines, client=engines.client)
+                      colocate=cl.colocate, launcher=engines, client=engines.client)  # its close() shuts the engines down
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout)
-    return RunParts(trainer=train_group, fleet=fleet, weights=RankZeroSender(train_group), close=closers)
+    return train_group, fleet

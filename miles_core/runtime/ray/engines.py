@@ -100,7 +100,12 @@ class EngineGroup:
         self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(
                             ServerSpec(cfg=cfg, model_path=str(model_path), index=j, api_key=self.api_key, env=env), start)
                         for j, b in enumerate(bundles)]
-        self.urls = ray.get([w.url.remote() for w in self.workers])
+        try:
+            self.urls = ray.get([w.url.remote() for w in self.workers])
+        except BaseException:
+            for w in self.workers:  # an engine that failed to start frees its bundle
+                ray.kill(w)
+            raise
         self.bucket_bytes = cfg.cluster.update_weight_buffer_size
 
     def client(self, url: str):

@@ -98,10 +98,14 @@ class TrainGroup:
         cls = ray.remote(TrainWorker)
         self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(cfg, model_path, r, world, threads)
                         for r, b in enumerate(bundles)]
-        address = ray.get(self.workers[0].address.remote())
-        ray.get([w.start.remote(address, backend) for w in self.workers])
-        self._hf_config = self.rank0("run", "hf_config")
-        self.collective = self.rank0("collective")
+        try:
+            address = ray.get(self.workers[0].address.remote())
+            ray.get([w.start.remote(address, backend) for w in self.workers])
+            self._hf_config = self.rank0("run", "hf_config")
+            self.collective = self.rank0("collective")
+        except BaseException:
+            self.shutdown()  # a rank that failed to start frees its bundle: a retried prepare can place the group again
+            raise
         self.steps_done = 0  # a fresh trainer on every rank; restore() sets it from the checkpoint
 
     def call(self, method: str, *args):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 import shutil
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def hf_to_torch_dist(hf_dir: Path, out: Path) -> dict:
     args = from_hf_config(config, str(hf_dir / "config.json"))
     state = load_hf_state(hf_dir, args)
     with _world():
+        args = args.padded_for(_current_parallel().tensor_model_parallel_size)
         stage = _stage(args)
         stage.load_state_dict(weights.shard(weights.hf_to_full(state, args), stage), strict=False)
         tmp = out.parent / f".tmp-{out.name}"
@@ -109,6 +111,8 @@ def torch_dist_to_hf(ckpt: Path, out: Path, config: Path | None = None, tokenize
         raise ValueError(f"torch_dist checkpoint {ckpt} has no config.json; pass --config (the model's HF config.json)")
     hf_config = json.loads(config_path.read_text())
     args = from_hf_config(hf_config, str(config_path))
+    saved = json.loads((ckpt / checkpoint.ARGS_FILE).read_text()) if (ckpt / checkpoint.ARGS_FILE).is_file() else {}
+    args = replace(args, padded_vocab_size=saved.get("padded_vocab_size"))  # a trainer checkpoint at TP > 1 may pad the vocab
     checkpoint.check_args(ckpt, args)
     with _world():
         stage = _stage(args)

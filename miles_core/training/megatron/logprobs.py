@@ -22,6 +22,22 @@ def _tp_size() -> int:
     return ps.get_tensor_model_parallel_world_size()
 
 
+PADDED = -1e30  # a padded vocab column's logit: exp() is 0 and 0 * PADDED is 0 (entropy stays finite)
+
+
+def mask_padded_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """logits [..., V/TP] of this rank's vocab slice -> the columns at global ids >= vocab_size (the padding
+    of padded_vocab_size) set to PADDED, so they take no probability and no gradient."""
+    from megatron.core import parallel_state as ps
+
+    width = logits.shape[-1]
+    first = ps.get_tensor_model_parallel_rank() * width
+    if first + width <= vocab_size:
+        return logits
+    ids = torch.arange(first, first + width, device=logits.device)
+    return logits.masked_fill(ids >= vocab_size, PADDED)
+
+
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """logits [..., V/TP] (already / temperature, float32), targets [...] global ids -> log p(target) [...]."""
     if _tp_size() == 1:

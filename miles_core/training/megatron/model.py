@@ -74,7 +74,7 @@ def build_stage(a: ModelArgs, config):
     _without_transformer_engine()
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
     return GPTModel(
-        config=config, transformer_layer_spec=spec, vocab_size=a.vocab_size, max_sequence_length=1 << 20,
+        config=config, transformer_layer_spec=spec, vocab_size=a.model_vocab_size, max_sequence_length=1 << 20,
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights, position_embedding_type="rope",
         rotary_percent=a.rotary_percent, rotary_base=int(a.rotary_base) if float(a.rotary_base).is_integer() else a.rotary_base,

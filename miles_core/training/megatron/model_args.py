@@ -44,6 +44,19 @@ class ModelArgs:
     v_head_dim: int | None = None
     qk_pos_emb_head_dim: int | None = None
     mtp_num_layers: int | None = None
+    # the embedding and output rows the Megatron model holds: vocab_size rounded up to a multiple of TP (the
+    # reference's --padded-vocab-size); None = vocab_size. The extra rows are zeros, masked out of every softmax.
+    padded_vocab_size: int | None = None
+
+    @property
+    def model_vocab_size(self) -> int:
+        return self.padded_vocab_size or self.vocab_size
+
+    def padded_for(self, tensor_model_parallel_size: int) -> "ModelArgs":
+        """These args with the vocab padded to a multiple of tensor_model_parallel_size (unchanged when it divides)."""
+        tp = tensor_model_parallel_size
+        padded = -(-self.vocab_size // tp) * tp
+        return replace(self, padded_vocab_size=padded if padded != self.vocab_size else None)
 
     def flags(self) -> list[str]:
         """The Megatron-LM command-line form (``--num-layers 24 ...``), as the reference's scripts write it."""

@@ -38,6 +38,7 @@ from miles_core.training.protocol import TrainOutput
 from miles_core.training.schedule import set_lr
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
+from .logprobs import mask_padded_vocab
 from .model_args import ModelArgs, from_hf_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,10 +68,7 @@ class MegatronTrainer:
         self.model_path = Path(model_path)
         hf_config = json.loads((self.model_path / "config.json").read_text())
         check_model_divides(shape_from_config(hf_config), self.p, str(self.model_path))
-        self.args = from_hf_config(hf_config, str(self.model_path / "config.json"))
-        if self.args.vocab_size % self.p.tensor_model_parallel_size:
-            raise ValueError(f"tensor_model_parallel_size ({self.p.tensor_model_parallel_size}) must divide the model's "
-                             f"vocab_size ({self.args.vocab_size}, {self.model_path})")
+        self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
         parallel.init_parallel(self.p, cfg.misc.seed, cfg.cluster.device)
         self.dtype = DTYPES[cfg.misc.dtype]
         self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=cfg.cluster.device == "cpu")
@@ -108,7 +106,8 @@ class MegatronTrainer:
     # ---- forward passes ------------------------------------------------------------------------
     def _response_logits(self, mb: batching.MicroBatch, out: torch.Tensor) -> torch.Tensor:
         """out [b, S, V/TP] -> [n, T, V/TP] logits / temperature (float32) at the positions predicting mb's response tokens."""
-        return out.reshape(-1, out.shape[-1])[mb.flat_index].float() / self.temperature
+        logits = out.reshape(-1, out.shape[-1])[mb.flat_index].float() / self.temperature
+        return mask_padded_vocab(logits, self.args.vocab_size)
 
     def _run(self, stage, mbs: list[batching.MicroBatch], loss_fn, forward_only: bool) -> list[dict]:
         """megatron's forward-backward schedule over micro-batches; -> loss_fn's dicts (last stage; [] elsewhere)."""

@@ -88,9 +88,10 @@ def validate_hf(hf: dict[str, torch.Tensor], a: ModelArgs, source: str) -> None:
 
 def hf_to_full(hf: dict[str, torch.Tensor], a: ModelArgs) -> dict[str, torch.Tensor]:
     """HF tensors -> the whole Megatron model's tensors (TP=PP=EP=1 names)."""
-    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"], "decoder.final_layernorm.weight": hf["model.norm.weight"]}
+    out = {"embedding.word_embeddings.weight": _pad_rows(hf["model.embed_tokens.weight"], a.model_vocab_size),
+           "decoder.final_layernorm.weight": hf["model.norm.weight"]}
     if a.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = hf["lm_head.weight"]
+        out["output_layer.weight"] = _pad_rows(hf["lm_head.weight"], a.model_vocab_size)
     for i in range(a.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
@@ -104,6 +105,11 @@ def hf_to_full(hf: dict[str, torch.Tensor], a: ModelArgs) -> dict[str, torch.Ten
                 out[dst + f"self_attention.linear_qkv.{kind}"] = _merge_qkv(q, k_, v_, a)
         out |= _mlp_to_full(hf, a, i, src + "mlp.", dst + "mlp.")
     return out
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """[V, H] -> [rows, H], zero rows appended (the padded vocab)."""
+    return t if t.shape[0] == rows else torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
 def _mlp_to_full(hf, a: ModelArgs, i: int, src: str, dst: str) -> dict[str, torch.Tensor]:
@@ -138,9 +144,10 @@ def _split_qkv(qkv: torch.Tensor, a: ModelArgs) -> tuple[torch.Tensor, torch.Ten
 
 def full_to_hf(full: dict[str, torch.Tensor], a: ModelArgs) -> dict[str, torch.Tensor]:
     """The inverse of hf_to_full (exact: only reshapes, splits and concatenations)."""
-    out = {"model.embed_tokens.weight": full["embedding.word_embeddings.weight"], "model.norm.weight": full["decoder.final_layernorm.weight"]}
+    out = {"model.embed_tokens.weight": full["embedding.word_embeddings.weight"][: a.vocab_size],
+           "model.norm.weight": full["decoder.final_layernorm.weight"]}
     if a.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = full["output_layer.weight"]
+        out["lm_head.weight"] = full["output_layer.weight"][: a.vocab_size]
     for i in range(a.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
         out[dst + "input_layernorm.weight"] = full[src + "input_layernorm.weight"]

@@ -9,12 +9,12 @@ import torch
 VOCAB = 128
 
 
-def tiny_hf(kind: str, seed: int = 0, tie: bool = False):
+def tiny_hf(kind: str, seed: int = 0, tie: bool = False, vocab: int = VOCAB):
     """A random 2-layer HF causal LM of family ``kind`` (qwen2, qwen3, glm4_moe, qwen3_moe)."""
     import transformers
 
     common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  vocab_size=VOCAB, tie_word_embeddings=tie, max_position_embeddings=256, pad_token_id=0, eos_token_id=1)
+                  vocab_size=vocab, tie_word_embeddings=tie, max_position_embeddings=256, pad_token_id=0, eos_token_id=1)
     configs = {
         "qwen2": lambda: transformers.Qwen2Config(**common),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=16),
