@@ -214,11 +214,8 @@ def report_cmd(
 
     from miles_core.tracking.report import write_report
 
-    try:
+    with _one_message():  # a dir without a run: one message, exit 2
         page = write_report(Path(run_dir).absolute(), Path(out).absolute() if out else None)
-    except FileNotFoundError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
     console.print(f"report: {page}")
 
 

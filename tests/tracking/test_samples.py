@@ -23,3 +23,8 @@ def test_reward_sits_next_to_the_response():
     assert list(rows[0])[:3] == ["prompt", "response", "reward"]
     assert [(r["prompt"], r["response"], r["reward"]) for r in rows] == [("p0", "r0.0", 0.0), ("p1", "r1.0", 0.0), ("p0", "r0.1", 10.0)]
     assert rows[0]["rollout_id"] == 3 and rows[0]["weight_version"] == 4
+
+
+def test_extra_columns_follow_the_standard_ones():
+    rows = sample_rows(_rollout(groups=2, per_group=1), 2, float, extra=lambda s: {"messages": f"conv {s.group_index}"})
+    assert list(rows[0])[-1] == "messages" and [r["messages"] for r in rows] == ["conv 0", "conv 1"]
