@@ -94,7 +94,7 @@ def test_manual_gate_pauses_and_moves_the_alias_only_when_approved(tmp_path):
 
     # registered before its eval (eval/step 4 has not run): no pause, judged when the eval lands
     pending = _gate_flow(cfg, tracker.run_id, str(export), 3, 4)
-    assert pending["version"] == "4" and pending["candidate"] is False and pending["champion"] is False
+    assert str(pending["version"]) == "4" and pending["candidate"] is False and pending["champion"] is False
     assert client.get_model_version(MODEL, "4").tags["miles.champion_pending"]
     thread, out = _start(_judge_flow, cfg, tracker.run_id, 4, 0.9)  # the eval of its weights lands, better
     resume_flow_run(_paused().id, run_input={"approve": True})
