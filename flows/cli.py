@@ -204,6 +204,21 @@ def export_cmd(
     console.print(result)
 
 
+@app.command("report")
+def report_cmd(
+    run_dir: str = typer.Argument(..., help="The run dir of a train run (finished or running): it holds mlflow_run.json."),
+    out: Optional[str] = typer.Option(None, "--out", help="Where index.html and the PNGs go (default <run-dir>/report)."),
+) -> None:
+    """Write the run's plots and a one-page HTML summary (config, curves, eval table, exports, champion)."""
+    from pathlib import Path
+
+    from miles_core.tracking.report import write_report
+
+    with _one_message():  # a dir without a run: one message, exit 2
+        page = write_report(Path(run_dir).absolute(), Path(out).absolute() if out else None)
+    console.print(f"report: {page}")
+
+
 CONVERSIONS = ("hf-to-torch-dist", "torch-dist-to-hf")
 
 

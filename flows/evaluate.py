@@ -29,6 +29,8 @@ from miles_core.evaluation.ledger import EvalLedger, config_values_from_params
 from tasks.evaluate import eval_point, prepare_eval, release_eval, snapshot_collect, snapshot_submit
 from tasks.stages import evaluate as evaluate_live
 
+from flows.promotion import judge_pending  # registered versions that wait for an eval, judged behind the promotion gate
+
 
 @flow(name="eval", validate_parameters=True)
 def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides: dict[str, Any] | None = None) -> dict:
@@ -153,16 +155,6 @@ def finish_evals(run_key: str, tracker, config: TrainConfig) -> None:
             _judge(run_key, tracker, result)
 
 
-def judge_pending(config: TrainConfig, run_id: str, tracking_uri: str, result: PointResult) -> None:
-    """An eval landed: registered versions that waited for it are judged for the champion alias now."""
-    ck = config.checkpoint
-    value = result.metrics.get(ck.champion_metric) if ck.champion_metric else None
-    if ck.registered_model_name and value is not None and not result.skipped:
-        from miles_core.tracking.registry import crown_pending
-
-        crown_pending(tracking_uri, run_id, ck.registered_model_name, ck.champion_metric, result.step, value)
-
-
 def _judge(run_key: str, tracker, result: PointResult) -> None:
     """A background eval landed after its weights were registered: judge the version that waited for it."""
     cfg = registry.get_runtime(run_key).cfg
@@ -179,3 +171,4 @@ def _log(tracker, result: PointResult) -> None:
     tracker.log(result.metrics, "eval/step", step)
     tracker.mlflow.log_table(result.rows, f"eval/samples_step_{step}.json")
     publish(result)
+    tracker.log_plots()  # MLflow plots/ with this eval point

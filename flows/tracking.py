@@ -1,4 +1,5 @@
-"""MLflow wiring of the train flow: open or re-attach the run, skip steps already logged on resume.
+"""Tracking wiring of the train flow: open or re-attach the MLflow run, open the mirrors (W&B,
+TensorBoard, Prometheus: miles_core/tracking/fanout.py), skip steps already logged on resume.
 
 Re-attach: the checkpoint's run; without a checkpoint, the unfinished run the run dir's mlflow_run.json
 names (a kill before the first checkpoint leaves no second, orphan run). A re-attached run drops the
@@ -9,35 +10,23 @@ the failure hooks touch that run only, never one another flow run owns.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 from flows.hooks import OPENED  # absolute: a deployment loads flows/train.py under another module name
 from miles_core.config import ConfigError, TrainConfig
 from miles_core.tracking import MlflowTracker, flatten, sanitize_key
+from miles_core.tracking.fanout import MirrorSpec, RunTracker, open_mirrors
 from miles_core.tracking.mlflow_tracker import param_str
+
+from .links import run_name, tag_run
+from .runlog import attach_prefect_logs
 
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
-MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run"}
+MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run", "tracking.mlflow_ui_url"}
+# nor are the trackers that watch it (a resume may turn a mirror on or off, or move its endpoint)
+MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_wandb", "wandb_mode", "wandb_dir", "use_tensorboard", "tensorboard_dir",
+                                             "use_prometheus", "prometheus_port", "prometheus_host")}
 FAILURE_TAGS = ("miles.failure", "miles.resume_from_rollout")
-
-
-@dataclass
-class RunTracker:
-    """MlflowTracker plus per-axis high-water marks: a resumed run re-logs nothing it already has."""
-
-    mlflow: MlflowTracker
-    marks: dict[str, int] = field(default_factory=dict)
-
-    def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        """Log metrics and the axis value at ``step``, unless a resumed run already has that step."""
-        if step > self.marks.get(axis, -1):
-            self.mlflow.log_metrics({**metrics, axis: step}, step=step)
-
-    def log_extra(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        """More metrics at a step already logged by this process (timings of save and sync)."""
-        if step > self.marks.get(axis, -1):
-            self.mlflow.log_metrics(metrics, step=step)
 
 
 def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
@@ -46,23 +35,26 @@ def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
 
 def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     """New run with params, or re-attach ``run_id`` (or the run dir's unfinished run) after checking the params did not change."""
+    log = attach_prefect_logs()
     if run_id is None and not cfg.tracking.mlflow_new_run:
         run_id = unfinished_run(cfg)
     local_store = cfg.tracking_uri.startswith("sqlite:")
     artifacts = (cfg.run_dir / "mlruns").as_uri() if local_store else None  # never ./mlruns of the cwd
-    tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, cfg.tracking.mlflow_run_name or cfg.misc.recipe,
+    tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, run_name(cfg),
                             run_id, artifact_location=artifacts, asynchronous=True)  # flushed before each save and at the end
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)
         _opened(tracker.run_id, cfg.tracking_uri)
-        return RunTracker(tracker)
+        log.info("MLflow run %s opened in %s", tracker.run_id, cfg.tracking_uri)
+        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
     logged = tracker.client.get_run(run_id).data.params
     changed = [
         k for k, v in flatten(params).items()
         if k not in MUTABLE_PARAMS and sanitize_key(k) in logged and logged[sanitize_key(k)] != param_str(v)
     ]
     if changed:
+        log.error("resume refused: MLflow run %s was logged with other values of %s", run_id, changed)
         raise ConfigError(
             f"resume of MLflow run {run_id} with changed params {changed}; restore them, or start a new run "
             "with a new --save dir (or --load pointing at the old one)"
@@ -74,7 +66,17 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
         if tag in tags:
             tracker.client.delete_tag(run_id, tag)
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
-    return RunTracker(tracker, marks)
+    log.info("resuming MLflow run %s: steps already logged (not logged again) up to %s", run_id, marks)
+    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
+
+
+def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict) -> list:
+    """Tag the run with this flow run (flows/links.py), then open the mirrors the config turns on."""
+    tag_run(tracker)
+    name = tracker.client.get_run(tracker.run_id).info.run_name
+    mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name, params=params))
+    tracker.set_tags({f"miles.{m.name}": m.link for m in mirrors if m.link})
+    return mirrors
 
 
 def unfinished_run(cfg: TrainConfig) -> str | None:

@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import get_run_context
 
@@ -32,11 +32,13 @@ from miles_core.runtime import registry
 from miles_core.runtime.stage_ledger import StageLedger
 from miles_core.tracking import progress
 from tasks.convert import convert
-from tasks.export import export_live, register
+from tasks.export import export_live
 from tasks.prepare import prepare
 from tasks.stages import generate, restore, sample_rows, save, train_step, update_weights
 
 from .evaluate import eval_at, finish_evals
+from .promotion import register_export
+from .summary import summary_markdown
 from .tracking import RunTracker, open_run
 
 PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
@@ -77,6 +79,7 @@ def train(config: TrainConfig) -> dict:
     preflight(config)  # inputs, outputs, devices: one clear error before any model loads
     lock = runlock.hold(config)  # one run per run dir and save dir; a second is refused naming the holder
     run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
+    run = None
     try:
         convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
         facts = prepare(run_key, config)
@@ -97,9 +100,11 @@ def train(config: TrainConfig) -> dict:
             _finish_interrupted(run, meta["rollout_id"])
         rewards = _rollout_loop(run, start)
         finish_evals(run_key, run.tracker, config)  # background evals of eval_mode snapshot land before the run ends
-        run.tracker.mlflow.end("FINISHED")
+        run.tracker.end("FINISHED")  # the final plots, then MLflow and the mirrors
         return _summary(config, run.tracker, rewards, start, n)
     finally:
+        if run is not None:
+            run.tracker.close()  # the mirrors (W&B, TensorBoard, Prometheus); no-op after end()
         registry.release(run_key)
         lock.release()
 
@@ -135,7 +140,7 @@ def _one_rollout(run: TrainRun, i: int, pending):
     perf = {}
     # 4. save
     if save_due:
-        run.tracker.mlflow.flush()  # asynchronous metrics: on the store before the checkpoint that counts on them
+        run.tracker.flush()  # asynchronous metrics: on every tracker's store before the checkpoint that counts on them
         perf |= save(key, i, {"mlflow_run_id": run.tracker.mlflow.run_id, "mlflow_tracking_uri": cfg.tracking_uri,
                               "recipe": cfg.misc.recipe, "tokenizer_dir": run.model_path})
     # 5. sync weights
@@ -153,12 +158,10 @@ def _after_sync(run: TrainRun, i: int) -> None:
         eval_at(run.key, run.tracker, run.config)
         run.ledger.mark(i, "eval")
     if run.export_due(i) and not run.ledger.done(i, "export"):
-        c = run.config
         path = export_live(run.key, i)
         run.tracker.mlflow.flush()  # the eval of these weights is on the store before register judges the champion by it
-        register(c.tracking_uri, run.tracker.mlflow.run_id, path, i, (i + 1) * c.num_steps_per_rollout,
-                 c.checkpoint.registered_model_name, c.checkpoint.champion_metric,
-                 registry.get_runtime(run.key).weight_version)  # the eval/step of the exported weights
+        register_export(run.config, run.tracker.mlflow.run_id, path, i,  # behind the promotion gate (flows/promotion.py)
+                        registry.get_runtime(run.key).weight_version)  # the eval/step of the exported weights
         run.ledger.mark(i, "export")
 
 
@@ -186,12 +189,12 @@ def _samples_interval(config: TrainConfig) -> int:
 
 
 def _record_run(config: TrainConfig, tracker: RunTracker) -> None:
-    """Remember the MLflow run in the run dir, so failure hooks can close it even before a checkpoint."""
+    """Remember the MLflow run in the run dir, so failure hooks can close it even before a checkpoint (the Prefect log
+    line naming the run is open_run's)."""
     import json
 
     config.run_dir.mkdir(parents=True, exist_ok=True)
     (config.run_dir / "mlflow_run.json").write_text(json.dumps({"run_id": tracker.mlflow.run_id, "tracking_uri": config.tracking_uri}))
-    get_run_logger().info("MLflow run %s at %s", tracker.mlflow.run_id, config.tracking_uri)
 
 
 def _summary(config: TrainConfig, tracker: RunTracker, rewards: list[dict], start: int, n: int) -> dict:
@@ -201,8 +204,5 @@ def _summary(config: TrainConfig, tracker: RunTracker, rewards: list[dict], star
         "rollouts": n, "resumed_from": start, "first_reward": raw[0] if raw else None, "last_reward": raw[-1] if raw else None,
         "first3_reward": statistics.fmean(raw[:3]) if raw else None, "last3_reward": statistics.fmean(raw[-3:]) if raw else None,
     }
-    create_markdown_artifact(
-        key="train-summary",
-        markdown=f"# miles train {config.misc.recipe}\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary.items()),
-    )
+    create_markdown_artifact(key="train-summary", markdown=summary_markdown(config, tracker, summary))
     return summary

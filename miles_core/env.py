@@ -59,6 +59,13 @@ def configure_environment() -> None:
         # artifacts are recorded without it. Off, the ephemeral API spends half the CPU per task run.
         "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
         "PREFECT_LOCAL_STORAGE_PATH": str(home / "prefect" / "storage"),
+        # W&B (use_wandb): its homes inside the project, no error reports sent, no console banner
+        "WANDB_CACHE_DIR": str(home / "wandb" / "cache"),
+        "WANDB_CONFIG_DIR": str(home / "wandb" / "config"),
+        "WANDB_DATA_DIR": str(home / "wandb" / "data"),
+        "WANDB_ARTIFACT_DIR": str(home / "wandb" / "artifacts"),
+        "WANDB_ERROR_REPORTING": "false",
+        "WANDB_SILENT": "true",
     }
     ours = "PREFECT_HOME" not in os.environ
     for key, value in defaults.items():

@@ -17,17 +17,19 @@ from prefect.cache_policies import NO_CACHE
 from miles_core.evaluation import PointResult
 from miles_core.faults import inject
 from miles_core.runtime.registry import get_runtime
+from miles_core.tracking.runlog import log as run_log
 from miles_core.training.protocol import TrainOutput
 from tasks import HOUR, MINUTE
 
 
-@task(name="generate", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1, timeout_seconds=2 * HOUR)
+@task(name="generate", task_run_name="generate-r{rollout_id}", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1,
+      timeout_seconds=2 * HOUR)
 def generate(run_key: str, rollout_id: int) -> dict[str, float]:
     inject("generate", rollout_id)
     return get_runtime(run_key).generate(rollout_id)
 
 
-@task(name="train", cache_policy=NO_CACHE, persist_result=False, retries=0, timeout_seconds=2 * HOUR)
+@task(name="train", task_run_name="train-r{rollout_id}", cache_policy=NO_CACHE, persist_result=False, retries=0, timeout_seconds=2 * HOUR)
 def train_step(run_key: str, rollout_id: int) -> TrainOutput:
     inject("train", rollout_id)
     return get_runtime(run_key).train(rollout_id)
@@ -39,10 +41,13 @@ def update_weights(run_key: str) -> dict[str, float]:
     return get_runtime(run_key).sync_weights()
 
 
-@task(name="save", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=HOUR)
+@task(name="save", task_run_name="save-r{rollout_id}", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1,
+      timeout_seconds=HOUR)
 def save(run_key: str, rollout_id: int, state: dict) -> dict[str, float]:
     inject("save", rollout_id)
-    return get_runtime(run_key).save(rollout_id, state)
+    perf = get_runtime(run_key).save(rollout_id, state)
+    run_log.info("checkpoint of rollout %d saved (%.2f s)", rollout_id, perf.get("perf/save_model_time", float("nan")))
+    return perf
 
 
 @task(name="eval", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=2 * HOUR)
@@ -52,7 +57,8 @@ def evaluate(run_key: str) -> PointResult:
     return get_runtime(run_key).evaluate()
 
 
-@task(name="export", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=HOUR)
+@task(name="export", task_run_name="export-r{rollout_id}", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1,
+      timeout_seconds=HOUR)
 def export(run_key: str, rollout_id: int) -> str:
     inject("export", rollout_id)
     return str(get_runtime(run_key).export(rollout_id))
@@ -60,7 +66,7 @@ def export(run_key: str, rollout_id: int) -> str:
 
 @task(name="sample-rows", cache_policy=NO_CACHE, persist_result=False, retries=1, retry_delay_seconds=1, timeout_seconds=10 * MINUTE)
 def sample_rows(run_key: str, rollout_id: int, n: int) -> list[dict]:
-    """The first n samples of a rollout as table rows for the tracker."""
+    """n samples of a rollout, spread across its prompts, as table rows for the tracker."""
     return get_runtime(run_key).sample_rows(rollout_id, n)
 
 

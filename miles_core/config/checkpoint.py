@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from ._base import Group
@@ -23,3 +25,9 @@ class CheckpointConfig(Group):
     export_interval: int | None = Field(None, ge=1, description="Export an HF snapshot every N rollouts (and after the last).")
     registered_model_name: str | None = Field(None, description="MLflow registered model name for exports.")
     champion_metric: str | None = Field(None, description="Eval metric whose improvement moves the 'champion' alias.")
+    promotion_gate: Literal["auto", "manual"] = Field(
+        "auto", description="auto: the champion alias moves as soon as an export's champion_metric (the eval of its own weights) "
+                            "beats the champion's; manual: the flow pauses first (Prefect pause_flow_run with an approve/reject form "
+                            "showing the eval table) and moves it only when approved (needs export_interval, registered_model_name "
+                            "and champion_metric).")
+    promotion_timeout: int = Field(3600, ge=1, description="Seconds a manual promotion gate waits for an answer; then the alias stays and the run goes on.")

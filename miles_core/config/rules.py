@@ -64,6 +64,13 @@ def _algo_rules(c: "TrainConfig") -> None:
                          "or disable_rewards_normalization: true (raw rewards)")
 
 
+def _promotion_rules(c: "TrainConfig") -> None:
+    ck = c.checkpoint
+    if ck.promotion_gate == "manual" and not (ck.registered_model_name and ck.champion_metric and ck.export_interval):
+        raise ValueError("promotion_gate manual gates the champion alias of exports: it needs export_interval, registered_model_name "
+                         "and champion_metric; set them, or promotion_gate: auto")
+
+
 def _rollout_rules(c: "TrainConfig") -> None:
     from miles_core.rewards import validate_rm_type
 
@@ -280,5 +287,5 @@ def _multi_turn_rules(c: "TrainConfig") -> None:
 
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
-                 _sglang_rules, _champion_rule, _multi_turn_rules, _extension_rules):
+                 _sglang_rules, _champion_rule, _promotion_rules, _multi_turn_rules, _extension_rules):
         rule(c)

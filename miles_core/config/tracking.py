@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from ._base import Group
@@ -11,6 +13,9 @@ class TrackingConfig(Group):
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default sqlite:///<run_dir>/mlflow.db).")
     mlflow_experiment_name: str = Field("miles", description="MLflow experiment.")
     mlflow_run_name: str | None = Field(None, description="MLflow run name (default the recipe name).")
+    mlflow_ui_url: str | None = Field(
+        None, description="Base URL of an MLflow UI serving this store (`mlflow ui --backend-store-uri ...`), for the run link in the "
+                          "Prefect summary (default: the tracking URI when it is http(s); none for a SQLite store).")
     mlflow_new_run: bool = Field(False, description="On resume, log into a new MLflow run instead of re-attaching to the checkpoint's run (needed when params changed).")
     log_samples: int = Field(8, ge=0, description="Sample completions logged per rollout as a table.")
     log_multi_turn: bool = Field(
@@ -18,3 +23,19 @@ class TrackingConfig(Group):
         "messages) with their round number, tool calls and tool failure.")
     log_samples_interval: int | None = Field(
         None, ge=1, description="Log the sample table after rollout i when (i+1) % interval == 0 or i is the last (default: eval_interval, else 1).")
+    # ---- trackers beside MLflow (the primary): the same keys at the same step axes (docs/guide/trackers.md)
+    use_wandb: bool = Field(False, description="Also log to Weights & Biases (same keys and step axes as MLflow; a resume continues the same W&B run).")
+    wandb_project: str | None = Field(None, description="W&B project (default: mlflow_experiment_name).")
+    wandb_group: str | None = Field(None, description="W&B run group.")
+    wandb_team: str | None = Field(None, description="W&B entity (team or user); default: the account's default entity.")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="W&B mode: online (sends to the W&B server), offline (files under wandb_dir only; `wandb sync` later), "
+                          "disabled (no-op); default: WANDB_MODE, else online.")
+    wandb_dir: str | None = Field(None, description="Directory for W&B's files (default: the run dir; W&B writes <dir>/wandb/).")
+    wandb_run_id: str | None = Field(
+        None, description="W&B run id to log into (default: a new id, recorded in <run_dir>/wandb_run.json and reused on resume).")
+    use_tensorboard: bool = Field(False, description="Also write TensorBoard event files (tensorboardX), one subdirectory per MLflow run.")
+    tensorboard_dir: str | None = Field(None, description="TensorBoard log dir (default: <run_dir>/tensorboard).")
+    use_prometheus: bool = Field(False, description="Serve the latest value of every logged metric as Prometheus gauges on http://<prometheus_host>:<prometheus_port>/metrics while the run lives.")
+    prometheus_port: int = Field(9090, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: a free port, written to the run's MLflow tag miles.prometheus_url).")
+    prometheus_host: str = Field("127.0.0.1", description="Address the /metrics endpoint binds to (0.0.0.0 to expose it beyond this machine).")

@@ -28,6 +28,7 @@ from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
 from miles_core.rollout.multi_turn import conversation_columns, turn_spec
 from miles_core.rollout.protocol import SamplingParams
+from miles_core.tracking.samples import sample_rows
 from miles_core.training.protocol import Trainer, TrainOutput
 
 from .rollout_store import RolloutFile, RolloutStore
@@ -154,14 +155,10 @@ class Runtime:
         return self.rollouts.read(rollout_id).samples
 
     def sample_rows(self, rollout_id: int, n: int) -> list[dict]:
-        """The first n samples of a rollout as table rows (for the tracker); log_multi_turn adds the conversations."""
+        """n samples of a rollout, spread across its prompts, as table rows (miles_core/tracking/samples.py);
+        log_multi_turn adds the conversations."""
         conversation = (lambda s: conversation_columns(s, self.tokenizer)) if self.cfg.tracking.log_multi_turn else (lambda s: {})
-        return [
-            {"rollout_id": rollout_id, "group_index": s.group_index, "prompt": str(s.prompt), "response": s.response,
-             "label": str(s.label), "reward": reward_value(s.reward, self.cfg.rollout.reward_key), "status": s.status.value,
-             "weight_version": s.weight_versions[0], **conversation(s)}
-            for s in self.load_rollout(rollout_id)[:n]
-        ]
+        return sample_rows(self.load_rollout(rollout_id), n, lambda r: reward_value(r, self.cfg.rollout.reward_key), conversation)
 
     # ---- 3. train ----------------------------------------------------------------------------------
     def train(self, rollout_id: int) -> TrainOutput:

@@ -90,6 +90,19 @@ class MlflowTracker:
         self.flush()
         return [(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)]
 
+    def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, local_dir, artifact_path=artifact_path)
+
+
+def histories(client, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """key -> (step, value) sorted by step (the last value logged at a step wins), for the keys the run has."""
+    out = {}
+    for key in keys:
+        points = {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))}
+        if points:
+            out[key] = sorted(points.items())
+    return out
+
 
 def param_str(v: Any) -> str:
     s = v if isinstance(v, str) else json.dumps(v)

@@ -5,7 +5,10 @@ The champion is judged by the eval of the exported weights themselves: the metri
 export's eval/step (the weight version those weights were synced as), never the newest value of the
 run (which may belong to older weights). The version is tagged with the metric, the value and the eval
 step; when that eval has not run yet (a later eval point, the nightly eval flow), the version is tagged
-``miles.champion_pending`` and judged by ``crown_pending`` when that eval lands."""
+``miles.champion_pending`` and judged by ``crown_pending`` when that eval lands.
+
+``crown=False`` (a manual promotion gate, flows/promotion.py) judges the same way but leaves the alias:
+a version that beats the champion is a candidate, crowned by ``set_champion`` once approved."""
 
 from __future__ import annotations
 
@@ -23,13 +26,16 @@ PENDING_TAG = "miles.champion_pending"
 class RegisteredExport:
     version: str | None
     artifact_uri: str
-    champion: bool
+    champion: bool  # the alias moved to this version
+    candidate: bool = False  # its metric beats the champion's (crown=False: the alias waits for set_champion)
+    pending: bool = False  # its eval has not landed yet: judged by crown_pending
 
 
 def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: int, step: int,
-               model_name: str | None, champion_metric: str | None, eval_step: int | None = None) -> RegisteredExport:
-    """Log ``export_path`` as artifacts of the run, register it under ``model_name``, and crown it when the
-    champion metric at ``eval_step`` (the exported weights' eval/step) beats the current champion's."""
+               model_name: str | None, champion_metric: str | None, eval_step: int | None = None,
+               crown: bool = True) -> RegisteredExport:
+    """Log ``export_path`` as artifacts of the run, register it under ``model_name``, and crown it (when ``crown``)
+    if the champion metric at ``eval_step`` (the exported weights' eval/step) beats the current champion's."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -50,12 +56,18 @@ def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: in
         tags |= {METRIC_TAG: champion_metric, EVAL_STEP_TAG: str(eval_step)}
         tags |= {VALUE_TAG: repr(value)} if value is not None else {PENDING_TAG: f"no {champion_metric} at eval/step {eval_step} yet"}
     mv = client.create_model_version(model_name, source=uri, run_id=run_id, tags=tags)
-    return RegisteredExport(mv.version, uri, _maybe_crown(client, model_name, mv.version, value))
+    candidate = value is not None and value > _champion_value(client, model_name)
+    if candidate and crown:
+        client.set_registered_model_alias(model_name, CHAMPION, mv.version)
+    return RegisteredExport(mv.version, uri, candidate and crown, candidate, bool(champion_metric) and value is None)
 
 
-def crown_pending(tracking_uri: str, run_id: str, model_name: str, metric: str, eval_step: int, value: float) -> list[str]:
+def crown_pending(tracking_uri: str, run_id: str, model_name: str, metric: str, eval_step: int, value: float,
+                  crown: bool = True) -> list[str]:
     """An eval at ``eval_step`` landed with ``metric`` = ``value``: judge the run's versions of ``model_name`` that waited
-    for it (tag the value, drop the pending tag, crown when better). -> the versions judged."""
+    for it (tag the value, drop the pending tag, crown when better and ``crown``). -> the versions that beat the
+    champion: crowned, or (crown=False) candidates for a promotion gate; versions of the same weights share a value, so
+    only the first of them beats it."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -64,15 +76,18 @@ def crown_pending(tracking_uri: str, run_id: str, model_name: str, metric: str, 
         versions = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
     except MlflowException:
         return []
-    judged = []
+    best, beat = _champion_value(client, model_name), []
     for mv in sorted(versions, key=lambda v: int(v.version)):
         tags = mv.tags
         if PENDING_TAG in tags and tags.get(METRIC_TAG) == metric and tags.get(EVAL_STEP_TAG) == str(eval_step):
             client.set_model_version_tag(model_name, mv.version, VALUE_TAG, repr(value))
             client.delete_model_version_tag(model_name, mv.version, PENDING_TAG)
-            _maybe_crown(client, model_name, mv.version, value)
-            judged.append(str(mv.version))
-    return judged
+            if value > best:
+                best = value
+                beat.append(str(mv.version))
+                if crown:
+                    client.set_registered_model_alias(model_name, CHAMPION, mv.version)
+    return beat
 
 
 def _value_at(client, run_id: str, key: str, eval_step: int) -> float | None:
@@ -83,18 +98,19 @@ def _value_at(client, run_id: str, key: str, eval_step: int) -> float | None:
     return max(history, key=lambda m: m.timestamp).value if history else None
 
 
-def _maybe_crown(client, name: str, version: str, value: float | None) -> bool:
-    """Move the champion alias to ``version`` when its metric beats the current champion's."""
+def _champion_value(client, name: str) -> float:
+    """The current champion's metric value (-inf when there is no champion yet)."""
     from mlflow.exceptions import MlflowException
 
-    if value is None:
-        return False
     try:
         current = client.get_model_version_by_alias(name, CHAMPION)
-        best = float(current.tags.get(VALUE_TAG, "-inf"))
     except MlflowException:
-        best = float("-inf")
-    if value > best:
-        client.set_registered_model_alias(name, CHAMPION, version)
-        return True
-    return False
+        return float("-inf")
+    return float(current.tags.get(VALUE_TAG, "-inf"))
+
+
+def set_champion(tracking_uri: str, name: str, version: str) -> None:
+    """Move the champion alias to ``version`` (a manual promotion gate's approval)."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri).set_registered_model_alias(name, CHAMPION, version)

@@ -51,13 +51,14 @@ EXTERNAL_FLAGS = {
     "--model-path", "--enable-deterministic-inference", "--tp", "--mem-fraction-static",  # sglang.launch_server
     "--pool", "--cron", "--name", "--params", "--param", "--type", "--work-queue", "--prefect-file",  # prefect CLI
     "--address", "--head", "--num-cpus", "--num-gpus",  # ray start
+    "--logdir",  # tensorboard
 }
 # Names from libraries or protocols that pages may put in code spans without the code using them.
 EXTERNAL_NAMES = {
     "input_token_logprobs", "sampling_seed", "output_token_logprobs", "serialized_named_tensors", "launch_server",
     "prefect_test_harness", "num_labels", "pass_at_k", "log_ratio",
 }
-EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "NO_MKDOCS_2_WARNING", "CI", "PATH", "HOME", "PYTHONPATH", "OMP_NUM_THREADS"}
+EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "NO_MKDOCS_2_WARNING", "CI", "PATH", "HOME", "PYTHONPATH", "OMP_NUM_THREADS", "WANDB_MODE"}
 METRIC_PREFIXES = ("rollout/", "train/", "perf/", "eval/", "passrate/")
 REPO_DIRS = ("miles_core", "flows", "tasks", "deployments", "docs", "tests", "bench", "docker", "tools", ".ci")
 REPO_FILES = ("README.md", "Makefile", "pyproject.toml", "requirements.lock", "mkdocs.yml")

@@ -65,6 +65,12 @@ ENV_NOTES: dict[str, str] = {
                                                        "automations; task runs, states, logs and artifacts are recorded without them): "
                                                        "half of the API's CPU per task run. `miles serve` keeps it on.",
     "PREFECT_LOCAL_STORAGE_PATH": "Where persisted task results (convert, export caches) are stored.",
+    "WANDB_CACHE_DIR": "W&B's cache (`use_wandb`) inside the project cache.",
+    "WANDB_CONFIG_DIR": "W&B's settings and credentials dir inside the project cache (`wandb login` writes there).",
+    "WANDB_DATA_DIR": "W&B's staging dir for uploads inside the project cache.",
+    "WANDB_ARTIFACT_DIR": "W&B's artifact downloads inside the project cache.",
+    "WANDB_ERROR_REPORTING": "W&B sends no error reports of its own (an offline run reaches no network).",
+    "WANDB_SILENT": "No W&B banner or prompts on the console; its logs stay in `<wandb_dir>/wandb/`.",
     "MILES_ALLOW_HUB": "`1` lets transformers download from the Hugging Face Hub (sets `HF_HUB_OFFLINE=0`).",
     "MILES_CACHE_DIR": "The miles cache (built tiny models, generated datasets); its parent holds the other homes. "
                        "Default `.cache/miles` in the working directory.",

@@ -1,0 +1,142 @@
+"""Weights & Biases mirror: each key plotted against its own step axis (``define_metric`` with
+``step_metric``), the flattened config as the W&B config.
+
+The W&B run id is recorded in ``<run_dir>/wandb_run.json`` with the MLflow run it mirrors and the
+highest step sent per axis (written after every row sent): a resume of the same MLflow run
+resumes the same W&B run and starts above those marks. A new MLflow run (``mlflow_new_run``) gets a
+new W&B run; ``wandb_run_id`` names the W&B run explicitly.
+
+Never reaches the network unless ``wandb_mode`` (or WANDB_MODE) is online: W&B's error reporting and
+homes are set in miles_core/env.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from .catalog import AXES
+from .keys import flatten, sanitize_key
+
+RECORD = "wandb_run.json"
+
+
+class WandbMirror:
+    name = "wandb"
+
+    def __init__(self, run, record: Path, mlflow_run_id: str, marks: dict[str, int]):
+        self.run = run
+        self.record = record
+        self.mlflow_run_id = mlflow_run_id
+        self.marks = dict(marks)  # at open (resume); fixed
+        self._logged = dict(marks)  # the highest step logged per axis, written to the record
+        self._defined: set[str] = set()
+        self._pending: tuple[str, int, dict] | None = None  # (axis, step, row) not sent yet
+        self._write_record()
+
+    @classmethod
+    def open(cls, spec) -> "WandbMirror":
+        import wandb
+
+        t = spec.tracking
+        record = spec.run_dir / RECORD
+        previous = json.loads(record.read_text()) if record.exists() else {}
+        same_run = previous.get("mlflow_run_id") == spec.mlflow_run_id and (not t.wandb_run_id or t.wandb_run_id == previous.get("run_id"))
+        run_id = t.wandb_run_id or (previous["run_id"] if same_run else secrets.token_hex(4))
+        wandb_dir = Path(t.wandb_dir).absolute() if t.wandb_dir else spec.run_dir
+        for d in (wandb_dir, spec.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        run = wandb.init(project=t.wandb_project or t.mlflow_experiment_name, entity=t.wandb_team, group=t.wandb_group,
+                         name=spec.run_name, id=run_id, resume="allow", dir=str(wandb_dir), mode=t.wandb_mode,
+                         config=flatten(spec.params), settings=wandb.Settings(console="off"))
+        for axis in AXES:
+            run.define_metric(axis)
+        return cls(run, record, spec.mlflow_run_id, previous.get("marks", {}) if same_run else {})
+
+    @property
+    def link(self) -> str:
+        """The run's W&B page (online), else its local directory (offline: ``wandb sync <dir>``)."""
+        return self.run.url or str(Path(self.run.dir).parent)
+
+    def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
+        """A new row; the previous one is sent (a row waits for the timings ``log_extra`` adds at its step)."""
+        self.flush()
+        self._pending = (axis, step, self._row(metrics, axis))
+
+    def log_extra(self, metrics: dict[str, float], axis: str, step: int) -> None:
+        """Metrics at a step already logged: into that step's row while it waits, else a row of its own."""
+        if self._pending and self._pending[:2] == (axis, step):
+            self._pending[2].update(self._row(metrics, axis))
+        else:
+            self.flush()
+            self._pending = (axis, step, {**self._row(metrics, axis), axis: step})
+
+    def _row(self, metrics: dict[str, float], axis: str) -> dict[str, float]:
+        """The row with MLflow's keys; a key seen for the first time is plotted against ``axis``."""
+        row = {sanitize_key(k): float(v) for k, v in metrics.items()}
+        for key in row.keys() - self._defined - set(AXES):
+            self.run.define_metric(key, step_metric=axis)
+        self._defined |= row.keys()
+        return row
+
+    def flush(self) -> None:
+        """Send the waiting row (W&B's service process owns it once ``run.log`` returns) and record its step."""
+        if self._pending:
+            axis, step, row = self._pending
+            self._pending = None
+            self.run.log(row)
+            self._logged[axis] = max(step, self._logged.get(axis, -1))
+            self._write_record()
+
+    def close(self, status: str) -> None:
+        """Finish the run and stop W&B's service process: only then are its files complete on disk (``finish``
+        returns before the transaction log is written out), so ``wandb sync`` or ``read_history`` right after see it all."""
+        import wandb
+
+        self.flush()
+        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        wandb.teardown()
+
+    def _write_record(self) -> None:
+        tmp = self.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run_id": self.run.id, "mlflow_run_id": self.mlflow_run_id, "marks": self._logged}))
+        os.replace(tmp, self.record)
+
+
+def read_history(wandb_dir: Path, run_id: str) -> list[dict]:
+    """The history rows of W&B run ``run_id`` under ``<wandb_dir>/wandb/``, from W&B's own transaction
+    logs (``run-<id>.wandb``, written online and offline; one per process that logged), in order."""
+    rows: list[dict] = []
+    for path in sorted(Path(wandb_dir, "wandb").glob(f"*-{run_id}/run-{run_id}.wandb")):
+        for record in _records(path):
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+    return rows
+
+
+def _records(path: Path):
+    """W&B's framing (LevelDB log): a 7-byte file header (":W&B", magic, version), then 32 KiB blocks of
+    chunks (u32 crc, u16 length, u8 type: 1 full, 2 first, 3 middle, 4 last); a block's tail under 7
+    bytes is padding. Each whole chunk sequence is one serialized Record."""
+    import struct
+
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data, block = path.read_bytes(), 32768
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path}: not a W&B transaction log")
+    pos, parts = 7, []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:  # zero padding: the writer stopped here
+            break
+        parts.append(data[pos + 7 : pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):
+            yield Record.FromString(b"".join(parts))
+            parts = []

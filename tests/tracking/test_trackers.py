@@ -1,0 +1,121 @@
+"""The tracker fan-out with the real libraries: W&B offline (its history read back from its own
+transaction log), TensorBoard event files read back, Prometheus /metrics over 127.0.0.1, and a resume
+into the same MLflow run that duplicates no step on any tracker."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from mlflow.tracking import MlflowClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from flows.tracking import open_run
+from miles_core.config import load_config
+from miles_core.tracking.prometheus_tracker import PrometheusMirror
+from miles_core.tracking.tensorboard_tracker import read_scalars
+from miles_core.tracking.wandb_tracker import RECORD, read_history
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One SQLite store for the module's runs (creating one costs seconds of schema migrations)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+
+
+def _config(tmp_path, store, **trackers):
+    return load_config("tiny", {"run_dir": str(tmp_path / "run"), "mlflow_tracking_uri": store, "wandb_mode": "offline",
+                                "prometheus_port": 0, **trackers})
+
+
+def _rollouts(tracker, steps) -> None:
+    for i in steps:
+        tracker.log({"rollout/raw_reward": 0.1 * i, "passrate/pass@8": 0.5}, "rollout/step", i)
+        tracker.log({"train/loss": 1.0 - 0.1 * i}, "train/step", i)
+        tracker.log_extra({"perf/save_model_time": 0.25}, "rollout/step", i)
+
+
+def _named(tracker) -> dict:
+    return {m.name: m for m in tracker.mirrors}
+
+
+def _scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_every_tracker_gets_the_same_keys_at_the_same_axes(tmp_path, store):
+    cfg = _config(tmp_path, store, use_wandb=True, use_tensorboard=True, use_prometheus=True)
+    tracker = open_run(cfg, None, {})
+    assert [m.name for m in tracker.mirrors] == ["log", "wandb", "tensorboard", "prometheus"]
+    _, wandb, tb, prom = tracker.mirrors
+    _rollouts(tracker, range(3))
+    live = _scrape(prom.link)  # while the run lives
+    assert prom.link.startswith("http://127.0.0.1:")
+    assert live["miles_rollout_raw_reward"] == 0.2 and live["miles_rollout_step"] == 2 and live["miles_passrate_pass_8"] == 0.5
+    tracker.end("FINISHED")
+
+    tags = MlflowClient(cfg.tracking_uri).get_run(tracker.mlflow.run_id).data.tags
+    assert tags["miles.tensorboard"] == str(tb.logdir) and tags["miles.prometheus"] == prom.link
+    scalars = read_scalars(tb.logdir)
+    assert [s for s, _ in scalars["rollout/raw_reward"]] == [0, 1, 2]
+    assert [v for _, v in scalars["rollout/raw_reward"]] == pytest.approx([0.0, 0.1, 0.2])  # float32 in event files
+    assert [s for s, _ in scalars["passrate/pass_8"]] == [0, 1, 2]  # the key MLflow has (sanitized)
+    assert [s for s, _ in scalars["train/loss"]] == [0, 1, 2] and [s for s, _ in scalars["perf/save_model_time"]] == [0, 1, 2]
+
+    rows = read_history(cfg.run_dir, wandb.run.id)
+    rewards = [(r["rollout/step"], r["rollout/raw_reward"]) for r in rows if "rollout/raw_reward" in r]
+    assert rewards == [(0, 0.0), (1, 0.1), (2, 0.2)]
+    assert [r["train/step"] for r in rows if "train/loss" in r] == [0, 1, 2]
+    assert sum("perf/save_model_time" in r for r in rows) == 3
+    try:
+        urllib.request.urlopen(prom.link, timeout=2)
+        raise AssertionError("the /metrics endpoint outlived the run")
+    except OSError:
+        pass
+
+
+def test_resume_duplicates_no_step_on_any_tracker(tmp_path, store):
+    cfg = _config(tmp_path, store, use_wandb=True, use_tensorboard=True)
+    first = open_run(cfg, None, {})
+    _rollouts(first, range(4))
+    for name in ("wandb", "tensorboard"):  # the mirrors got step 4 ...
+        _named(first)[name].log({"rollout/raw_reward": 0.4, "rollout/step": 4}, "rollout/step", 4)
+    first.mlflow.flush()  # ... MLflow did not (the process died before)
+    first.close("FAILED")  # the crash: mirrors closed by the flow's finally, the MLflow run left RUNNING
+    wandb_id = _named(first)["wandb"].run.id
+
+    resumed = open_run(cfg, first.mlflow.run_id, {})  # a rerun from the checkpoint of rollout 1 logs 2..5 again
+    mirrors = _named(resumed)
+    assert resumed.marks["rollout/step"] == 3 and [mirrors[n].marks["rollout/step"] for n in ("wandb", "tensorboard")] == [4, 4]
+    assert mirrors["wandb"].run.id == wandb_id  # the same W&B run, from <run_dir>/wandb_run.json
+    _rollouts(resumed, range(2, 6))
+    resumed.end("FINISHED")
+
+    client = MlflowClient(cfg.tracking_uri)
+    assert [m.step for m in client.get_metric_history(first.mlflow.run_id, "rollout/step")] == list(range(6))
+    assert [m.step for m in client.get_metric_history(first.mlflow.run_id, "train/step")] == list(range(6))
+    tb = read_scalars(mirrors["tensorboard"].logdir)
+    assert [s for s, _ in tb["rollout/step"]] == list(range(6)) and [s for s, _ in tb["train/step"]] == list(range(6))
+    rows = read_history(cfg.run_dir, wandb_id)
+    assert [r["rollout/step"] for r in rows if "rollout/raw_reward" in r] == list(range(6))
+    assert [r["train/step"] for r in rows if "train/loss" in r] == list(range(6))
+    assert (cfg.run_dir / RECORD).exists()
+
+
+def test_a_new_mlflow_run_gets_a_new_wandb_run(tmp_path, store):
+    cfg = _config(tmp_path, store, use_wandb=True, wandb_dir=str(tmp_path / "wb"))
+    first = open_run(cfg, None, {})
+    first.end("FINISHED")
+    second = open_run(cfg, None, {})  # mlflow_new_run, or a fresh run dir record
+    second.end("FINISHED")
+    assert _named(first)["wandb"].run.id != _named(second)["wandb"].run.id
+    assert (tmp_path / "wb" / "wandb").is_dir()
+
+
+def test_a_busy_prometheus_port_is_a_clear_error():
+    holder = PrometheusMirror("127.0.0.1", 0, {"run_id": "a", "run_name": "tiny"})
+    port = int(holder.link.rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(OSError, match=f"prometheus_port {port}"):
+        PrometheusMirror("127.0.0.1", port, {"run_id": "b", "run_name": "tiny"})
+    holder.close("FINISHED")
