@@ -1,6 +1,7 @@
 """Kill a run with SIGKILL after a checkpoint, rerun it: every logged metric at every step equals
 the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Also with
-async_mode one_step, where the checkpoint counts on the rollout generated ahead of it. (The multi-turn
+async_mode one_step, where the checkpoint counts on the rollout generated ahead of it, and with the
+Megatron trainer (its torch_dist checkpoint: model, optimizer, RNG, step count). (The multi-turn
 tiny-tools recipe passes the same comparison, but its model's warm-up costs ~9 CPU-minutes on a cold
 cache, so it is not part of the suite.)
 
@@ -27,8 +28,9 @@ ARGS = ["--num-rollout", str(N), "--save-interval", "2", "--eval-interval", "3",
         "--num-threads", "1"]
 
 
-def _cli(run_dir: Path, mode: str, recipe: str) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "train", recipe, "--run-dir", str(run_dir), *ARGS, "--async-mode", mode]
+def _cli(run_dir: Path, mode: str, recipe: str, backend: str) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "train", recipe, "--run-dir", str(run_dir), *ARGS, "--async-mode", mode,
+            "--train-backend", backend]
 
 
 def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
@@ -43,15 +45,15 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
     return run.info.status, out
 
 
-@pytest.mark.parametrize("recipe, mode", [("tiny", "off"), ("tiny", "one_step")])
-def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, recipe, mode):
+@pytest.mark.parametrize("recipe, mode, backend", [("tiny", "off", "torch"), ("tiny", "one_step", "torch"), ("tiny", "off", "megatron")])
+def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, recipe, mode, backend):
     env = {**os.environ, "COLUMNS": "120"}
     full = tmp_path / "full"
-    subprocess.run(_cli(full, mode, recipe), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
+    subprocess.run(_cli(full, mode, recipe, backend), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
 
     killed = tmp_path / "killed"
     # its own process group: the SIGKILL takes the run's ephemeral Prefect API process down with it, as a crash would
-    proc = subprocess.Popen(_cli(killed, mode, recipe), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 600
@@ -64,7 +66,7 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
     status, _ = _metrics(killed)
     assert status == "RUNNING"  # SIGKILL: no hook ran
 
-    rerun = subprocess.run(_cli(killed, mode, recipe), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    rerun = subprocess.run(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "resumed from 2" in rerun.stdout
 
