@@ -41,6 +41,11 @@ from .promotion import register_export
 from .summary import summary_markdown
 from .tracking import RunTracker, open_run
 
+# one_step's generate(i + 1) runs in a worker thread, where Prefect cannot interrupt a blocking call (it would only
+# warn, once per task run): that task run has no timeout of its own, and the flow's wait on it is bounded instead.
+AHEAD_TIMEOUT_S = generate.timeout_seconds
+GENERATE_AHEAD = generate.with_options()
+GENERATE_AHEAD.timeout_seconds = None  # with_options(timeout_seconds=None) keeps the original's
 PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
 
 
@@ -127,8 +132,8 @@ def _one_rollout(run: TrainRun, i: int, pending):
     """-> (rollout metrics, the one_step generate future of rollout i + 1 or None)."""
     key, cfg, n = run.key, run.config, run.num_rollout
     # 2. generate + reward (one_step: rollout i + 1 starts now, beside the train step)
-    metrics = pending.result() if pending is not None else generate(key, i)
-    nxt = generate.submit(key, i + 1) if cfg.rollout.async_mode == "one_step" and i + 1 < n else None
+    metrics = pending.result(timeout=AHEAD_TIMEOUT_S) if pending is not None else generate(key, i)
+    nxt = GENERATE_AHEAD.submit(key, i + 1) if cfg.rollout.async_mode == "one_step" and i + 1 < n else None
     # 3. train
     out = train_step(key, i)
     metrics |= out.rollout
@@ -136,7 +141,7 @@ def _one_rollout(run: TrainRun, i: int, pending):
     save_due = due(cfg.checkpoint.save_interval, i, n) or i == n - 1
     sync_due = cfg.rollout.async_mode == "off" or due(cfg.rollout.update_weights_interval, i, n)
     if nxt is not None and (save_due or sync_due):
-        nxt.wait()  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
+        nxt.wait(timeout=AHEAD_TIMEOUT_S)  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
     perf = {}
     # 4. save
     if save_due:
