@@ -13,10 +13,13 @@ SUPPORTED: dict[str, dict[str, frozenset[str]]] = {
 }
 
 
-def unsupported(runtime: str, train_backend: str, rollout_engine: str) -> str | None:
-    """The refusal message for a combination without an implementation, or None when it runs."""
+def unsupported(runtime: str, train_backend: str, rollout_engine: str, launched: bool = True) -> str | None:
+    """The refusal message for a combination without an implementation, or None when it runs. ``launched``
+    false (rollout_external_engine_addrs): the placement launches no engine, rollout_engine only names the
+    protocol of the engines already running, so it is not checked here."""
     table = SUPPORTED[runtime]
-    for field, value in (("train_backend", train_backend), ("rollout_engine", rollout_engine)):
+    checked = (("train_backend", train_backend),) + ((("rollout_engine", rollout_engine),) if launched else ())
+    for field, value in checked:
         if value not in table[field]:
             where = [r for r, t in SUPPORTED.items() if value in t[field]]
             hint = f"runtime {' or '.join(where)} runs it" if where else "no runtime runs it yet"

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ._base import Group
+
+API_KEY_ENV = "MILES_ENGINE_API_KEY"  # the engines' API key (our server reads it too; external engines: the user sets it)
+
+
+def engine_api_key() -> str | None:
+    """The engines' API key from this process's environment (None: unset). Our server reads it at start; a run over
+    rollout_external_engine_addrs sends it (the key those servers were started with)."""
+    return os.environ.get(API_KEY_ENV) or None
+
+
+def engine_url(addr: str) -> str:
+    """An engine address as given (``host:port`` as in the reference, or ``http(s)://host:port``) -> its base URL.
+    Raises ValueError naming the address."""
+    parts = urlsplit(addr if "://" in addr else f"http://{addr}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ValueError(f"{addr!r} is not an engine address: expected host:port or http://host:port")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class RolloutConfig(Group):
@@ -47,6 +70,12 @@ class RolloutConfig(Group):
         None, description="Dotted path of the tool runner fn(name, arguments) -> str, sync or async.")
     generate_tool_timeout: float = Field(
         30.0, gt=0, description="Seconds one tool call may run; past it the call fails (reason timeout) and the sample's reward is 0.")
+    rollout_external_engine_addrs: list[str] | None = Field(
+        None, min_length=1, description="Engines already running, as host:port (or http://host:port): any server speaking the "
+        "SGLang HTTP protocol (SGLang's, or ours: python -m miles_core.rollout.http.server). Nothing is launched: the router "
+        "sends work to these, weight syncs update them (update_weight_mode tensor for our servers, disk for SGLang's: a "
+        f"directory they can read), and their API key is read from {API_KEY_ENV} in the run's environment. An engine "
+        "failing its health checks (use_fault_tolerance) is marked dead, never restarted (docs/engines.md).")
     rm_type: str = Field("math", description="Reward function name (see the rewards page); a boxed_ prefix grades the last \\boxed{} only.")
     custom_rm_path: str | None = Field(None, description="Dotted path of an async reward function; overrides rm_type.")
     rm_url: str | None = Field(None, description="URL of a remote reward model (rm_type remote_rm).")
@@ -56,3 +85,11 @@ class RolloutConfig(Group):
     custom_reward_post_process_path: str | None = Field(None, description="Dotted path of a function (samples, rewards) -> rewards.")
     rm_timeout: float = Field(30.0, gt=0, description="Seconds per remote reward request.")
     rm_max_retries: int = Field(3, ge=0, description="Retries of a failed remote reward request.")
+
+    @field_validator("rollout_external_engine_addrs")
+    @classmethod
+    def _engine_addresses(cls, value: list[str] | None) -> list[str] | None:
+        urls = [engine_url(a) for a in value or []]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"an engine address is listed twice: {value}")
+        return value

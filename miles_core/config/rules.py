@@ -96,10 +96,13 @@ def _runtime_rules(c: "TrainConfig") -> None:
     if cl.torch_compile and cl.train_backend != "torch":
         raise ValueError(f"torch_compile compiles the torch trainer's layers; train_backend {cl.train_backend} has its own "
                          "kernels: drop torch_compile or use train_backend torch")
-    refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine)
+    external = c.rollout.rollout_external_engine_addrs is not None
+    refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine, launched=not external)
     if refused:
         raise ValueError(refused)
-    if cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
+    if external:
+        _external_rules(c)
+    elif cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
         raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
                          "process); set runtime: ray or drop update_weight_mode")
     if cl.runtime == "ray" and c.eval.eval_mode == "snapshot":
@@ -107,6 +110,26 @@ def _runtime_rules(c: "TrainConfig") -> None:
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
+
+
+def _external_rules(c: "TrainConfig") -> None:
+    """rollout_external_engine_addrs: engines miles neither launches nor places (rollout_engine names their protocol)."""
+    cl, mode = c.cluster, c.cluster.weight_sync_mode
+    if cl.runtime != "local":
+        raise ValueError(f"rollout_external_engine_addrs is not supported yet with runtime {cl.runtime} (the ray placement "
+                         "launches its engines); set runtime: local, or drop rollout_external_engine_addrs")
+    if cl.colocate:
+        raise ValueError("colocate shares devices with engines miles launches; rollout_external_engine_addrs engines run "
+                         "elsewhere: set colocate: false or drop rollout_external_engine_addrs")
+    if mode == "broadcast":
+        raise ValueError("update_weight_mode broadcast is not supported yet with rollout_external_engine_addrs; use tensor "
+                         "(our servers) or disk (a directory the engines can read)")
+    if mode == "tensor" and cl.rollout_engine == "sglang":
+        raise ValueError("rollout_external_engine_addrs with rollout_engine sglang: SGLang's /update_weights_from_tensor takes "
+                         "in-process handles that cannot cross HTTP; set update_weight_mode: disk")
+    if c.sglang.sglang_server_args:
+        raise ValueError(f"sglang_{next(iter(c.sglang.sglang_server_args))}: SGLang server arguments are passed to engines "
+                         "miles launches; rollout_external_engine_addrs engines run with their own: drop the sglang_* keys")
 
 
 def _async_rules(c: "TrainConfig") -> None:

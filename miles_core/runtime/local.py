@@ -1,4 +1,5 @@
-"""The local placement: every part in this process — the trainer (rank 0 of 1) and one in-process HF engine."""
+"""The local placement: every part in this process — the trainer (rank 0 of 1) and one in-process HF engine; or,
+with rollout_external_engine_addrs, the trainer here and a router over engines already running."""
 
 from __future__ import annotations
 
@@ -35,9 +36,30 @@ ENGINE_FLEETS = {"hf": hf_engine_fleet}
 
 
 def build_local(cfg: TrainConfig, data: RunData) -> RunParts:
+    if cfg.rollout.rollout_external_engine_addrs:
+        return _with_external_engines(cfg, data)
+    trainer = _trainer(cfg, data)
+    return RunParts(trainer=trainer, fleet=ENGINE_FLEETS[cfg.cluster.rollout_engine](cfg, data), weights=LocalWeights(trainer))
+
+
+def _trainer(cfg: TrainConfig, data: RunData):
     from miles_core.rollout.hf_engine import HFEngine
 
     ctx = TrainerContext(cfg=cfg, model_path=data.model_path, tokenizer=data.tokenizer,
                          make_engine=lambda model: HFEngine(model, data.tokenizer))
-    trainer = TRAINERS[cfg.cluster.train_backend](ctx)
-    return RunParts(trainer=trainer, fleet=ENGINE_FLEETS[cfg.cluster.rollout_engine](cfg, data), weights=LocalWeights(trainer))
+    return TRAINERS[cfg.cluster.train_backend](ctx)
+
+
+def _with_external_engines(cfg: TrainConfig, data: RunData) -> RunParts:
+    """rollout_external_engine_addrs: the trainer here, the engines already running elsewhere (probed first, before the
+    trainer loads); weights go to them over HTTP (tensor) or through <run_dir>/weight_sync (disk)."""
+    from miles_core.rollout.http.external import external_fleet
+    from miles_core.weights.sync import WeightSender
+
+    fleet = external_fleet(cfg)
+    try:
+        trainer = _trainer(cfg, data)
+    except BaseException:
+        fleet.close()
+        raise
+    return RunParts(trainer=trainer, fleet=fleet, weights=WeightSender(trainer.named_tensors, trainer.hf_config()))

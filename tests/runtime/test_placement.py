@@ -40,3 +40,13 @@ def test_split_rows_contiguous_and_balanced():
     loads = [sum(lengths[i] for i in s) for s in shares]
     assert loads == [12, 12]  # 24 tokens split evenly (a contiguous split gives 13 / 11)
     assert split_rows(range(4, 8), lengths, 2, balance=True) == [[4], [5, 6, 7]]  # 9 | 2 + 0 + 0
+
+
+def test_engines_bind_loopback_on_one_node_and_their_node_address_across_nodes():
+    from miles_core.runtime.ray.placement import engine_hosts
+
+    addresses = {"n1": "10.0.0.1", "n2": "10.0.0.2"}
+    assert engine_hosts(["n1"] * 4, addresses, [2, 3]) == ["127.0.0.1", "127.0.0.1"]  # one node: nothing else reaches it
+    # train bundles 0-1 on n1, engine bundles 2 (n1) and 3 (n2): each engine binds the address of its own bundle's node
+    assert engine_hosts(["n1", "n1", "n1", "n2"], addresses, [2, 3]) == ["10.0.0.1", "10.0.0.2"]
+    assert engine_hosts(["n2", "n1"], addresses, [0, 1]) == ["10.0.0.2", "10.0.0.1"]

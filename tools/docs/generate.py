@@ -20,7 +20,8 @@ ENV_NOTES: dict[str, str] = {
     "PREFECT_HOME": "Prefect's home (profiles, the ephemeral API's database) inside the project cache.",
     "HF_HOME": "Hugging Face cache inside the project cache.",
     "MILES_ENGINE_API_KEY": "The API key an engine server requires (`Authorization: Bearer <key>`); the launcher "
-                            "(`launch_server_process(api_key=...)`) sets it in the server's environment, never on its command line.",
+                            "(`launch_server_process(api_key=...)`) sets it in the server's environment, never on its command line. "
+                            "In a run over `rollout_external_engine_addrs`: the key those servers were started with, sent on every call.",
     "MILES_DEBUG": "`1`: the `miles` CLI prints full tracebacks (as `miles --debug`); otherwise an error is one short "
                    "message, exit code 2 for a config or input error, 1 for a failure while running.",
     "MILES_FAULT_INJECT": "Tests only: `<stage>@<id>[x<attempts>]`, comma-separated (stages generate, train, save, sync, eval, "

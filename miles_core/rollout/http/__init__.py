@@ -5,6 +5,7 @@
     client.py   HTTPEngineClient: the RolloutEngine protocol against our server or a real SGLang
     router.py   EngineRouter: the RolloutEngine protocol over N clients (least-loaded, failover)
     fleet.py    HTTPFleet: the router as an EngineFleet (weight sync modes, colocate, restarts)
+    external.py external_fleet: an HTTPFleet over engines already running (rollout_external_engine_addrs)
     health.py   HealthMonitor: polls the engines, restarts dead ones (use_fault_tolerance)
     engine.py   load_engine (an HFEngine on an HF dir for the server); HF weight files
     wire.py     the JSON / safetensors formats shared by client and server
@@ -22,6 +23,7 @@ _EXPORTS = {
     "HFEngine": "engine", "load_engine": "engine", "request_seed": "engine",
     "ServerHandle": "launch", "ServerProcess": "launch", "launch_server_process": "launch", "serve_in_thread": "launch",
     "spawn_server_process": "launch", "HTTPFleet": "fleet", "HealthMonitor": "health",
+    "ExternalEngineError": "external", "external_fleet": "external",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -4,7 +4,7 @@ SGLang's on GPU, or engines already running at given addresses), as one EngineFl
 Weight sync: ``WeightSync`` in mode tensor / broadcast / disk (weights/sync.py). Colocated, the engines
 release their memory for the train stage and resume it (weights first) at the sync. With a launcher (the
 placement's engine actors) the fleet can restart engines: dead ones at each sync, and, with a health
-monitor (``use_fault_tolerance``), at any time: a restarted engine gets the current weights before it
+monitor (``use_fault_tolerance``), at any time (without one, external engines, the monitor marks them dead): a restarted engine gets the current weights before it
 rejoins the router, or, while the trainer is ahead of the engines, waits out of generate (version -1) for
 the next sync. ``_weights_lock`` orders monitor rounds, the train stage's start and syncs; ``_fresh``: the
 trainer's weights are those the engines serve.
@@ -54,11 +54,19 @@ class HTTPFleet:
         return self._restarts
 
     def watch(self, interval_s: float, timeout_s: float) -> None:
-        """Start a health monitor that restarts engines failing /health_generate (needs a launcher)."""
+        """Start a health monitor: an engine failing /health_generate is restarted (with a launcher), or, without
+        one (external engines), marked dead: out of the router until a probe finds it serving again."""
         from .health import HealthMonitor
 
-        self.monitor = HealthMonitor(lambda: list(self.launcher.urls), self._recover_engine, interval_s, timeout_s,
+        on_dead = self._recover_engine if self.launcher is not None else self._mark_dead
+        self.monitor = HealthMonitor(lambda: [s.url for s in self.router.slots], on_dead, interval_s, timeout_s,
                                      self._weights_lock, busy=lambda: self._released).start()
+
+    def _mark_dead(self, i: int) -> None:
+        url = self.router.slots[i].url
+        log.error("engine %s failed its health check; it was not launched by miles, so it is not restarted: restart it "
+                  "yourself, it rejoins at the next weight sync", url)
+        self.router.mark_dead(i, f"external engine {url} failed its health check (miles cannot restart it)")
 
     def before_train(self) -> None:
         with self._weights_lock:

@@ -2,7 +2,8 @@
 
 Every ``interval_s`` it checks each engine with a timeout of ``timeout_s``; an engine that does not
 answer 200 in time (process gone, hung, failing) is dead: ``on_dead(i)`` kills and restarts it (the
-runtime loads the current weights into the new server before the router sends it requests). A
+runtime loads the current weights into the new server before the router sends it requests), or, for an
+engine miles did not launch, marks it dead in the router. A
 round is skipped while ``busy()`` says the engines are legitimately not serving (memory released
 when colocated, a weight sync in progress). Errors of a round are logged, never raised: the next
 round tries again.
@@ -59,7 +60,7 @@ class HealthMonitor:
                 return []
             dead = self.check()
             for i in dead:
-                log.warning("engine %d (%s) failed its health check within %ss: restarting it", i, self.urls()[i], self.timeout_s)
+                log.warning("engine %d (%s) failed its health check within %ss", i, self.urls()[i], self.timeout_s)
                 self.on_dead(i)
             self.rounds += 1
             return dead

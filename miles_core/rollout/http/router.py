@@ -138,7 +138,7 @@ class EngineRouter:
             for i, res in zip(idx, out):
                 results[i] = res
             return
-        raise NoHealthyEngine(f"requests {idx.start}..{idx.stop - 1} failed on {len(tried)} engine(s): {errors or 'none healthy'}")
+        raise NoHealthyEngine(f"requests {idx.start}..{idx.stop - 1} failed on {len(tried)} engine(s): {errors or self.why_none()}")
 
     def _eligible(self, slot: EngineSlot) -> bool:
         return slot.healthy and (self.weight_version is None or slot.version in (None, self.weight_version))
@@ -196,6 +196,19 @@ class EngineRouter:
             else:
                 self._mark_failure(slot, error, fatal=True)
 
+    def mark_dead(self, index: int, error: str) -> None:
+        """Engine ``index`` out of generate and of weight calls now (``error`` says why); probed again every recheck_s."""
+        with self._lock:
+            self._mark_failure(self.slots[index], error, fatal=True)
+
+    def why_none(self) -> str:
+        """Why no engine can serve: each one's address and what is wrong with it."""
+        def why(s: EngineSlot) -> str:
+            if not s.healthy:
+                return s.last_error or "unhealthy"
+            return f"at weight version {s.version}, the router's is {self.weight_version}"
+        return "none healthy: " + "; ".join(f"{s.url} ({why(s)})" for s in self.slots if not self._eligible(s))
+
     def health(self) -> bool:
         self.recheck()
         return any(self._eligible(s) for s in self.slots)
@@ -225,7 +238,7 @@ class EngineRouter:
                 with self._lock:  # an engine that missed a broadcast is out of step: out at once
                     self._mark_failure(slot, str(e), fatal=True)
         if not ok or (strict and errors):
-            raise NoHealthyEngine(f"{what} failed on {len(errors)} of {len(targets)} engine(s): {errors or 'none healthy'}")
+            raise NoHealthyEngine(f"{what} failed on {len(errors)} of {len(targets)} engine(s): {errors or self.why_none()}")
         return ok
 
     def pause_generation(self) -> None:

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 from aiohttp import web
 
+from miles_core.config.rollout import API_KEY_ENV, engine_api_key  # the server's key, from its environment (launch.py sets it)
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 
 from . import wire
@@ -60,7 +61,6 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 FAULT_MODES = ("crash", "hang", "error", "none")
 FAULT_TRIGGERS = ("now", "generate")
 FAULT_ENV = "MILES_ENGINE_FAULT_INJECTION"  # set (to anything) in a server's environment: --enable-fault-injection
-API_KEY_ENV = "MILES_ENGINE_API_KEY"  # the server's API key, from its environment (launch.py sets it)
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # no key needed, as in SGLang (probes)
 
 
@@ -480,7 +480,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     p.add_argument("--weight-version", type=int, default=0)
     p.add_argument("--health-timeout", type=float, default=20.0)
-    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+    p.add_argument("--api-key", default=engine_api_key(),
                    help=f"require Authorization: Bearer <key> (default: ${API_KEY_ENV}; prefer the env var, argv is public)")
     p.add_argument("--enable-fault-injection", action="store_true", default=bool(os.environ.get(FAULT_ENV)),
                    help=f"serve POST /debug/fail (tests only; also on when {FAULT_ENV} is set)")

@@ -69,7 +69,7 @@ def launch_command(cfg: "TrainConfig", spec: EngineLaunch, python: str = sys.exe
     return argv
 
 
-def engine_client_options(cfg: "TrainConfig", api_key: str) -> dict[str, Any]:
+def engine_client_options(cfg: "TrainConfig", api_key: str | None) -> dict[str, Any]:
     """Keyword arguments of ``HTTPEngineClient`` for an SGLang engine of this run: the API key and the
     read timeout of a generate request (sglang_router_request_timeout_secs)."""
     return {"api_key": api_key, "timeout_s": float(cfg.sglang.sglang_router_request_timeout_secs)}

@@ -91,14 +91,16 @@ class EngineGroup:
         from miles_core.rollout.http.server import FAULT_ENV
         from miles_core.rollout.sglang.launch import new_api_key
 
-        from .placement import in_bundle
+        from .placement import in_bundle, placed_engine_hosts
 
         threads = cfg.cluster.num_threads or 1
         env = {"OMP_NUM_THREADS": str(threads), **{k: os.environ[k] for k in (FAULT_ENV,) if k in os.environ}}
         self.api_key = new_api_key()  # one per run: every engine requires it, the router and weight syncs send it
         cls = ray.remote(EngineWorker)
+        self.hosts = placed_engine_hosts(pg, bundles)  # 127.0.0.1 on one node, else each node's address
         self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(
-                            ServerSpec(cfg=cfg, model_path=str(model_path), index=j, api_key=self.api_key, env=env), start)
+                            ServerSpec(cfg=cfg, model_path=str(model_path), index=j, api_key=self.api_key, env=env,
+                                       host=self.hosts[j]), start)
                         for j, b in enumerate(bundles)]
         try:
             self.urls = ray.get([w.url.remote() for w in self.workers])

@@ -7,6 +7,10 @@ are the train bundles (each resource is shared: train worker and engine ask for 
 disaggregated: the engines get bundles of their own after the train bundles.
 
 A bundle is ``{"GPU": 1, "CPU": 1}`` on a cluster with GPUs, ``{"CPU": 1}`` without.
+
+Engine addresses (``engine_hosts``): on one node every engine server binds 127.0.0.1 (nothing else can
+reach it); when the placement group spans several nodes, each binds its node's address, so the router
+(on the driver's node) reaches engines on the others; the per-run API key keeps everyone else out.
 """
 
 from __future__ import annotations
@@ -70,3 +74,24 @@ def in_bundle(pg, index: int) -> dict:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)}
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def engine_hosts(bundle_nodes: list[str], node_addresses: dict[str, str], engine_bundles: list[int]) -> list[str]:
+    """The address engine j's server binds: 127.0.0.1 when every bundle is on one node, else the address of the
+    node holding its bundle. ``bundle_nodes[b]``: the node id of bundle b; ``node_addresses``: node id -> address."""
+    if len(set(bundle_nodes)) <= 1:
+        return [LOOPBACK] * len(engine_bundles)
+    return [node_addresses[bundle_nodes[b]] for b in engine_bundles]
+
+
+def placed_engine_hosts(pg, engine_bundles: list[int]) -> list[str]:
+    """engine_hosts for a created placement group (Ray's record of where each bundle went)."""
+    import ray
+    from ray.util import placement_group_table
+
+    where = placement_group_table(pg)["bundles_to_node_id"]
+    addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    return engine_hosts([where[b] for b in sorted(where)], addresses, engine_bundles)

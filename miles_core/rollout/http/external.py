@@ -1,0 +1,51 @@
+"""Engines already running (``rollout_external_engine_addrs``): an HTTPFleet over them, nothing launched.
+
+Any server speaking the SGLang HTTP protocol: SGLang's, or ours (``python -m miles_core.rollout.http.server``).
+The API key is the one the servers were started with, read from ``MILES_ENGINE_API_KEY`` in this process's
+environment (unset: no key is sent); it never enters the config, so it is not logged as a run param.
+
+    fleet = external_fleet(cfg)     # every engine answers /health_generate and an authorized call, or this raises
+
+Weight sync (``update_weight_mode``): tensor (buckets POSTed as safetensors: our servers) or disk (an HF dir
+under <run_dir>/weight_sync that the engines load: they must see this filesystem; SGLang's servers). A dead
+engine (use_fault_tolerance) is marked dead, never restarted: the fleet has no launcher.
+"""
+
+from __future__ import annotations
+
+from miles_core.config import TrainConfig
+from miles_core.config.rollout import API_KEY_ENV, engine_api_key, engine_url
+from miles_core.rollout.sglang.launch import engine_client_options
+from miles_core.weights.sync import WeightSync
+
+from .fleet import HTTPFleet
+from .router import EngineRouter
+
+
+class ExternalEngineError(RuntimeError):
+    """An engine of rollout_external_engine_addrs cannot be used; the message names its address."""
+
+
+def external_router(cfg: TrainConfig) -> EngineRouter:
+    """A router over the configured addresses, every engine probed: raises ExternalEngineError naming each bad one."""
+    bucket = cfg.cluster.update_weight_buffer_size
+    urls = [engine_url(a) for a in cfg.rollout.rollout_external_engine_addrs]
+    client = {"bucket_bytes": bucket, **engine_client_options(cfg, engine_api_key())}
+    router = EngineRouter.from_urls(urls, client, bucket_bytes=bucket)
+    router.check_health()
+    bad = [row for row in router.status() if not row["healthy"]]
+    if bad:
+        router.close()
+        rows = "; ".join(f"{row['url']}: {row['last_error']}" for row in bad)
+        raise ExternalEngineError(f"rollout_external_engine_addrs: {len(bad)} of {len(urls)} engine(s) not usable: {rows} "
+                                  f"(start them first; a 401 means {API_KEY_ENV} is not the key they were started with)")
+    return router
+
+
+def external_fleet(cfg: TrainConfig) -> HTTPFleet:
+    cl = cfg.cluster
+    sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync")
+    fleet = HTTPFleet(external_router(cfg), sync, colocate=False)
+    if cl.use_fault_tolerance and "rollout" in cl.ft_components:
+        fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout)
+    return fleet
