@@ -15,7 +15,7 @@ from miles_core.config import load_config
 
 # Learning margins over 20 rollouts (mean raw reward of the last 3 minus the first 3), recipe seed 1234.
 # Seed sweep on 2 CPUs (2026-12-01, seeds 1234, 1, 2, 3, 4): ppo +0.17 +0.23 +0.22 +0.25 +0.17, gspo
-# +0.15 +0.26 +0.22 GSPO_REST. 0.10 is about 60% of the smallest gain and twice the noise of a
+# +0.15 +0.26 +0.22 +0.22 +0.21. 0.10 is about 60% of the smallest gain and twice the noise of a
 # 3-rollout mean (~0.05). Over 12 rollouts the gains were +0.06 .. +0.16: too close to the noise for a
 # fixed margin, so the runs are 20 rollouts (~1 s each on the tiny model).
 NUM_LEARN = 20
