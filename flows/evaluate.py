@@ -27,6 +27,7 @@ from miles_core.runtime import registry
 from miles_core.evaluation.discover import RunRef, find_points, find_run
 from miles_core.evaluation.ledger import EvalLedger, config_values_from_params
 from tasks.evaluate import eval_point, prepare_eval, release_eval, snapshot_collect, snapshot_submit
+from tasks.timeouts import timed
 from tasks.stages import evaluate as evaluate_live
 
 from flows.promotion import judge_pending  # registered versions that wait for an eval, judged behind the promotion gate
@@ -56,13 +57,13 @@ def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides:
         config = _config(ledger, ref, overrides)
         key = f"eval:{get_run_context().flow_run.id}"
         tokenizer_dir = _tokenizer_dir(todo, ref, config)
-        prepare_eval(key, config, tokenizer_dir)
+        timed(prepare_eval, config)(key, config, tokenizer_dir)
         # converted checkpoints, apart from the train flow's snapshots (eval_mode snapshot) of the same run
         export_root = (ref.run_dir or Path(target).absolute().parent) / "eval_snapshots" / "eval-flow"
         trainer_version = _trainer_version(ledger, points)
         try:
             for point in todo:
-                result = eval_point(key, point, tokenizer_dir, str(export_root))
+                result = timed(eval_point, config)(key, point, tokenizer_dir, str(export_root))
                 if ledger.record(result, lag_steps=trainer_version - point.step):
                     publish(result)
                     judge_pending(config, ledger.run_id, ref.tracking_uri, result)
@@ -137,12 +138,12 @@ def publish(result: PointResult) -> None:
 def eval_at(run_key: str, tracker, config: TrainConfig) -> None:
     """An eval point of the train flow at the engines' weight version (inline, or started in the background)."""
     if config.eval.eval_mode == "inline":
-        _log(tracker, evaluate_live(run_key))
+        _log(tracker, timed(evaluate_live, config)(run_key))
         return
-    skip = snapshot_submit(run_key)
+    skip = timed(snapshot_submit, config)(run_key)
     if skip is not None:
         _log(tracker, skip)
-    for result in snapshot_collect(run_key):
+    for result in timed(snapshot_collect, config)(run_key):
         _log(tracker, result)
         _judge(run_key, tracker, result)
 
@@ -150,7 +151,7 @@ def eval_at(run_key: str, tracker, config: TrainConfig) -> None:
 def finish_evals(run_key: str, tracker, config: TrainConfig) -> None:
     """Wait for the background evals of eval_mode snapshot and log them (no-op inline)."""
     if config.eval.eval_mode == "snapshot":
-        for result in snapshot_collect(run_key, wait=True):
+        for result in timed(snapshot_collect, config)(run_key, wait=True):
             _log(tracker, result)
             _judge(run_key, tracker, result)
 

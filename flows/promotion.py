@@ -22,6 +22,7 @@ from miles_core.tracking.registry import crown_pending, set_champion
 from miles_core.tracking.report import read_run
 from miles_core.tracking.runlog import log
 from tasks.export import register
+from tasks.timeouts import timed
 
 POLL_S = 2  # how often the paused flow asks the API whether it was resumed
 
@@ -36,7 +37,7 @@ def register_export(config: TrainConfig, run_id: str, export_path: str, rollout_
     c = config.checkpoint
     manual = c.promotion_gate == "manual"
     step = (rollout_id + 1) * config.num_steps_per_rollout
-    result = register(config.tracking_uri, run_id, export_path, rollout_id, step, c.registered_model_name, c.champion_metric,
+    result = timed(register, config)(config.tracking_uri, run_id, export_path, rollout_id, step, c.registered_model_name, c.champion_metric,
                       eval_step, crown=not manual)
     if manual and result["candidate"]:
         result["champion"] = _gate(config, config.tracking_uri, run_id, result["version"])

@@ -35,6 +35,7 @@ from tasks.convert import convert
 from tasks.export import export_live
 from tasks.prepare import prepare
 from tasks.stages import generate, restore, sample_rows, save, train_step, update_weights
+from tasks.timeouts import timed
 
 from .evaluate import eval_at, finish_evals
 from .promotion import register_export
@@ -43,7 +44,6 @@ from .tracking import RunTracker, open_run
 
 # one_step's generate(i + 1) runs in a worker thread, where Prefect cannot interrupt a blocking call (it would only
 # warn, once per task run): that task run has no timeout of its own, and the flow's wait on it is bounded instead.
-AHEAD_TIMEOUT_S = generate.timeout_seconds
 GENERATE_AHEAD = generate.with_options()
 GENERATE_AHEAD.timeout_seconds = None  # with_options(timeout_seconds=None) keeps the original's
 PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
@@ -86,10 +86,10 @@ def train(config: TrainConfig) -> dict:
     run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
     run = None
     try:
-        convert(config.checkpoint.hf_checkpoint, str(cache_dir()))
-        facts = prepare(run_key, config)
+        timed(convert, config)(config.checkpoint.hf_checkpoint, str(cache_dir()))
+        facts = timed(prepare, config)(run_key, config)
         n = facts["num_rollout"]
-        meta = restore(run_key)
+        meta = timed(restore, config)(run_key)
         start = meta["rollout_id"] + 1 if meta else 0
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout,
                    "num_rollout": n, "num_prompts": facts["num_prompts"], "dropped_prompts": facts["dropped_prompts"]}
@@ -132,25 +132,26 @@ def _one_rollout(run: TrainRun, i: int, pending):
     """-> (rollout metrics, the one_step generate future of rollout i + 1 or None)."""
     key, cfg, n = run.key, run.config, run.num_rollout
     # 2. generate + reward (one_step: rollout i + 1 starts now, beside the train step)
-    metrics = pending.result(timeout=AHEAD_TIMEOUT_S) if pending is not None else generate(key, i)
+    ahead_timeout = timed(generate, cfg).timeout_seconds
+    metrics = pending.result(timeout=ahead_timeout) if pending is not None else timed(generate, cfg)(key, i)
     nxt = GENERATE_AHEAD.submit(key, i + 1) if cfg.rollout.async_mode == "one_step" and i + 1 < n else None
     # 3. train
-    out = train_step(key, i)
+    out = timed(train_step, cfg)(key, i)
     metrics |= out.rollout
     _track_rollout(run, i, metrics, out.steps)  # before the save: a checkpoint never precedes its metrics
     save_due = due(cfg.checkpoint.save_interval, i, n) or i == n - 1
     sync_due = cfg.rollout.async_mode == "off" or due(cfg.rollout.update_weights_interval, i, n)
     if nxt is not None and (save_due or sync_due):
-        nxt.wait(timeout=AHEAD_TIMEOUT_S)  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
+        nxt.wait(timeout=ahead_timeout)  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
     perf = {}
     # 4. save
     if save_due:
         run.tracker.flush()  # asynchronous metrics: on every tracker's store before the checkpoint that counts on them
-        perf |= save(key, i, {"mlflow_run_id": run.tracker.mlflow.run_id, "mlflow_tracking_uri": cfg.tracking_uri,
+        perf |= timed(save, cfg)(key, i, {"mlflow_run_id": run.tracker.mlflow.run_id, "mlflow_tracking_uri": cfg.tracking_uri,
                               "recipe": cfg.misc.recipe, "tokenizer_dir": run.model_path})
     # 5. sync weights
     if sync_due:
-        perf |= update_weights(key)
+        perf |= timed(update_weights, cfg)(key)
     run.tracker.log_extra(perf, "rollout/step", i)
     _after_sync(run, i)
     return metrics, nxt
@@ -163,7 +164,7 @@ def _after_sync(run: TrainRun, i: int) -> None:
         eval_at(run.key, run.tracker, run.config)
         run.ledger.mark(i, "eval")
     if run.export_due(i) and not run.ledger.done(i, "export"):
-        path = export_live(run.key, i)
+        path = timed(export_live, run.config)(run.key, i)
         run.tracker.mlflow.flush()  # the eval of these weights is on the store before register judges the champion by it
         register_export(run.config, run.tracker.mlflow.run_id, path, i,  # behind the promotion gate (flows/promotion.py)
                         registry.get_runtime(run.key).weight_version)  # the eval/step of the exported weights
@@ -185,7 +186,7 @@ def _track_rollout(run: TrainRun, i: int, metrics: dict[str, float], steps: list
         tracker.log(step, "train/step", i * k + j)
     tracker.log(metrics, "rollout/step", i)
     if cfg.tracking.log_samples and due(_samples_interval(cfg), i, run.num_rollout) and i > tracker.marks.get("rollout/step", -1):
-        tracker.mlflow.log_table(sample_rows(run.key, i, cfg.tracking.log_samples), f"samples/rollout_{i:05d}.json")
+        tracker.mlflow.log_table(timed(sample_rows, cfg)(run.key, i, cfg.tracking.log_samples), f"samples/rollout_{i:05d}.json")
 
 
 def _samples_interval(config: TrainConfig) -> int:

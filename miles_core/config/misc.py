@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ._base import Group
+
+
+# The pipeline's Prefect task names (tasks/*.py; tests/test_flows_unit.py keeps the two lists equal).
+TASK_NAMES = ("convert", "prepare", "restore", "generate", "train", "update-weights", "save", "eval", "export", "export-checkpoint",
+              "register", "sample-rows", "eval-prepare", "eval-point", "snapshot-eval-submit", "snapshot-eval-collect")
 
 
 class MiscConfig(Group):
@@ -15,3 +20,17 @@ class MiscConfig(Group):
     seed: int = Field(1234, description="Seed of model init, training and sampling.")
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
         "float32", description="Training and rollout dtype on the local runtime (a torch floating dtype name).")
+    task_timeouts: dict[str, float] = Field(
+        default_factory=dict, description="Seconds a Prefect task run may take, by task name (e.g. {generate: 600, eval: 900}); a "
+        "task past it fails, then its retries, then the flow. Unset tasks keep their defaults (docs/reference/flows.md).")
+
+    @field_validator("task_timeouts")
+    @classmethod
+    def _known_tasks(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(TASK_NAMES))
+        if unknown:
+            raise ValueError(f"task_timeouts: unknown task {', '.join(unknown)}; the tasks are {', '.join(TASK_NAMES)}")
+        bad = sorted(k for k, s in v.items() if not s > 0)
+        if bad:
+            raise ValueError(f"task_timeouts: the timeout of {', '.join(bad)} must be > 0 seconds")
+        return v

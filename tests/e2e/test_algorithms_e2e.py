@@ -1,5 +1,5 @@
 """The algorithm recipes end to end through the real Prefect engine and a real MLflow SQLite store:
-PPO with a critic and GSPO learn on the tiny task; REINFORCE++ (reward-level KL), OPD (in-process
+PPO with a critic, GSPO and GRPO on the Megatron trainer learn on the tiny task; REINFORCE++ (reward-level KL), OPD (in-process
 teacher) and MIS run and log their own metrics. Eval is off to keep the file fast.
 """
 
@@ -19,7 +19,9 @@ from miles_core.config import load_config
 # 3-rollout mean (~0.05). Over 12 rollouts the gains were +0.06 .. +0.16: too close to the noise for a
 # fixed margin, so the runs are 20 rollouts (~1 s each on the tiny model).
 NUM_LEARN = 20
-MARGIN = {"tiny-ppo": 0.10, "tiny-gspo": 0.10}
+MARGIN = {"tiny-ppo": 0.10, "tiny-gspo": 0.10, "tiny-megatron": 0.10}
+# The tiny recipe on the Megatron trainer (train_backend megatron, one rank): MEGATRON_GAINS over seeds
+# 1234, 1, 2, 3 at 20 rollouts.
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -61,6 +63,14 @@ def test_gspo_learns(tmp_path, tiny_model_dir):
     client, run_id = _train("tiny-gspo", tmp_path, num_rollout=NUM_LEARN)
     _learned(client, run_id, "tiny-gspo")
     assert [s for s, _ in _history(client, run_id, "train/pg_clipfrac")] == list(range(2 * NUM_LEARN))  # 2 steps each
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_megatron_trainer_learns(tmp_path, tiny_model_dir):
+    client, run_id = _train("tiny", tmp_path, num_rollout=NUM_LEARN, train_backend="megatron")
+    _learned(client, run_id, "tiny-megatron")
+    diff = [v for _, v in _history(client, run_id, "train/train_rollout_logprob_abs_diff")]
+    assert len(diff) == NUM_LEARN and max(diff) < 1e-4  # the engines generate with the weights Megatron trained
 
 
 SMOKE = {

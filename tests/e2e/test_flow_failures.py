@@ -49,3 +49,14 @@ def test_resume_with_changed_params_is_refused_unless_new_run(tmp_path, tiny_mod
     assert extended["mlflow_run_id"] == first["mlflow_run_id"] and extended["resumed_from"] == 1
     fresh = train(load_config("tiny", {**base, "num_rollout": 3, "lr": 3e-4, "mlflow_new_run": True}))
     assert fresh["mlflow_run_id"] != first["mlflow_run_id"] and fresh["resumed_from"] == 2
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_task_past_its_configured_timeout_fails_the_flow(tmp_path, tiny_model_dir):
+    """task_timeouts: prepare (it loads the model: well over 10 ms) times out on each attempt, and the run fails naming it."""
+    from flows.train import train
+
+    cfg = load_config("tiny", {"run_dir": str(tmp_path / "run"), "num_rollout": 1, "rollout_batch_size": 2,
+                               "skip_eval_before_train": True, "task_timeouts": {"prepare": 0.01}})
+    with pytest.raises(Exception, match=r"timed out after 0\.01 second"):
+        train(cfg)
