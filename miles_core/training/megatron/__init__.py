@@ -18,9 +18,18 @@ if TYPE_CHECKING:
     from .trainer import MegatronTrainer
 
 
+# megatron-core warns, once per module, that it falls back to torch ops without Transformer Engine / Apex: the local
+# layer spec this backend builds on CPU (and chooses on GPU without TE) is that fallback, so the lines say nothing new.
+EXPECTED_WARNINGS = (r"Transformer Engine and Apex are not installed", r"Apex is not installed")
+
+
 def build_megatron_trainer(ctx: "TrainerContext") -> "MegatronTrainer":
+    import warnings
+
     import torch.distributed as dist
 
+    for text in EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=text, category=UserWarning)
     from .trainer import MegatronTrainer
 
     if dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) != (ctx.rank, ctx.world_size):
