@@ -6,7 +6,8 @@ looked up in :data:`miles_core.rewards.registry.FAMILIES` (``boxed_`` prefix all
 ``batched_async_rm`` scores concurrently (``asyncio.gather``; CPU-bound graders run in a few worker
 threads that share the batch, sympy in worker processes, so the event loop never blocks), then
 applies ``custom_reward_post_process_path`` once to the whole batch (each sample's reward before it is kept
-as ``metadata["raw_reward"]``, the scalar of ``reward_key``, for rollout/raw_reward).
+as ``metadata["raw_reward"]``, the scalar of ``reward_key``, for rollout/raw_reward; a dict reward without
+``reward_key`` has no scalar, and rollout/raw_reward then falls back to the post-processed reward).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ async def batched_async_rm(samples: list[Sample], opts: RewardOptions) -> list[R
         rewards = await _family_rewards(samples, opts)
     if opts.custom_reward_post_process_path:
         for sample, raw in zip(samples, rewards):  # rollout/raw_reward is the mean before post-processing
-            sample.metadata["raw_reward"] = reward_value(raw, opts.reward_key)
+            if not isinstance(raw, dict) or opts.reward_key is not None:  # a dict without reward_key has no scalar
+                sample.metadata["raw_reward"] = reward_value(raw, opts.reward_key)
         rewards = await custom.post_process(opts.custom_reward_post_process_path, samples, rewards, opts)
     return rewards
 
