@@ -10,6 +10,8 @@ naming the field, before any model loads.
 from __future__ import annotations
 
 import importlib
+import inspect
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,6 +50,23 @@ def resolve(path: str, table: Mapping[str, Callable[..., Any]] | None = None, wh
     if not callable(obj):
         raise ValueError(f"{what} {path!r} resolves to a non-callable {type(obj).__name__}")
     return obj
+
+
+def takes_reference_args(fn: Callable[..., Any]) -> bool:
+    """True when ``fn`` is written for the reference system: its first parameter is named ``args`` (the
+    reference passes its argparse namespace first: ``reward(args, sample)``, ``filter(args, samples)``, ...)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].name == "args" and params[0].kind != inspect.Parameter.KEYWORD_ONLY
+
+
+def reference_args(**fields: Any) -> types.SimpleNamespace:
+    """The ``args`` a reference-style function receives: our config fields (same names as the reference's
+    flags) as attributes. Only the fields the calling stage knows are set; reading another raises
+    AttributeError naming it."""
+    return types.SimpleNamespace(**fields)
 
 
 def extension_points(cfg) -> dict[str, tuple[str, Mapping | None]]:

@@ -9,9 +9,10 @@ sft_loss:     Loss = -R(logp)
 custom_loss:  the callable at `custom_loss_function_path` (dotted path), same signature.
 
 Metrics are detached scalars reduced with R (global denominators), named without the `train/` prefix:
-loss, pg_loss, pg_clipfrac, ppo_kl, entropy_loss (entropy given), kl_loss (use_kl_loss),
+loss, pg_loss, pg_clipfrac, ppo_kl, ess_ratio (policy_loss: the per-sample ESS of pi/pi_old over the original
+mask, as the reference), entropy_loss (entropy given), kl_loss (use_kl_loss),
 opd_reverse_kl = R'(logp - logp_teacher) (teacher given), the correction's metrics and ois (correction on),
-and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl, ess_ratio (rollout log-probs given).
+and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl (rollout log-probs given).
 `use_rollout_logprobs`: the caller passes the engine log-probs as old_log_probs; nothing changes here.
 """
 
@@ -25,11 +26,12 @@ from torch import Tensor
 
 from miles_core.config.algo import AlgoConfig
 
-from miles_core.resolve import resolve
+from miles_core.resolve import resolve, takes_reference_args
+
 from .kl import kl_estimate
 from .policy_loss import LOG_RATIO_BOUND, ppo_clip
 from .reducer import Reducer
-from .rollout_correction import mismatch_metrics, rollout_correction
+from .rollout_correction import mismatch_metrics, policy_ess_ratio, rollout_correction
 
 
 @dataclass
@@ -73,12 +75,12 @@ def _regularizers(algo: AlgoConfig, inputs: LossInputs, mask: Tensor, reduce: Re
 def policy_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:
     """PPO-clip policy gradient with optional rollout correction, entropy bonus and KL loss."""
     pg, token_metrics = ppo_clip(algo, inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask)
-    mask, metrics = inputs.loss_mask, {}
+    mask, metrics = inputs.loss_mask, {"ess_ratio": policy_ess_ratio(token_metrics["ppo_kl"], inputs.loss_mask, reduce)}
     correction = rollout_correction(algo, inputs.old_log_probs, inputs.rollout_log_probs, inputs.loss_mask, reduce)
     if correction is not None:
-        weights, mask, metrics = correction
+        weights, mask, correction_metrics = correction
         log_ratio = torch.clamp(inputs.log_probs.detach() - inputs.old_log_probs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        metrics = dict(metrics, ois=reduce(torch.exp(log_ratio), inputs.loss_mask))
+        metrics |= dict(correction_metrics, ois=reduce(torch.exp(log_ratio), inputs.loss_mask))
         pg = pg * weights
     pg_loss = reduce(pg, mask)
     extra, reg_metrics = _regularizers(algo, inputs, mask, reduce)
@@ -107,7 +109,15 @@ def resolve_loss(algo: AlgoConfig) -> LossFunction:
         raise ValueError(
             "loss_type='custom_loss' needs custom_loss_function_path (a dotted path 'package.module.function')"
         )
-    return resolve(algo.custom_loss_function_path, LOSS_FUNCTIONS, "custom_loss_function_path")
+    fn = resolve(algo.custom_loss_function_path, LOSS_FUNCTIONS, "custom_loss_function_path")
+    if takes_reference_args(fn):
+        raise ValueError(
+            f"custom_loss_function_path={algo.custom_loss_function_path!r} is written for the reference system "
+            "(args, batch, logits, sum_of_sample_mean): it reads Megatron's packed logits and the reference's own "
+            "helpers, which this trainer does not have; not supported yet. Write fn(algo, inputs, reduce) -> "
+            "(loss, metrics) (docs/guide/customization.md)"
+        )
+    return fn
 
 
 def actor_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:

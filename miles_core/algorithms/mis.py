@@ -5,20 +5,24 @@ rollout/train mismatch (the reference system's train_infer_mismatch_helper; Yao 
 
 With d_t = logp_old_t - logp_roll_t on the masked tokens, the log weight at a level is
     token: d_t     sequence: sum_s d_s (every token of the sample)     geometric: mean_s d_s
-and w = exp(clamp(level(d), -20, 20)). Then, in order:
+and w = exp(clamp(level(d), -20, 20)). Then, in order (as the reference's compute_mis_weights):
+    0. use_tis false: only the mismatch metrics; weights 1, mask unchanged (the reference's metrics-only mode).
     1. IS bound (tis_level, tis_mode):  truncate w <- min(w, upper) | clip w <- clamp(w, lower, upper) |
        mask: tokens with w outside [lower, upper] leave the loss mask (w kept).   lower defaults to 1/upper.
     2. rejection (use_rs, rs_level): tokens whose rs-level weight is outside [rs_lower, rs_upper] leave the
-       mask (bounds default to the IS bounds; rs_lower 0 rejects nothing below).
-    3. veto (rs_veto_threshold not null, default 1e-4): a sample with any masked token d_t < log(threshold)
-       leaves the mask entirely. Departure: the reference runs the veto only with use_rs; here it follows
-       REFERENCE §3 and runs whenever the threshold is set (null disables it).
-    4. tis_batch_normalize: w <- w / mean(w) over the kept tokens of this call (the micro-batch); for the
-       sequence and geometric levels the mean is over kept samples (one weight each).
-Returned: (w [N, T], loss_mask * kept [N, T], metrics). All metrics use the original mask and R, so they are
-additive over micro-batches; a per-sample quantity q_i is reduced as R of q_i on every token of sample i.
-mis_is_ratio_min_final / max_final are the R-mean of each sample's min / max final weight over its kept
-tokens (0 for a sample with none), as in the reference; mis_batch_norm_factor is weighted by R(1).
+       mask (bounds default to the IS bounds; rs_lower 0 rejects nothing below); then the veto, part of
+       rejection sampling (only with use_rs; rs_veto_threshold null disables it): a sample with any masked
+       token d_t < log(threshold) leaves the mask entirely.
+    3. tis_batch_normalize: w <- w / mean(w) over the ORIGINALLY trainable tokens of this call (the
+       micro-batch; rejected tokens included) at the token level, or the mean over all samples of each
+       sample's masked mean at the sequence level; no change when the mean is <= 1e-8. Undefined at the
+       geometric level (refused by MISConfig).
+Returned: (w * kept [N, T], loss_mask * kept [N, T], metrics). Every metric reduces over the original mask
+with R (so rejected tokens count), additive over micro-batches; a per-sample quantity q_i is reduced as R of
+q_i on every token of sample i. mis_tis_weight_after_bound and mis_is_ratio_mean_after_tis_rs are both R(w)
+after the bound (rejection changes the mask, not w, so they are equal, as in the reference);
+mis_is_ratio_mean/min/max_final are R of each sample's masked mean / min / max final weight over its
+original tokens (0 for a sample with none); mis_batch_norm_factor is weighted by R(1).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from .reducer import Reducer
 from .tis import LOG_WEIGHT_BOUND, TISInputs, log_weights
 
 Level = Literal["token", "sequence", "geometric"]
+MIS_NAMES = ("mis", "miles_core.algorithms.mis.compute_mis_weights")  # how custom_tis_function_path names it
+NORMALIZE_EPS = 1e-8
 
 
 class MISConfig(BaseModel):
@@ -42,6 +48,7 @@ class MISConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    use_tis: bool = Field(True, description="Apply the IS weights (false: log the mismatch metrics only).")
     tis_mode: Literal["truncate", "clip", "mask"] = Field("truncate", description="How IS weights are bounded.")
     tis_level: Level = Field("token", description="Aggregation level of the IS log weight.")
     tis_lower_bound: float | None = Field(
@@ -53,9 +60,11 @@ class MISConfig(BaseModel):
     rs_lower_bound: float | None = Field(None, ge=0, description="Lower rejection bound; default the IS lower bound.")
     rs_upper_bound: float | None = Field(None, gt=0, description="Upper rejection bound; default tis_upper_bound.")
     rs_veto_threshold: float | None = Field(
-        1e-4, gt=0, description="Mask a sample with any token ratio below this (null = off)."
+        1e-4, gt=0, description="With use_rs: mask a sample with any token ratio below this (null = off)."
     )
-    tis_batch_normalize: bool = Field(False, description="Divide the weights by their mean over the micro-batch.")
+    tis_batch_normalize: bool = Field(
+        False, description="Divide the weights by their mean over the originally trainable tokens of the micro-batch."
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> MISConfig:
@@ -63,6 +72,9 @@ class MISConfig(BaseModel):
             raise ValueError(f"tis_lower_bound={self.lower} must be < tis_upper_bound={self.tis_upper_bound}")
         if self.rs_lower > self.rs_upper:
             raise ValueError(f"rs_lower_bound={self.rs_lower} must be <= rs_upper_bound={self.rs_upper}")
+        if self.tis_batch_normalize and self.tis_level == "geometric":
+            raise ValueError("tis_batch_normalize is undefined at tis_level geometric (as in the reference); "
+                             "use tis_level token or sequence, or drop tis_batch_normalize")
         return self
 
     @property
@@ -123,14 +135,15 @@ def bound_weights(w: Tensor, mask: Tensor, cfg: MISConfig, reduce: Reducer) -> t
 
 
 def reject(d: Tensor, mask: Tensor, cfg: MISConfig, reduce: Reducer) -> tuple[Tensor, dict[str, Tensor]]:
-    """Steps 2 and 3: -> (keep [N, T] 0/1, metrics)."""
+    """Step 2 (use_rs only): rejection by the rs-level weight, then the veto -> (keep [N, T] 0/1, metrics)."""
     keep, metrics = torch.ones_like(mask), {}
-    if cfg.use_rs:
-        rs_log = level_log_ratio(d, mask, cfg.rs_level)
-        low_log = -math.inf if cfg.rs_lower == 0 else math.log(cfg.rs_lower)
-        low, high = (rs_log < low_log).to(mask.dtype), (rs_log > math.log(cfg.rs_upper)).to(mask.dtype)
-        metrics |= {"mis_rs_mask_fraction_low": reduce(low, mask), "mis_rs_mask_fraction_high": reduce(high, mask)}
-        keep = keep * (1 - low) * (1 - high)
+    if not cfg.use_rs:
+        return keep, metrics
+    rs_log = level_log_ratio(d, mask, cfg.rs_level)
+    low_log = -math.inf if cfg.rs_lower == 0 else math.log(cfg.rs_lower)
+    low, high = (rs_log < low_log).to(mask.dtype), (rs_log > math.log(cfg.rs_upper)).to(mask.dtype)
+    metrics |= {"mis_rs_mask_fraction_low": reduce(low, mask), "mis_rs_mask_fraction_high": reduce(high, mask)}
+    keep = keep * (1 - low) * (1 - high)
     if cfg.rs_veto_threshold is not None:
         catastrophic = ((d < math.log(cfg.rs_veto_threshold)) & (mask > 0)).to(mask.dtype)  # [N, T]
         vetoed = catastrophic.amax(dim=-1)  # [N]
@@ -140,27 +153,27 @@ def reject(d: Tensor, mask: Tensor, cfg: MISConfig, reduce: Reducer) -> tuple[Te
     return keep, metrics
 
 
-def batch_normalize(w: Tensor, kept: Tensor, level: str) -> tuple[Tensor, Tensor]:
-    """Step 4: -> (w / factor, factor); factor = mean weight over kept tokens (token) or kept samples."""
+def batch_normalize(w: Tensor, mask: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """Step 3: -> (w / factor, factor); factor = mean weight over the original mask (token) or the mean over all
+    samples of the per-sample masked means (sequence); 1 when it is <= 1e-8."""
     if level == "token":
-        factor = masked_mean(w, kept)
+        factor = masked_mean(w, mask)
     else:
-        has_kept = (kept.sum(dim=-1) > 0).to(w.dtype)  # [N]
-        factor = masked_mean(masked_mean(w, kept, dim=-1), has_kept)
-    factor = torch.where(factor > 0, factor, torch.ones_like(factor))
+        factor = masked_mean(w, mask, dim=-1).mean()  # every sample counts, an empty one with 0
+    factor = torch.where(factor > NORMALIZE_EPS, factor, torch.ones_like(factor))
     return w / factor, factor
 
 
-def final_stats(w: Tensor, kept: Tensor, mask: Tensor, reduce: Reducer) -> dict[str, Tensor]:
-    """mis_is_ratio_mean/min/max_final (see module docstring)."""
-    has_kept = kept.sum(dim=-1) > 0  # [N]
-    minimum = torch.where(kept > 0, w, torch.full_like(w, math.inf)).amin(dim=-1)  # [N]
-    maximum = torch.where(kept > 0, w, torch.full_like(w, -math.inf)).amax(dim=-1)  # [N]
+def final_stats(w: Tensor, mask: Tensor, reduce: Reducer) -> dict[str, Tensor]:
+    """mis_is_ratio_mean/min/max_final over the original mask (see module docstring)."""
+    has_tokens = mask.sum(dim=-1) > 0  # [N]
+    minimum = torch.where(mask > 0, w, torch.full_like(w, math.inf)).amin(dim=-1)  # [N]
+    maximum = torch.where(mask > 0, w, torch.full_like(w, -math.inf)).amax(dim=-1)  # [N]
     zero = torch.zeros_like(minimum)
     return {
-        "mis_is_ratio_mean_final": reduce(w * kept, mask),
-        "mis_is_ratio_min_final": reduce.per_sample(torch.where(has_kept, minimum, zero), mask),
-        "mis_is_ratio_max_final": reduce.per_sample(torch.where(has_kept, maximum, zero), mask),
+        "mis_is_ratio_mean_final": reduce(w, mask),
+        "mis_is_ratio_min_final": reduce.per_sample(torch.where(has_tokens, minimum, zero), mask),
+        "mis_is_ratio_max_final": reduce.per_sample(torch.where(has_tokens, maximum, zero), mask),
     }
 
 
@@ -170,17 +183,19 @@ def compute_mis_weights(inputs: TISInputs) -> tuple[Tensor, Tensor, dict[str, Te
     mask, reduce = inputs.loss_mask, inputs.reduce
     d = torch.where(mask > 0, log_weights(inputs.old_log_probs, inputs.rollout_log_probs), 0.0)  # [N, T], 0 on padding
     metrics = mismatch_set(d, inputs.old_log_probs, inputs.rollout_log_probs, mask, reduce)
+    if not cfg.use_tis:
+        return torch.ones_like(mask), mask, metrics
     w = torch.exp(torch.clamp(level_log_ratio(d, mask, cfg.tis_level), -LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND))
     metrics["mis_tis_weight_before_bound"] = reduce(w, mask)
     w, keep_tis, bound_metrics = bound_weights(w, mask, cfg, reduce)
     metrics |= bound_metrics
-    metrics["mis_tis_weight_after_bound"] = reduce(w * keep_tis, mask)
+    metrics["mis_tis_weight_after_bound"] = reduce(w, mask)
     keep_rs, rs_metrics = reject(d, mask, cfg, reduce)
     kept = mask * keep_tis * keep_rs  # [N, T]
     metrics |= rs_metrics
-    metrics["mis_is_ratio_mean_after_tis_rs"] = reduce(w * kept, mask)
+    metrics["mis_is_ratio_mean_after_tis_rs"] = reduce(w, mask)
     if cfg.tis_batch_normalize:
-        w, factor = batch_normalize(w, kept, cfg.tis_level)
+        w, factor = batch_normalize(w, mask, cfg.tis_level)
         metrics["mis_batch_norm_factor"] = factor * reduce.share(mask)
-    metrics |= final_stats(w, kept, mask, reduce)
+    metrics |= final_stats(w, mask, reduce)
     return w * kept, kept, metrics

@@ -7,14 +7,12 @@ Always, when rollout log-probs are given (original loss mask):
     train_rollout_logprob_abs_diff = R(|d|)
     train_rollout_kl               = R(low_var_kl(logp_roll vs logp_old))
                                    = R(clamp(e^{d'} - 1 - d', -10, 10)),  d' = clamp(d, -20, 20)
-    ess_ratio = share * (sum_t w_t)^2 / (n * sum_t w_t^2)  over the n masked tokens of the micro-batch,
-                w_t = exp(clamp(d_t, +-20)) the raw (unbounded) weights; share = R(1), so the trainer's sum over
-                micro-batches is the share-weighted mean of the micro-batch ESS ratios (exact for one micro-batch).
-                1 = on-policy, -> 1/n = one token dominates. ESS is not additive, hence the weighting.
+(ess_ratio, the effective sample size of the policy ratio, is a policy-loss metric: policy_ess_ratio below.)
 
 Corrections (one module each, in the TIS_FUNCTIONS name table; signature in tis.py):
     "vanilla" (tis.vanilla_tis, chosen by `use_tis`), "mis" (mis.compute_mis_weights), or a dotted path
-    in `custom_tis_function_path`; knobs come from the YAML at `custom_config_path` (inputs.options).
+    in `custom_tis_function_path`; knobs come from the YAML at `custom_config_path` (inputs.options). A function
+    written for the reference (keyword arguments, first parameter `args`) is adapted (reference_tis.py).
 With any correction on, also ois = R(exp(clamp(logp - logp_old, +-20))) (the PPO ratio, detached).
 A correction is active when `use_tis` is set or `custom_tis_function_path` is given.
 """
@@ -32,34 +30,41 @@ from torch import Tensor
 
 from miles_core.config.algo import AlgoConfig
 
-from miles_core.resolve import resolve
+from miles_core.resolve import resolve, takes_reference_args
+
+from . import reference_tis
 from .kl import kl_estimate
 from .mis import compute_mis_weights
+from .ops import masked_sum
 from .reducer import Reducer
 from .tis import LOG_WEIGHT_BOUND, TISFunction, TISInputs, log_weights, vanilla_tis
 
 TIS_FUNCTIONS: dict[str, TISFunction] = {"vanilla": vanilla_tis, "mis": compute_mis_weights}
+ESS_EPS = 1e-8
 
 
 def mismatch_metrics(
     old_log_probs: Tensor, rollout_log_probs: Tensor, loss_mask: Tensor, reduce: Reducer
 ) -> dict[str, Tensor]:
-    """train_rollout_logprob_abs_diff, train_rollout_kl, ess_ratio (see module docstring). Inputs [N, T]."""
+    """train_rollout_logprob_abs_diff, train_rollout_kl (see module docstring). Inputs [N, T]."""
     d = log_weights(old_log_probs, rollout_log_probs)  # [N, T]
     kl = kl_estimate(rollout_log_probs.detach(), old_log_probs.detach(), "low_var_kl")  # [N, T]
-    weights = torch.exp(torch.clamp(d, -LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND))  # [N, T]
-    return {
-        "train_rollout_logprob_abs_diff": reduce(d.abs(), loss_mask),
-        "train_rollout_kl": reduce(kl, loss_mask),
-        "ess_ratio": ess_ratio(weights, loss_mask) * reduce.share(loss_mask),
-    }
+    return {"train_rollout_logprob_abs_diff": reduce(d.abs(), loss_mask), "train_rollout_kl": reduce(kl, loss_mask)}
 
 
 def ess_ratio(weights: Tensor, mask: Tensor) -> Tensor:
-    """(sum w)^2 / (n * sum w^2) over the masked elements (n = mask.sum()); 1 when nothing is masked in."""
-    denom = mask.sum() * (weights.square() * mask).sum()
-    ratio = (weights * mask).sum().square() / denom.clamp(min=torch.finfo(weights.dtype).tiny)
-    return torch.where(denom > 0, ratio, torch.ones_like(ratio))  # no host sync
+    """Per-sample ESS ratio (sum_t w)^2 / (max(n, 1) * max(sum_t w^2, 1e-8)), n = sum_t m (as the reference;
+    0 for a sample with no masked token). weights, mask [N, T] -> [N]."""
+    sum_w = masked_sum(weights, mask, dim=-1)  # [N]
+    sum_w2 = masked_sum(weights.square(), mask, dim=-1)  # [N]
+    return sum_w.square() / (mask.sum(dim=-1).clamp(min=1.0) * sum_w2.clamp(min=ESS_EPS))
+
+
+def policy_ess_ratio(ppo_kl: Tensor, loss_mask: Tensor, reduce: Reducer) -> Tensor:
+    """train/ess_ratio as the reference: per-sample ESS of the policy ratio w = exp(clamp(-ppo_kl, +-20))
+    (= pi/pi_old; the sequence ratio for gspo), reduced with R as a per-sample quantity. [N, T] -> scalar."""
+    weights = torch.exp(torch.clamp(-ppo_kl.detach(), -LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND))  # [N, T]
+    return reduce.per_sample(ess_ratio(weights, loss_mask), loss_mask)
 
 
 @functools.lru_cache(maxsize=16)
@@ -77,7 +82,8 @@ def load_options(path: str | None) -> Mapping[str, Any]:
 def resolve_tis_function(algo: AlgoConfig) -> TISFunction | None:
     """The active correction: custom_tis_function_path, else vanilla TIS with use_tis, else None."""
     if algo.custom_tis_function_path is not None:
-        return resolve(algo.custom_tis_function_path, TIS_FUNCTIONS, "custom_tis_function_path")
+        fn = resolve(algo.custom_tis_function_path, TIS_FUNCTIONS, "custom_tis_function_path")
+        return reference_tis.adapt(fn) if takes_reference_args(fn) else fn
     return vanilla_tis if algo.use_tis else None
 
 

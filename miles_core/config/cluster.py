@@ -30,6 +30,7 @@ class ClusterConfig(Group):
     ft_components: list[Literal["rollout"]] = Field(["rollout"], description="What the fault tolerance covers: rollout (engine servers).")
     rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
     rollout_health_check_timeout: float = Field(30.0, gt=0, description="An engine whose /health_generate does not answer 200 within this many seconds is dead: killed and restarted.")
+    mfu_peak_tflops: float | None = Field(None, gt=0, description="Peak TFLOP/s of one training device, for perf/actor_train_mfu (unset: no MFU).")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads for the local runtime (None = torch default).")
     torch_compile: bool = Field(
         False, description="train_backend torch: compile the policy's decoder layers with torch.compile (inductor, dynamic "

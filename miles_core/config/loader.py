@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import ValidationError
 
+from .reference_flags import ALIASES, refusal
 from .train import GROUPS, TrainConfig
 
 SGLANG_PREFIX = "sglang_"  # a key sglang_<server argument> that is no field: an SGLang passthrough (config/sglang.py)
@@ -97,9 +98,12 @@ def build_config(values: Mapping[str, Any], source: str = "config") -> TrainConf
     nested: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
     passthrough: dict[str, Any] = {}
     for key, value in _flatten(values, source).items():
+        key = ALIASES.get(key, key)  # the reference's name of one of our fields (save_hf -> export)
         if key not in groups and key.startswith(SGLANG_PREFIX):
             passthrough[key.removeprefix(SGLANG_PREFIX)] = value  # checked by SglangConfig against the snapshot
             continue
+        if key not in groups and (why := refusal(key, frozenset(groups))):
+            raise ConfigError(f"{source}: {why}")
         if key not in groups:
             close = difflib.get_close_matches(key, groups, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""

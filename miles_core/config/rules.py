@@ -52,6 +52,10 @@ def _algo_rules(c: "TrainConfig") -> None:
         )
     if a.loss_type == "custom_loss" and not a.custom_loss_function_path:
         raise ValueError("loss_type custom_loss needs custom_loss_function_path (a dotted path to the loss function)")
+    if a.loss_type == "custom_loss":
+        from miles_core.algorithms.losses import resolve_loss
+
+        resolve_loss(a)  # a typo, or a loss written for the reference's Megatron trainer, fails here
     if a.use_opd and a.opd_type == "megatron" and not a.opd_teacher_load:
         raise ValueError("use_opd with opd_type megatron needs opd_teacher_load (the teacher's HF dir or builtin:// name)")
     if a.tis_clip_low > a.tis_clip:
@@ -62,6 +66,20 @@ def _algo_rules(c: "TrainConfig") -> None:
         raise ValueError(f"advantage_estimator {a.advantage_estimator} with n_samples_per_prompt 1: the group baseline is the "
                          "sample's own reward, so every advantage is 0 and nothing trains; use n_samples_per_prompt >= 2, "
                          "or disable_rewards_normalization: true (raw rewards)")
+    _mis_options(a)
+
+
+def _mis_options(a) -> None:
+    """The built-in MIS reads its knobs from custom_config_path: check them now, not at the first train step."""
+    from miles_core.algorithms.mis import MIS_NAMES, MISConfig
+    from miles_core.algorithms.rollout_correction import load_options
+
+    if a.custom_tis_function_path not in MIS_NAMES:
+        return
+    try:
+        MISConfig(**load_options(a.custom_config_path))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"custom_config_path={a.custom_config_path!r} (MIS settings): {exc}") from exc
 
 
 def _promotion_rules(c: "TrainConfig") -> None:
@@ -96,6 +114,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
     if cl.torch_compile and cl.train_backend != "torch":
         raise ValueError(f"torch_compile compiles the torch trainer's layers; train_backend {cl.train_backend} has its own "
                          "kernels: drop torch_compile or use train_backend torch")
+    if cl.mfu_peak_tflops is not None and cl.train_backend != "torch":
+        raise ValueError(f"mfu_peak_tflops is not supported yet with train_backend {cl.train_backend}: only the torch trainer "
+                         "reports perf/actor_train_mfu; drop mfu_peak_tflops or use train_backend torch")
     external = c.rollout.rollout_external_engine_addrs is not None
     refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine, launched=not external)
     if refused:

@@ -26,6 +26,8 @@ _NUMBER_LISTS = frozenset({"tokens", "loss_mask", "rollout_log_probs", "weight_v
 
 @dataclass
 class Sample:
+    Status = Status  # the reference's spelling: Sample.Status.TRUNCATED (a class attribute, not a field)
+
     group_index: int = 0
     index: int = 0
     rollout_id: int = 0
@@ -50,6 +52,16 @@ class Sample:
     @property
     def response_tokens(self) -> list[int]:
         return self.tokens[self.prompt_length :]
+
+    @property
+    def effective_response_length(self) -> int:
+        """Trainable response tokens (the loss-mask sum), as the reference's Sample."""
+        return int(sum(self.loss_mask)) if self.loss_mask else self.response_length
+
+    def get_reward_value(self, args: Any) -> Any:
+        """The reference's accessor: the reward, or its field ``args.reward_key`` when that is set."""
+        key = getattr(args, "reward_key", None)
+        return self.reward[key] if key else self.reward
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict of copies of the fields (status as its value); lists of numbers are copied flat, the

@@ -1,12 +1,12 @@
 """Evaluate one engine on eval datasets: metrics of REFERENCE §5 (without the step) and sample rows.
 
-Naming decision (docs/decisions.md): REFERENCE lists both ``eval/<ds>`` and ``eval/<ds>/response_len/mean``,
-which makes ``eval/<ds>`` a prefix "directory" of another key (§7 forbids that). We keep ``eval/<ds>``
-and join the sub-keys with '-' like ``eval/<ds>-truncated_ratio``: ``eval/<ds>-response_len/mean``,
-``eval/<ds>-weight_version/mean``, ``eval/<ds>-mixed_version_ratio``, ``eval/<ds>-pass@k``.
+Names as the reference (docs/decisions.md, 2026-12-01): ``eval/<ds>`` (mean reward), ``eval/<ds>-truncated_ratio``,
+``eval/<ds>-none_reward_ratio``, ``eval/<ds>-pass@k``, and the per-sample statistics under ``eval/<ds>/``:
+``response_len/{mean,median,max,min}``, ``truncated_ratio``, ``repetition_frac``, ``zero_std/count_<r>``,
+``weight_version/{mean,median,max,min,mixed_version_ratio}`` (definitions in miles_core/rollout/metrics.py).
 
-pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) per prompt (n samples, c of them with a
-positive reward), averaged over prompts, for k = 1, 2, 4, ... <= n.
+pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) per prompt (n samples, c of them with reward == 1, as
+the reference), averaged over prompts, for k = 1, 2, 4, ... <= n; only when n > 1.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from miles_core.data.dataset import Prompt
 from miles_core.data.sample import Sample, Status
 from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
 from miles_core.rollout.generate import FINISH_STATUS
-from miles_core.rollout.metrics import pass_at_k
+from miles_core.rollout.metrics import has_repetition, oldest_versions, pass_rates, stats, zero_std_counts
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 
 ROWS_PER_DATASET = 8
@@ -72,21 +72,28 @@ def generate_samples(engine, ds: EvalDataset, seed: int, decode) -> list[Sample]
 
 
 def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float]) -> dict[str, float]:
-    """The §5 metrics of one dataset; ``samples`` in groups of ``n`` (one group per prompt)."""
-    versions = [s.weight_versions[0] for s in samples]
+    """The §5 metrics of one dataset, named as the reference; ``samples`` in groups of ``n`` (one per prompt)."""
     key = f"eval/{name}"
+    lengths = stats([s.response_length for s in samples])
+    truncated = sum(s.status == Status.TRUNCATED for s in samples) / len(samples)
+    oldest, mixed = oldest_versions(samples)
+    versions = stats(oldest)
+    groups = [scores[i : i + n] for i in range(0, len(scores), n)]  # [B][G]
+    counts, _, _ = zero_std_counts(groups)
     m = {
         key: statistics.fmean(scores),
-        f"{key}-truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
-        f"{key}-response_len/mean": statistics.fmean(s.response_length for s in samples),
-        f"{key}-weight_version/mean": statistics.fmean(versions),
-        f"{key}-mixed_version_ratio": float(len(set(versions)) > 1),
+        f"{key}-none_reward_ratio": 0.0,  # every eval sample is scored (a failed reward raises)
+        f"{key}-truncated_ratio": truncated,
+        f"{key}/truncated_ratio": truncated,
+        f"{key}/response_len/mean": lengths["mean"], f"{key}/response_len/median": lengths["median"],
+        f"{key}/response_len/max": lengths["max"], f"{key}/response_len/min": lengths["min"],
+        f"{key}/repetition_frac": statistics.fmean(float(has_repetition(s.response)) for s in samples),
+        f"{key}/weight_version/mean": versions["mean"], f"{key}/weight_version/median": versions["median"],
+        f"{key}/weight_version/max": versions["max"], f"{key}/weight_version/min": versions["min"],
+        f"{key}/weight_version/mixed_version_ratio": mixed,
     }
-    groups = [scores[i : i + n] for i in range(0, len(scores), n)]  # [B][G]
-    k = 1
-    while k <= n:
-        m[f"{key}-pass@{k}"] = statistics.fmean(pass_at_k(n, sum(x > 0 for x in g), k) for g in groups)
-        k *= 2
+    m |= {f"{key}/zero_std/count_{r}": float(c) for r, c in counts.items()}
+    m |= {f"{key}-pass@{k}": v for k, v in pass_rates(groups, n).items()}
     return m
 
 

@@ -5,7 +5,9 @@ whole group per call); otherwise the sample's ``metadata["rm_type"]``, else ``op
 looked up in :data:`miles_core.rewards.registry.FAMILIES` (``boxed_`` prefix allowed).
 ``batched_async_rm`` scores concurrently (``asyncio.gather``; CPU-bound graders run in a few worker
 threads that share the batch, sympy in worker processes, so the event loop never blocks), then
-applies ``custom_reward_post_process_path`` once to the whole batch.
+applies ``custom_reward_post_process_path`` once to the whole batch (each sample's reward before it is kept
+as ``metadata["raw_reward"]``, the scalar of ``reward_key``, for rollout/raw_reward; a dict reward without
+``reward_key`` has no scalar, and rollout/raw_reward then falls back to the post-processed reward).
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ def score(rm_type: str, response: str, label: Any, metadata: dict | None = None)
 async def async_rm(sample: Sample, opts: RewardOptions) -> Reward:
     """The raw reward (float or dict) of one sample."""
     if opts.custom_rm_path and opts.group_rm:
-        return (await custom.group_rewards(opts.custom_rm_path, [sample]))[0]
+        return (await custom.group_rewards(opts.custom_rm_path, [sample], opts))[0]
     if opts.custom_rm_path:
-        return await custom.custom_reward(opts.custom_rm_path, sample)
+        return await custom.custom_reward(opts.custom_rm_path, sample, opts)
     family, graded = resolve(sample_rm_type(sample, opts), sample)
     return await family.ascore(graded, opts)
 
@@ -57,13 +59,16 @@ async def async_rm(sample: Sample, opts: RewardOptions) -> Reward:
 async def batched_async_rm(samples: list[Sample], opts: RewardOptions) -> list[Reward]:
     """Raw rewards of ``samples``, in order: per group with ``group_rm``, then post-processed."""
     if opts.custom_rm_path and opts.group_rm:
-        rewards = await custom.group_rewards(opts.custom_rm_path, samples)
+        rewards = await custom.group_rewards(opts.custom_rm_path, samples, opts)
     elif opts.custom_rm_path:
         rewards = list(await asyncio.gather(*(async_rm(s, opts) for s in samples)))
     else:
         rewards = await _family_rewards(samples, opts)
     if opts.custom_reward_post_process_path:
-        rewards = await custom.post_process(opts.custom_reward_post_process_path, samples, rewards)
+        for sample, raw in zip(samples, rewards):  # rollout/raw_reward is the mean before post-processing
+            if not isinstance(raw, dict) or opts.reward_key is not None:  # a dict without reward_key has no scalar
+                sample.metadata["raw_reward"] = reward_value(raw, opts.reward_key)
+        rewards = await custom.post_process(opts.custom_reward_post_process_path, samples, rewards, opts)
     return rewards
 
 

@@ -26,10 +26,8 @@ from miles_core.data.dataset import Prompt
 from miles_core.data.sample import Sample
 from miles_core.data.source import DataSource
 from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
-from miles_core.resolve import resolve
 
-from .filters import FILTERS
-from .generate import RolloutSpec, generate_unfinished, new_group
+from .generate import RolloutSpec, generate_unfinished, new_group, spec_filter
 
 
 
@@ -56,7 +54,7 @@ class FullyAsyncWorker:
                  version: Callable[[], int], *, capacity: int, max_staleness: int | None, policy: str = "recycle"):
         self.engine, self.source, self.spec, self.reward, self.decode = engine, source, spec, reward, decode
         self.version, self.capacity, self.max_staleness, self.policy = version, capacity, max_staleness, policy
-        self.keep_filter = resolve(spec.filter_path, FILTERS, "dynamic_sampling_filter_path") if spec.filter_path else None
+        self.keep_filter = spec_filter(spec)
         self.buffer: deque[list[Sample]] = deque()
         self.recycled: deque[tuple[int, Prompt]] = deque()
         self.rounds = 0  # generation rounds so far (seeds each round)

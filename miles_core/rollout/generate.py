@@ -36,9 +36,8 @@ from miles_core.data.dataset import Prompt
 from miles_core.data.sample import FINISH_STATUS, Sample, Status
 from miles_core.data.source import DataSource
 from miles_core.rewards import RewardOptions, batched_async_rm, reward_value
-from miles_core.resolve import resolve
 
-from .filters import FILTERS
+from .filters import load_filter
 from .multi_turn import TurnSpec, multi_turn_metrics, resolve_generate_function, zero_failed_rewards
 from .multi_turn.custom import run_custom
 from .multi_turn.loop import run_turns
@@ -70,6 +69,14 @@ class Rollout:
     rollout_id: int
     samples: list[Sample]
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+def spec_filter(spec: RolloutSpec):
+    """The dynamic-sampling filter of ``spec`` (None without one); reference-style filters get these args."""
+    if not spec.filter_path:
+        return None
+    return load_filter(spec.filter_path, reward_key=spec.reward_key, n_samples_per_prompt=spec.n_samples_per_prompt,
+                       rollout_batch_size=spec.rollout_batch_size, over_sampling_batch_size=spec.over_sampling_batch_size)
 
 
 def _max_new_tokens(prompt_length: int, spec: RolloutSpec) -> int:
@@ -149,7 +156,7 @@ def sample_groups(
 def generate_rollout(engine, source: DataSource, spec: RolloutSpec, reward: RewardOptions, rollout_id: int, decode) -> Rollout:
     """Sample, score and filter until rollout_batch_size groups are kept (see the module docstring)."""
     want = spec.rollout_batch_size
-    keep_filter = resolve(spec.filter_path, FILTERS, "dynamic_sampling_filter_path") if spec.filter_path else None
+    keep_filter = spec_filter(spec)
     kept: list[list[Sample]] = []
     drops: Counter[str] = Counter()
     reused = 0

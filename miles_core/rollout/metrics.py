@@ -1,12 +1,40 @@
-"""Rollout metrics of REFERENCE §7, computed from the scored samples of one rollout."""
+"""Rollout metrics of REFERENCE §7 (names and definitions as the reference system), computed from the scored
+samples of one rollout. The runtime calls:
+
+- ``rollout_metrics(samples, rewards, group_size, algo)`` after scoring: rewards (raw and normalised),
+  lengths, truncation, repetition, zero-std groups, weight versions, pass@k;
+- ``generation_perf_metrics(samples, seconds, num_gpus)`` for the generation throughput;
+- ``staleness_metrics(samples, trained_version)`` when training.
+
+Definitions (reference):
+- rollout/raw_reward: mean reward before ``custom_reward_post_process_path`` (``metadata["raw_reward"]``
+  when the hub post-processed, else the reward); rollout/rewards: mean of the rewards after the estimator's
+  group normalisation (~0 for grpo); passrate/pass@k counts reward == 1 as a pass (raw rewards), over
+  complete groups only, k = 1, 2, 4, ... <= group size, only when the group size is > 1.
+- rollout/zero_std/count_<r>: groups whose rewards are all equal to r (rounded to 1 decimal), a single sample
+  included; all_zero / all_one_percentage = count_0.0 / count_1.0 over all groups; not for ppo.
+- rollout/weight_version/*: statistics of each sample's oldest weight version; mixed_version_ratio = the
+  fraction of samples generated under more than one version.
+- rollout/repetition_frac: fraction of responses longer than 10000 characters whose last 10000 compress
+  more than 10x (zlib level 9).
+- perf/tokens_per_gpu_per_sec = response tokens / seconds / num_gpus; longest_sample_tokens_per_sec = the
+  longest response / seconds; the effective_ pair counts only trainable (loss-mask) tokens.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from collections import Counter, defaultdict
 
+import torch
+
+from miles_core.algorithms.advantages import normalized_rewards
+from miles_core.config.algo import AlgoConfig
 from miles_core.data.sample import Sample, Status
+
+REPETITION_WINDOW, REPETITION_RATIO = 10000, 10.0
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -16,29 +44,111 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def rollout_metrics(samples: list[Sample], rewards: list[float], group_size: int) -> dict[str, float]:
-    lengths = [s.response_length for s in samples]
-    groups: dict[int, list[float]] = defaultdict(list)
-    for s, r in zip(samples, rewards):
-        groups[s.group_index].append(r)
-    m = {
-        "rollout/raw_reward": statistics.fmean(rewards),
-        "rollout/rewards": statistics.fmean(rewards),
-        "rollout/response_len/mean": statistics.fmean(lengths),
-        "rollout/response_len/median": float(statistics.median(lengths)),
-        "rollout/response_len/max": float(max(lengths)),
-        "rollout/response_len/min": float(min(lengths)),
-        "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
-        "rollout/weight_version/mean": statistics.fmean(v for s in samples for v in s.weight_versions),
-    }
-    zero_std = Counter(round(g[0], 1) for g in groups.values() if len(g) > 1 and statistics.pstdev(g) == 0)
-    for r, count in zero_std.items():
-        m[f"rollout/zero_std/count_{r}"] = float(count)
-    k = 1
+def pass_rates(groups: list[list[float]], group_size: int) -> dict[int, float]:
+    """pass@k (reward == 1 passes) over the groups with exactly group_size rewards -> {k: value}."""
+    complete = [g for g in groups if len(g) == group_size]
+    if group_size <= 1 or not complete:
+        return {}
+    rates, k = {}, 1
     while k <= group_size:
-        m[f"passrate/pass@{k}"] = statistics.fmean(pass_at_k(len(g), sum(x > 0 for x in g), k) for g in groups.values())
+        rates[k] = statistics.fmean(pass_at_k(len(g), sum(x == 1 for x in g), k) for g in complete)
         k *= 2
+    return rates
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    """{mean, median, max, min} of a non-empty list."""
+    return {"mean": statistics.fmean(values), "median": float(statistics.median(values)),
+            "max": float(max(values)), "min": float(min(values))}
+
+
+def has_repetition(text: str) -> bool:
+    """A response longer than the window whose last window compresses more than REPETITION_RATIO times."""
+    if len(text) <= REPETITION_WINDOW:
+        return False
+    tail = text[-REPETITION_WINDOW:].encode("utf-8")
+    return len(tail) / max(len(zlib.compress(tail, 9)), 1) > REPETITION_RATIO
+
+
+def zero_std_counts(groups: list[list[float]]) -> tuple[Counter[str], float, float]:
+    """Groups whose rewards are all equal, by the reward rounded to 1 decimal ("1.0"), and the all-0 / all-1
+    shares of all groups."""
+    counts = Counter(str(round(float(g[0]), 1)) for g in groups if g and all(x == g[0] for x in g))
+    total = max(len(groups), 1)
+    return counts, counts.get("0.0", 0) / total, counts.get("1.0", 0) / total
+
+
+def zero_std_metrics(groups: list[list[float]]) -> dict[str, float]:
+    """rollout/zero_std/count_<r>, all_zero_percentage, all_one_percentage."""
+    counts, all_zero, all_one = zero_std_counts(groups)
+    m = {f"rollout/zero_std/count_{r}": float(n) for r, n in counts.items()}
+    return m | {"rollout/zero_std/all_zero_percentage": all_zero, "rollout/zero_std/all_one_percentage": all_one}
+
+
+def oldest_versions(samples: list[Sample]) -> tuple[list[float], float]:
+    """Each sample's oldest weight version, and the fraction of samples with more than one version."""
+    oldest = [float(min(s.weight_versions)) for s in samples if s.weight_versions]
+    return oldest, sum(len(set(s.weight_versions)) > 1 for s in samples) / max(len(samples), 1)
+
+
+def raw_reward(sample: Sample, reward: float) -> float:
+    """The reward before custom_reward_post_process_path (the hub keeps it in metadata["raw_reward"])."""
+    return float((sample.metadata or {}).get("raw_reward", reward))
+
+
+def reward_metrics(samples: list[Sample], rewards: list[float], group_size: int, algo: AlgoConfig) -> dict[str, float]:
+    """rollout/raw_reward, rollout/rewards (normalised), rollout/zero_std/*, passrate/pass@k."""
+    raw = [raw_reward(s, r) for s, r in zip(samples, rewards)]
+    group_index = torch.tensor([s.group_index for s in samples])
+    normalized = normalized_rewards(algo, torch.tensor(rewards, dtype=torch.float64), group_index)  # [N]
+    groups: dict[int, list[float]] = defaultdict(list)
+    for s, r in zip(samples, raw):
+        groups[s.group_index].append(r)
+    m = {"rollout/raw_reward": statistics.fmean(raw), "rollout/rewards": float(normalized.mean())}
+    if algo.advantage_estimator != "ppo":
+        m |= zero_std_metrics(list(groups.values()))
+    m |= {f"passrate/pass@{k}": v for k, v in pass_rates(list(groups.values()), group_size).items()}
     return m
+
+
+def rollout_metrics(samples: list[Sample], rewards: list[float], group_size: int, algo: AlgoConfig) -> dict[str, float]:
+    """Every rollout/* and passrate/* metric of one scored rollout. rewards: the scalar reward of each sample."""
+    lengths = stats([s.response_length for s in samples])
+    truncated = statistics.fmean(float(s.status == Status.TRUNCATED) for s in samples)
+    oldest, mixed = oldest_versions(samples)
+    m = reward_metrics(samples, rewards, group_size, algo) | {
+        "rollout/response_len/mean": lengths["mean"], "rollout/response_len/median": lengths["median"],
+        "rollout/response_len/max": lengths["max"], "rollout/response_len/min": lengths["min"],
+        "rollout/response_lengths": lengths["mean"],
+        "rollout/total_lengths": statistics.fmean(len(s.tokens) for s in samples),
+        "rollout/truncated": truncated,
+        "rollout/truncated_ratio": truncated,
+        "rollout/repetition_frac": statistics.fmean(float(has_repetition(s.response)) for s in samples),
+    }
+    if oldest:
+        versions = stats(oldest)
+        m |= {"rollout/weight_version/mean": versions["mean"], "rollout/weight_version/median": versions["median"],
+              "rollout/weight_version/max": versions["max"], "rollout/weight_version/min": versions["min"],
+              "rollout/weight_version/mixed_version_ratio": mixed}
+    return m
+
+
+def trainable_length(sample: Sample) -> int:
+    """Response tokens with loss mask 1 (the reference's effective_response_length)."""
+    return int(sum(sample.loss_mask))
+
+
+def generation_perf_metrics(samples: list[Sample], seconds: float, num_gpus: int) -> dict[str, float]:
+    """perf/rollout_time and the token throughputs of one generation pass (module docstring)."""
+    seconds = max(seconds, 1e-9)
+    lengths, effective = [s.response_length for s in samples], [trainable_length(s) for s in samples]
+    return {
+        "perf/rollout_time": seconds,
+        "perf/tokens_per_gpu_per_sec": sum(lengths) / seconds / num_gpus,
+        "perf/longest_sample_tokens_per_sec": max(lengths) / seconds,
+        "perf/effective_tokens_per_gpu_per_sec": sum(effective) / seconds / num_gpus,
+        "perf/longest_effective_sample_tokens_per_sec": max(effective) / seconds,
+    }
 
 
 def staleness_metrics(samples: list[Sample], trained_version: int) -> dict[str, float]:

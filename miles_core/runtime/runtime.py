@@ -25,7 +25,7 @@ from miles_core.rewards import RewardOptions, reward_value
 from miles_core.rollout.fleet import EngineFleet, WeightSource
 from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
-from miles_core.rollout.metrics import rollout_metrics, staleness_metrics
+from miles_core.rollout.metrics import generation_perf_metrics, rollout_metrics, staleness_metrics
 from miles_core.rollout.multi_turn import conversation_columns, turn_spec
 from miles_core.rollout.protocol import SamplingParams
 from miles_core.tracking.samples import sample_rows
@@ -144,9 +144,8 @@ class Runtime:
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
         dt = time.perf_counter() - t0
         rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
-        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt)}
-        tokens = sum(len(s.tokens) for s in rollout.samples)
-        metrics |= {"perf/rollout_time": dt, "perf/tokens_per_gpu_per_sec": tokens / max(dt, 1e-9)}
+        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, self.cfg.algo)}
+        metrics |= generation_perf_metrics(rollout.samples, dt, num_gpus=self.cfg.cluster.rollout_num_gpus or 1)
         self.rollouts.write(rollout_id, RolloutFile(samples=rollout.samples, metrics=metrics, weight_version=version,
                                                     cursor_after=self.source.state_dict()))
         return metrics

@@ -78,6 +78,7 @@ def _compile(template: str) -> re.Pattern[str]:
 _RM = "miles_core/rollout/metrics.py"
 _LOCAL = "miles_core/runtime/runtime.py"
 _TRAINER = "miles_core/training/torch_trainer.py"
+_PERF = "miles_core/training/perf.py"
 _ADV = "miles_core/algorithms/advantages"
 _LOSS = "miles_core/algorithms/losses.py"
 _CORR = "miles_core/algorithms/rollout_correction.py"
@@ -94,18 +95,33 @@ CATALOG: tuple[Metric, ...] = (
     Metric(TRAIN, TRAIN, "optimizer step: rollout_id * num_steps_per_rollout + step", "always", "flows/train.py"),
     Metric(EVAL, EVAL, "the engine weight version that was evaluated", "eval_prompt_data", "flows/tracking.py"),
     # ---- rollout: generation and rewards ----------------------------------------------------------
-    Metric("rollout/raw_reward", ROLLOUT, "mean scalar reward of the rollout's samples", "always", _RM),
-    Metric("rollout/rewards", ROLLOUT, "mean reward (same value as raw_reward; reference name kept)", "always", _RM),
+    Metric("rollout/raw_reward", ROLLOUT, "mean scalar reward before custom_reward_post_process_path", "always", _RM),
+    Metric("rollout/rewards", ROLLOUT, "mean reward after the estimator's group normalisation (~0 for grpo; raw for ppo, "
+           "reinforce++)", "always", _RM),
+    Metric("rollout/response_lengths", ROLLOUT, "mean response length (tokens), the reference's train-side name", "always", _RM),
+    Metric("rollout/total_lengths", ROLLOUT, "mean prompt + response length (tokens)", "always", _RM),
+    Metric("rollout/truncated", ROLLOUT, "fraction of truncated samples, the reference's train-side name", "always", _RM),
+    Metric("rollout/repetition_frac", ROLLOUT, "fraction of responses > 10000 characters whose last 10000 compress > 10x",
+           "always", _RM),
     Metric("rollout/response_len/mean", ROLLOUT, "mean response length (tokens)", "always", _RM),
     Metric("rollout/response_len/median", ROLLOUT, "median response length (tokens)", "always", _RM),
     Metric("rollout/response_len/max", ROLLOUT, "longest response (tokens)", "always", _RM),
     Metric("rollout/response_len/min", ROLLOUT, "shortest response (tokens)", "always", _RM),
     Metric("rollout/truncated_ratio", ROLLOUT, "fraction of samples that hit the length limit", "always", _RM),
-    Metric("rollout/weight_version/mean", ROLLOUT, "mean engine weight version of the samples", "always", _RM),
+    Metric("rollout/weight_version/mean", ROLLOUT, "mean of each sample's oldest engine weight version", "always", _RM),
+    Metric("rollout/weight_version/median", ROLLOUT, "median of each sample's oldest weight version", "always", _RM),
+    Metric("rollout/weight_version/max", ROLLOUT, "newest of the samples' oldest weight versions", "always", _RM),
+    Metric("rollout/weight_version/min", ROLLOUT, "oldest weight version of the rollout", "always", _RM),
+    Metric("rollout/weight_version/mixed_version_ratio", ROLLOUT, "fraction of samples generated under more than one "
+           "weight version (partial rollout)", "always", _RM),
     Metric("rollout/zero_std/count_<r>", ROLLOUT, "groups whose rewards are all equal to r (rounded to 1 decimal)",
-           "n_samples_per_prompt > 1, when such groups occur", _RM),
-    Metric("passrate/pass@<k>", ROLLOUT, "unbiased pass@k over the groups (reward > 0 counts as a pass), k = 1, 2, 4, ... <= group size",
-           "always", _RM),
+           "advantage_estimator other than ppo, when such groups occur", _RM),
+    Metric("rollout/zero_std/all_zero_percentage", ROLLOUT, "fraction of groups whose rewards are all 0", "advantage_estimator "
+           "other than ppo", _RM),
+    Metric("rollout/zero_std/all_one_percentage", ROLLOUT, "fraction of groups whose rewards are all 1", "advantage_estimator "
+           "other than ppo", _RM),
+    Metric("passrate/pass@<k>", ROLLOUT, "unbiased pass@k over the complete groups (reward == 1 passes, as the reference), "
+           "k = 1, 2, 4, ... <= group size", "n_samples_per_prompt > 1", _RM),
     Metric("rollout/dynamic_filter/drop_<reason>", ROLLOUT, "groups dropped by the dynamic-sampling filter, by reason",
            "dynamic_sampling_filter_path", "miles_core/rollout/generate.py"),
     Metric("rollout/staleness/mean", ROLLOUT, "mean weight syncs between a sample's generation and its training (0 when async_mode is off)",
@@ -159,10 +175,33 @@ CATALOG: tuple[Metric, ...] = (
     Metric("rollout/opd_reverse_kl", ROLLOUT, "token mean of logp_old - logp_teacher over the rollout", "use_opd",
            "miles_core/algorithms/opd.py"),
     # ---- perf (at rollout/step) -------------------------------------------------------------------
-    Metric("perf/rollout_time", ROLLOUT, "seconds to generate and score the rollout", "always", _LOCAL),
-    Metric("perf/tokens_per_gpu_per_sec", ROLLOUT, "prompt + response tokens per second of generation", "always", _LOCAL),
+    Metric("perf/rollout_time", ROLLOUT, "seconds to generate and score the rollout", "always", _RM),
+    Metric("perf/tokens_per_gpu_per_sec", ROLLOUT, "response tokens per second of generation per rollout GPU "
+           "(rollout_num_gpus, 1 when unset)", "always", _RM),
+    Metric("perf/effective_tokens_per_gpu_per_sec", ROLLOUT, "trainable (loss-mask) response tokens per second per rollout GPU",
+           "always", _RM),
+    Metric("perf/longest_sample_tokens_per_sec", ROLLOUT, "the longest response / rollout time", "always", _RM),
+    Metric("perf/longest_effective_sample_tokens_per_sec", ROLLOUT, "the most trainable tokens of a response / rollout time",
+           "always", _RM),
     Metric("perf/actor_train_time", ROLLOUT, "seconds of the train stage (forward-only passes and optimizer steps)", "always", _TRAINER),
     Metric("perf/actor_train_tok_per_s", ROLLOUT, "trained tokens per second (tokens * num_steps_per_rollout / time)", "always", _TRAINER),
+    Metric("perf/train_time", ROLLOUT, "seconds of the trainer's train_rollout (forward-only passes and optimizer steps)",
+           "train_backend torch", _PERF),
+    Metric("perf/train_wait_time", ROLLOUT, "seconds the trainer waited since its previous train ended (0 at the first)",
+           "train_backend torch", _PERF),
+    Metric("perf/step_time", ROLLOUT, "train_wait_time + train_time", "train_backend torch", _PERF),
+    Metric("perf/wait_time_ratio", ROLLOUT, "train_wait_time / step_time", "train_backend torch", _PERF),
+    Metric("perf/log_probs_time", ROLLOUT, "seconds of the old-policy log-prob pass", "when it runs (not on-policy, "
+           "not use_rollout_logprobs)", _PERF),
+    Metric("perf/ref_log_probs_time", ROLLOUT, "seconds of the reference-model log-prob pass", "a reference model", _PERF),
+    Metric("perf/teacher_log_probs_time", ROLLOUT, "seconds of the teacher pass", "use_opd with a teacher", _PERF),
+    Metric("perf/log_probs_tflops", ROLLOUT, "2 * params * tokens / log_probs_time (TFLOP/s, attention not counted)",
+           "when the old-policy pass runs", _PERF),
+    Metric("perf/ref_log_probs_tflops", ROLLOUT, "2 * params * tokens / ref_log_probs_time (TFLOP/s)", "a reference model", _PERF),
+    Metric("perf/actor_train_tflops", ROLLOUT, "3 * 2 * params * tokens * num_steps_per_rollout / train_time (TFLOP/s)",
+           "train_backend torch", _PERF),
+    Metric("perf/mfu_peak_tflops", ROLLOUT, "the configured peak TFLOP/s of one device", "mfu_peak_tflops", _PERF),
+    Metric("perf/actor_train_mfu", ROLLOUT, "actor_train_tflops / mfu_peak_tflops", "mfu_peak_tflops", _PERF),
     Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
     Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far, cumulative: by the health monitor "
            "(use_fault_tolerance) or found dead before a weight sync", "runtime: ray", "miles_core/rollout/http/fleet.py"),
@@ -183,7 +222,8 @@ CATALOG: tuple[Metric, ...] = (
     # ---- train: rollout/train mismatch and corrections --------------------------------------------
     Metric("train/train_rollout_logprob_abs_diff", TRAIN, "R(|logp_old - logp_roll|)", "always", _CORR),
     Metric("train/train_rollout_kl", TRAIN, "R(low_var_kl(logp_roll vs logp_old))", "always", _CORR),
-    Metric("train/ess_ratio", TRAIN, "effective sample size ratio of the raw IS weights", "always", _CORR),
+    Metric("train/ess_ratio", TRAIN, "mean over samples of the effective sample size ratio (sum w)^2 / (n sum w^2) of "
+           "the policy ratio w = exp(logp - logp_old)", "loss_type: policy_loss", _LOSS),
     Metric("train/ois", TRAIN, "R(exp(logp - logp_old)), the PPO ratio", "use_tis or custom_tis_function_path", _LOSS),
     Metric("train/tis", TRAIN, "R(w) of the TIS weights before the clamp", "use_tis", "miles_core/algorithms/tis.py"),
     Metric("train/tis_clipfrac", TRAIN, "fraction of TIS weights outside [tis_clip_low, tis_clip]", "use_tis",
@@ -198,11 +238,11 @@ CATALOG: tuple[Metric, ...] = (
     Metric("train/mis_tis_mask_fraction_high", TRAIN, "R([w > upper])", f"{_MIS_ON}, tis_mode mask", _MIS),
     Metric("train/mis_rs_mask_fraction_low", TRAIN, "R([w_rs < rs_lower])", f"{_MIS_ON}, use_rs", _MIS),
     Metric("train/mis_rs_mask_fraction_high", TRAIN, "R([w_rs > rs_upper])", f"{_MIS_ON}, use_rs", _MIS),
-    Metric("train/mis_rs_catastrophic_token_fraction", TRAIN, "R([d_t < log rs_veto_threshold])", f"{_MIS_ON}, veto on", _MIS),
-    Metric("train/mis_rs_catastrophic_seq_fraction", TRAIN, "fraction of samples with a catastrophic token", f"{_MIS_ON}, veto on", _MIS),
-    Metric("train/mis_is_ratio_mean_after_tis_rs", TRAIN, "R(w * kept) before batch normalization", _MIS_ON, _MIS),
+    Metric("train/mis_rs_catastrophic_token_fraction", TRAIN, "R([d_t < log rs_veto_threshold])", f"{_MIS_ON}, use_rs with the veto on", _MIS),
+    Metric("train/mis_rs_catastrophic_seq_fraction", TRAIN, "fraction of samples with a catastrophic token", f"{_MIS_ON}, use_rs with the veto on", _MIS),
+    Metric("train/mis_is_ratio_mean_after_tis_rs", TRAIN, "R(w) over the original mask before batch normalization", _MIS_ON, _MIS),
     Metric("train/mis_batch_norm_factor", TRAIN, "micro-batch mean weight times its share", f"{_MIS_ON}, tis_batch_normalize", _MIS),
-    Metric("train/mis_is_ratio_mean_final", TRAIN, "R(final w * kept)", _MIS_ON, _MIS),
+    Metric("train/mis_is_ratio_mean_final", TRAIN, "R(final w) over the original mask", _MIS_ON, _MIS),
     Metric("train/mis_is_ratio_min_final", TRAIN, "mean over samples of the smallest final weight", _MIS_ON, _MIS),
     Metric("train/mis_is_ratio_max_final", TRAIN, "mean over samples of the largest final weight", _MIS_ON, _MIS),
     Metric("train/mis_training_log_ppl", TRAIN, "per-sample -mean logp_old", _MIS_ON, _MIS),
@@ -217,10 +257,12 @@ CATALOG: tuple[Metric, ...] = (
     Metric("train/mis_chi2_token", TRAIN, "per-sample mean_t w_t^2 - 1", _MIS_ON, _MIS),
     Metric("train/mis_chi2_seq", TRAIN, "per-sample exp(2 sum_t d_t) - 1", _MIS_ON, _MIS),
     # ---- train: critic (ppo) ----------------------------------------------------------------------
-    Metric("train/value_loss", TRAIN, "clipped critic loss", "advantage_estimator: ppo", "miles_core/algorithms/value_loss.py"),
-    Metric("train/value_clipfrac", TRAIN, "fraction of tokens whose value moved more than value_clip", "advantage_estimator: ppo",
-           "miles_core/algorithms/value_loss.py"),
-    Metric("train/critic_grad_norm", TRAIN, "critic gradient norm before clipping", "advantage_estimator: ppo",
+    Metric("train/critic-value_loss", TRAIN, "clipped critic loss", "advantage_estimator: ppo", "miles_core/algorithms/value_loss.py"),
+    Metric("train/critic-value_clipfrac", TRAIN, "fraction of tokens whose value moved more than value_clip",
+           "advantage_estimator: ppo", "miles_core/algorithms/value_loss.py"),
+    Metric("train/critic-grad_norm", TRAIN, "critic gradient norm before clipping", "advantage_estimator: ppo",
+           "miles_core/training/critic.py"),
+    Metric("train/critic-lr-pg_0", TRAIN, "critic learning rate of the step", "advantage_estimator: ppo",
            "miles_core/training/critic.py"),
     # ---- eval ---------------------------------------------------------------------------------------
     Metric("eval/duration_seconds", EVAL, "seconds of the whole eval", "eval_prompt_data", _POINT),
@@ -232,11 +274,26 @@ CATALOG: tuple[Metric, ...] = (
            "unhealthy, pin_violation, or an EvalSkip(reason) of eval_function_path", "eval_prompt_data or eval_config",
            "miles_core/evaluation/skip.py"),
     Metric("eval/<ds>-truncated_ratio", EVAL, "fraction of eval samples that hit the length limit", "eval_prompt_data", _EVAL),
-    Metric("eval/<ds>-response_len/mean", EVAL, "mean eval response length", "eval_prompt_data", _EVAL),
-    Metric("eval/<ds>-weight_version/mean", EVAL, "mean engine weight version of the eval samples (== eval/step when good)",
+    Metric("eval/<ds>-none_reward_ratio", EVAL, "fraction of eval samples without a reward (0: a failed reward raises)",
            "eval_prompt_data", _EVAL),
-    Metric("eval/<ds>-mixed_version_ratio", EVAL, "1 if the eval samples came from more than one weight version", "eval_prompt_data", _EVAL),
-    Metric("eval/<ds>-pass@<k>", EVAL, "unbiased pass@k, k = 1, 2, 4, ... <= n_samples_per_eval_prompt", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/truncated_ratio", EVAL, "fraction of eval samples that hit the length limit (per-sample set)",
+           "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/response_len/mean", EVAL, "mean eval response length", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/response_len/median", EVAL, "median eval response length", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/response_len/max", EVAL, "longest eval response", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/response_len/min", EVAL, "shortest eval response", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/repetition_frac", EVAL, "fraction of repetitive eval responses (as rollout/repetition_frac)",
+           "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/zero_std/count_<r>", EVAL, "eval prompts whose rewards are all equal to r", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/weight_version/mean", EVAL, "mean engine weight version of the eval samples (== eval/step when good)",
+           "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/weight_version/median", EVAL, "median weight version of the eval samples", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/weight_version/max", EVAL, "newest weight version of the eval samples", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/weight_version/min", EVAL, "oldest weight version of the eval samples", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>/weight_version/mixed_version_ratio", EVAL, "fraction of eval samples generated under more than one "
+           "weight version (0 when good)", "eval_prompt_data", _EVAL),
+    Metric("eval/<ds>-pass@<k>", EVAL, "unbiased pass@k (reward == 1 passes), k = 1, 2, 4, ... <= n_samples_per_eval_prompt",
+           "n_samples_per_eval_prompt > 1", _EVAL),
     Metric("eval/<ds>", EVAL, "mean eval reward of dataset ds (eval_reward_key)", "eval_prompt_data", _EVAL),
 )
 

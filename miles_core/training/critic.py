@@ -12,7 +12,8 @@ the action, as in OpenRLHF and the reference system. Values are float32 [N, T].
 One rollout: `values(batch)` in the forward-only phase gives V_old; after GAE, each optimizer step
 also runs `step(...)`: the clipped value loss (algorithms.value_loss) with the actor's reduction R,
 gradient accumulation over micro-batches, grad-norm clip `clip_grad`, AdamW with `critic_lr`
-(default `lr`) and the actor's warm-up. Metrics: value_loss, value_clipfrac, critic_grad_norm.
+(default `lr`) and the actor's warm-up. Metrics (the reference's names, under train/): critic-value_loss, critic-value_clipfrac,
+critic-grad_norm, critic-lr-pg_0.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Critic:
         dp (data parallel, as the actor's): this rank's share of the rows, gradients and totals summed over ranks."""
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals = {"value_loss": 0.0, "value_clipfrac": 0.0}
+        totals = {"critic-value_loss": 0.0, "critic-value_clipfrac": 0.0}
         mine = dp.shard(batch, rows) if dp is not None else list(rows)
         for s in range(0, len(mine), self.micro_batch_size):
             idx = mine[s : s + self.micro_batch_size]
@@ -89,9 +90,10 @@ class Critic:
                 totals[name] += float(v)
         if dp is not None:
             totals = dp.all_reduce(self.module, totals)
+        lr = self.lr * warmup
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr * warmup
+            group["lr"] = lr
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
         self.optimizer.step()
-        return {**totals, "critic_grad_norm": float(grad_norm)}
+        return {**totals, "critic-grad_norm": float(grad_norm), "critic-lr-pg_0": lr}

@@ -18,6 +18,7 @@ from miles_core.data.sample import Sample
 
 from .batch import TokenBatch, forward_only, make_batch, per_token, prompt_units, response_log_probs
 from .critic import Critic, build_critic
+from .perf import PhaseTimer, perf_metrics
 from .protocol import TrainOutput
 from .teacher import Teacher
 
@@ -79,6 +80,7 @@ class TorchTrainer:
         if self._compile_pending:
             decoder_layers(model)  # fails here, before any step, for a model without a layer list
         self.steps_done = 0
+        self.timer, self.peak_tflops = PhaseTimer(), cfg.cluster.mfu_peak_tflops
         self.dp = None  # data parallel (data_parallel.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
 
     @property
@@ -105,10 +107,14 @@ class TorchTrainer:
         elif self.on_policy:
             old = None  # filled by the optimizer step from its own forward
         else:
-            old = self.compute_log_probs(self.model, batch)
-        ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
+            with self.timer.phase("log_probs"):
+                old = self.compute_log_probs(self.model, batch)
+        with self.timer.phase("ref_log_probs", when=self.ref_model is not None):
+            ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
+        with self.timer.phase("teacher_log_probs", when=self.teacher is not None):
+            teacher = self._teacher_log_probs(batch, samples)
         values = self.critic.values(batch) if self.critic is not None else None
-        return RolloutTensors(old=old, ref=ref, teacher=self._teacher_log_probs(batch, samples), values=values)
+        return RolloutTensors(old=old, ref=ref, teacher=teacher, values=values)
 
     def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
         """OPD: from the teacher (model or engine), else from the samples' teacher_log_probs; None without OPD."""
@@ -129,6 +135,7 @@ class TorchTrainer:
 
         With a critic, rollouts before `num_critic_only_steps` update only the critic."""
         batch = make_batch(samples, self.pad_id)
+        train_wait = self.timer.start_rollout()
         t0 = time.perf_counter()
         tensors = self._forward_only(batch, samples)
         adv_in = AdvantageInputs(
@@ -152,6 +159,9 @@ class TorchTrainer:
         tokens = float(batch.attention_mask.sum())
         rollout_metrics["perf/actor_train_time"] = dt
         rollout_metrics["perf/actor_train_tok_per_s"] = tokens * self.shape.num_steps / max(dt, 1e-9)
+        rollout_metrics |= perf_metrics(self.timer, train_wait=train_wait, train_time=dt, tokens=tokens, num_steps=self.shape.num_steps,
+                                        n_params=sum(p.numel() for p in self.model.parameters()), peak_tflops=self.peak_tflops)
+        self.timer.end_rollout()
         return TrainOutput(rollout=rollout_metrics, steps=steps)
 
     def _optimizer_step(self, batch: TokenBatch, tensors: RolloutTensors, k: int, train_actor: bool = True) -> dict[str, float]:

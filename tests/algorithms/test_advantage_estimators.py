@@ -161,20 +161,33 @@ def test_reinforce_plus_plus_loop_vs_vectorised(make):
 
 
 def test_ppo_loop_vs_vectorised(make):
+    """The loop walks only the trainable positions of each sample (holes and padding skipped)."""
     b = make(n=6, t=8, seed=8)
     algo = AlgoConfig(advantage_estimator="ppo", kl_coef=0.05, gamma=0.95, lambd=0.7)
     adv, returns, _ = compute_advantages(algo, AdvantageInputs(b.rewards, b.group_index, b.mask, b.old, b.ref, b.values))
+    assert (b.mask[:, 1:-1] == 0).logical_and(b.mask[:, 2:] > 0).any(), "the batch must have interior holes"
     for i in range(6):
         rewards = _loop_token_rewards(b, i, 0.05)
-        values = [b.values[i, t].item() * b.mask[i, t].item() for t in range(8)]
+        trainable = [t for t in range(8) if b.mask[i, t] > 0]
         gae, next_value = 0.0, 0.0
-        for t in reversed(range(8)):
-            delta = rewards[t] + 0.95 * next_value - values[t]
-            gae = delta + 0.95 * 0.7 * gae
-            next_value = values[t]
-            m = b.mask[i, t].item()
-            assert adv[i, t].item() == pytest.approx(gae * m, abs=1e-5)
-            assert returns[i, t].item() == pytest.approx((gae + values[t]) * m, abs=1e-5)
+        for t in reversed(trainable):
+            value = b.values[i, t].item()
+            gae = rewards[t] + 0.95 * next_value - value + 0.95 * 0.7 * gae
+            next_value = value
+            assert adv[i, t].item() == pytest.approx(gae, abs=1e-5)
+            assert returns[i, t].item() == pytest.approx(gae + value, abs=1e-5)
+        holes = [t for t in range(8) if t not in trainable]
+        assert adv[i, holes].abs().sum() == 0 and returns[i, holes].abs().sum() == 0
+
+
+def test_ppo_gae_skips_an_untrained_span():
+    # mask [1, 0, 1], V [.5, .3, .2], reward 1, gamma 1, lambd .5 (issue 20's case):
+    # t=2: delta = 1 + 0 - .2 = .8, A = .8;  t=0 (next trainable t'=2): delta = 0 + .2 - .5 = -.3,
+    # A = -.3 + .5 * .8 = 0.1 (stepping through the hole with V=0 would give -0.2)
+    algo = AlgoConfig(advantage_estimator="ppo", gamma=1.0, lambd=0.5)
+    adv, returns, _ = compute_advantages(algo, _inputs([1.0], [0], [[1, 0, 1]], values=[[0.5, 0.3, 0.2]]))
+    assert adv[0].tolist() == pytest.approx([0.1, 0.0, 0.8])
+    assert returns[0].tolist() == pytest.approx([0.6, 0.0, 1.0])
 
 
 def test_normalize_advantages_hand_values():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import miles_core.algorithms as algorithms
 
-ALLOWED_ROOTS = {"__future__", "collections", "dataclasses", "functools", "importlib", "math", "types", "typing",
+ALLOWED_ROOTS = {"__future__", "collections", "dataclasses", "functools", "importlib", "inspect", "math", "types", "typing",
                  "torch", "pydantic", "yaml", "miles_core"}
 
 

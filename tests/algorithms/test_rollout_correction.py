@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from miles_core.algorithms import LossInputs, MISConfig, Reducer, TISInputs, actor_loss, compute_mis_weights
-from miles_core.algorithms.rollout_correction import TIS_FUNCTIONS, load_options, mismatch_metrics, resolve_tis_function
+from miles_core.algorithms.rollout_correction import (
+    TIS_FUNCTIONS, load_options, mismatch_metrics, resolve_tis_function, rollout_correction,
+)
+from miles_core.config import ConfigError, load_config
 from miles_core.config.algo import AlgoConfig
 
 L3, LQ, L15 = math.log(3.0), math.log(0.25), math.log(1.5)
@@ -47,10 +51,9 @@ def test_mismatch_metrics_hand_values():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     m = mismatch_metrics(old, rollout, mask, Reducer(False, 1, 2))
     # |d| = [log 2, 0] -> log(2)/2; low_var_kl(rollout vs old): e^d - 1 - d = [2 - 1 - log 2, 0] -> (1 - log 2)/2
-    # ess over w = [2, 1]: (2 + 1)^2 / (2 * (4 + 1)) = 0.9, share R(1) = 1
     assert m["train_rollout_logprob_abs_diff"].item() == pytest.approx(math.log(2) / 2)
     assert m["train_rollout_kl"].item() == pytest.approx((1 - math.log(2)) / 2)
-    assert m["ess_ratio"].item() == pytest.approx(0.9)
+    assert sorted(m) == ["train_rollout_kl", "train_rollout_logprob_abs_diff"]
 
 
 def test_mis_mismatch_set_hand_values():
@@ -77,7 +80,7 @@ def test_mis_token_truncate():
     assert m["mis_tis_weight_before_bound"] == pytest.approx((4.25 / 3 + 1.25) / 2)
     assert m["mis_tis_weight_after_bound"] == pytest.approx((3.25 / 3 + 1.25) / 2)
     assert m["mis_tis_truncate_fraction"] == pytest.approx(1 / 6)  # (1/3 + 0)/2
-    assert m["mis_rs_catastrophic_token_fraction"] == 0.0 and m["mis_rs_catastrophic_seq_fraction"] == 0.0
+    assert "mis_rs_catastrophic_token_fraction" not in m  # the veto is part of rejection sampling (use_rs)
     # per-sample min / max of the final weights, averaged over samples: (0.25 + 1)/2, (2 + 1.5)/2
     assert m["mis_is_ratio_min_final"] == pytest.approx(0.625)
     assert m["mis_is_ratio_max_final"] == pytest.approx(1.75)
@@ -100,7 +103,10 @@ def test_mis_token_mask():
     assert w.tolist() == [pytest.approx([0.0, 0.0, 1.0]), pytest.approx([1.5, 1.0, 0.0])]
     assert m["mis_tis_mask_fraction_low"] == pytest.approx(1 / 6)
     assert m["mis_tis_mask_fraction_high"] == pytest.approx(1 / 6)
-    assert m["mis_tis_weight_after_bound"] == pytest.approx((1 / 3 + 1.25) / 2)  # dropped tokens count as 0
+    # the reference reduces over the original mask: the rejected tokens keep their weights 3 and .25
+    assert m["mis_tis_weight_after_bound"] == pytest.approx((4.25 / 3 + 1.25) / 2)
+    assert m["mis_is_ratio_mean_final"] == pytest.approx((4.25 / 3 + 1.25) / 2)
+    assert m["mis_is_ratio_min_final"] == pytest.approx((0.25 + 1) / 2) and m["mis_is_ratio_max_final"] == pytest.approx(2.25)
 
 
 def test_mis_sequence_and_geometric_levels():
@@ -121,7 +127,8 @@ def test_mis_rejection_sampling():
     w, kept, m = mis(use_rs=True)  # token level, bounds default to the IS bounds [0.5, 2]
     assert kept.tolist() == [[0.0, 0.0, 1.0], [1.0, 1.0, 0.0]]
     assert m["mis_rs_mask_fraction_low"] == pytest.approx(1 / 6) and m["mis_rs_mask_fraction_high"] == pytest.approx(1 / 6)
-    assert m["mis_is_ratio_mean_after_tis_rs"] == pytest.approx((1 / 3 + 1.25) / 2)
+    # the truncated weights [2, .25, 1], [1.5, 1] over the original mask (rejection changes the mask, not w)
+    assert m["mis_is_ratio_mean_after_tis_rs"] == pytest.approx((3.25 / 3 + 1.25) / 2)
     assert w.tolist() == [pytest.approx([0.0, 0.0, 1.0]), pytest.approx([1.5, 1.0, 0.0])]
     _, kept, m = mis(use_rs=True, rs_level="sequence", rs_lower_bound=0.8)  # row 0: 0.75 < 0.8 -> rejected
     assert kept.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
@@ -132,13 +139,24 @@ def test_mis_rejection_sampling():
 
 def test_mis_veto_masks_the_whole_sequence():
     old = torch.tensor([[math.log(1e-5), 0.0, 0.0], [L15, 0.0, math.log(1e-9)]])  # row 1's tiny value is padding
-    w, kept, m = mis(old=old)
+    wide = dict(use_rs=True, rs_lower_bound=0.0, rs_upper_bound=10.0)  # rejection itself drops nothing
+    w, kept, m = mis(old=old, **wide)
     assert kept.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
     assert w[0].abs().sum() == 0
     assert m["mis_rs_catastrophic_token_fraction"] == pytest.approx(1 / 6)  # (1/3 + 0)/2
     assert m["mis_rs_catastrophic_seq_fraction"] == pytest.approx(0.5)
-    _, kept, m = mis(old=old, rs_veto_threshold=None)
+    _, kept, m = mis(old=old, rs_veto_threshold=None, **wide)
     assert torch.equal(kept, MASK) and "mis_rs_catastrophic_seq_fraction" not in m
+    # without use_rs there is no veto (the reference's truncate-only setups keep every sample)
+    _, kept, m = mis(old=old)
+    assert torch.equal(kept, MASK) and "mis_rs_catastrophic_seq_fraction" not in m
+
+
+def test_mis_use_tis_false_logs_the_mismatch_set_only():
+    w, kept, m = mis(use_tis=False, use_rs=True, tis_batch_normalize=True)
+    assert torch.equal(w, torch.ones_like(MASK)) and torch.equal(kept, MASK)
+    assert sorted(m) == sorted(k for k in m if not k.startswith(("mis_tis", "mis_rs", "mis_is", "mis_batch")))
+    assert "mis_chi2_seq" in m and "mis_tis_weight_before_bound" not in m
 
 
 def test_mis_batch_normalize():
@@ -151,6 +169,21 @@ def test_mis_batch_normalize():
     w, _, m = mis(tis_level="sequence", tis_batch_normalize=True)
     assert m["mis_batch_norm_factor"] == pytest.approx(1.125)
     assert w[0, 0].item() == pytest.approx(0.75 / 1.125)
+    with pytest.raises(ValueError, match="geometric"):
+        mis(tis_level="geometric", tis_batch_normalize=True)
+
+
+def test_mis_batch_normalize_over_the_original_mask():
+    # mask mode drops 3 and .25; the reference still divides by the mean over all five original tokens:
+    # [3, .25, 1, 1.5, 1] -> 6.75 / 5 = 1.35 (the kept tokens alone would give 3.5 / 3)
+    w, kept, m = mis(tis_mode="mask", tis_batch_normalize=True)
+    assert m["mis_batch_norm_factor"] == pytest.approx(1.35)
+    assert w.tolist() == [pytest.approx([0.0, 0.0, 1 / 1.35]), pytest.approx([1.5 / 1.35, 1 / 1.35, 0.0])]
+    assert m["mis_is_ratio_mean_final"] == pytest.approx((4.25 / 3 + 1.25) / 2 / 1.35)
+    # a sample vetoed by rejection still counts in the token mean
+    _, _, m = mis(old=torch.tensor([[math.log(1e-5), 0.0, 0.0], [L15, 0.0, 0.0]]), use_rs=True, rs_lower_bound=0.0,
+                  rs_upper_bound=10.0, tis_batch_normalize=True)
+    assert m["mis_batch_norm_factor"] == pytest.approx((1e-5 + 1 + 1 + 1.5 + 1) / 5)
 
 
 def test_mis_metric_names_snapshot():
@@ -162,12 +195,12 @@ def test_mis_metric_names_snapshot():
     ]
     veto = ["mis_rs_catastrophic_seq_fraction", "mis_rs_catastrophic_token_fraction"]
     assert sorted(mis(rs_veto_threshold=None)[2]) == sorted([*common, "mis_tis_truncate_fraction"])
-    assert sorted(mis()[2]) == sorted([*common, *veto, "mis_tis_truncate_fraction"])
+    assert sorted(mis()[2]) == sorted([*common, "mis_tis_truncate_fraction"])
     assert sorted(mis(tis_mode="clip", use_rs=True, tis_batch_normalize=True)[2]) == sorted([
         *common, *veto, "mis_tis_clip_fraction_low", "mis_tis_clip_fraction_high", "mis_rs_mask_fraction_low",
         "mis_rs_mask_fraction_high", "mis_batch_norm_factor",
     ])
-    assert sorted(mis(tis_mode="mask")[2]) == sorted([*common, *veto, "mis_tis_mask_fraction_low", "mis_tis_mask_fraction_high"])
+    assert sorted(mis(tis_mode="mask")[2]) == sorted([*common, "mis_tis_mask_fraction_low", "mis_tis_mask_fraction_high"])
 
 
 def _loop_level(d, mask, i, level):
@@ -198,8 +231,8 @@ def _loop_mis(old, rollout, mask, cfg: MISConfig):
         if cfg.use_rs:
             rs = [math.exp(min(max(x, -20), 20)) for x in _loop_level(d, mask, i, cfg.rs_level)]
             keep = [0.0 if (rs[t] < cfg.rs_lower or rs[t] > cfg.rs_upper) else keep[t] for t in range(t_len)]
-        if any(mask[i][t] > 0 and d[i][t] < math.log(cfg.rs_veto_threshold) for t in range(t_len)):
-            keep = [0.0] * t_len
+            if any(mask[i][t] > 0 and d[i][t] < math.log(cfg.rs_veto_threshold) for t in range(t_len)):
+                keep = [0.0] * t_len
         weights.append(w)
         kept.append(keep)
     return weights, kept
@@ -219,8 +252,8 @@ def test_mis_loop_vs_vectorised(level, mode, make):
     expected = torch.tensor(ref_w) * torch.tensor(ref_kept)
     torch.testing.assert_close(weights, expected, rtol=1e-5, atol=1e-6)
     assert 0 < kept.sum() < b.mask.sum()  # the case exercises rejection
-    mean_final = sum(
-        sum(expected[i, t].item() for t in range(6) if b.mask[i, t] > 0) / max(b.mask[i].sum().item(), 1) for i in range(10)
+    mean_final = sum(  # over the original mask, rejected tokens included (as the reference)
+        sum(ref_w[i][t] for t in range(6) if b.mask[i, t] > 0) / max(b.mask[i].sum().item(), 1) for i in range(10)
     ) / 10
     assert metrics["mis_is_ratio_mean_final"].item() == pytest.approx(mean_final, rel=1e-5)
 
@@ -271,7 +304,7 @@ def test_tis_table_and_errors():
     assert sorted(TIS_FUNCTIONS) == ["mis", "vanilla"]
     assert resolve_tis_function(AlgoConfig()) is None
     assert resolve_tis_function(AlgoConfig(use_tis=True)) is TIS_FUNCTIONS["vanilla"]
-    with pytest.raises(ValueError, match="expected one of"):
+    with pytest.raises(ValueError, match=r"or one of \[.mis., .vanilla.\]"):
         resolve_tis_function(AlgoConfig(custom_tis_function_path="nope"))
     with pytest.raises(ValueError, match="cannot import"):
         resolve_tis_function(AlgoConfig(custom_tis_function_path="no_such_pkg.fn"))
@@ -281,7 +314,95 @@ def test_ess_ratio_edges():
     from miles_core.algorithms.rollout_correction import ess_ratio
 
     w = torch.tensor([[1.0, 4.0, 9.0]])
-    # equal weights -> 1; [1, 4] -> 25 / (2 * 17); empty mask -> 1 (defined, not nan)
-    assert ess_ratio(torch.full((2, 3), 0.3), torch.ones(2, 3)).item() == pytest.approx(1.0)
+    # per sample: equal weights -> 1; [1, 4] -> 25 / (2 * 17); an empty mask -> 0 (as the reference)
+    assert ess_ratio(torch.full((2, 3), 0.3), torch.ones(2, 3)).tolist() == pytest.approx([1.0, 1.0])
     assert ess_ratio(w, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(25 / 34)
-    assert ess_ratio(w, torch.zeros(1, 3)).item() == 1.0
+    assert ess_ratio(w, torch.zeros(1, 3)).item() == 0.0
+
+
+def _loop_ess(logp, old, mask, per_token):
+    """The reference's definition: w = exp(logp - logp_old) per token, ESS per sample, a sample mean (or a
+    token-weighted mean with calculate_per_token_loss)."""
+    total, tokens = 0.0, 0.0
+    for i in range(len(mask)):
+        w = [math.exp(logp[i][t] - old[i][t]) for t in range(len(mask[i])) if mask[i][t] > 0]
+        n = max(len(w), 1)
+        ess = sum(w) ** 2 / (n * max(sum(x * x for x in w), 1e-8))
+        total += ess * len(w) if per_token else ess
+        tokens += len(w)
+    return total / (tokens if per_token else len(mask))
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_ess_ratio_is_the_policy_ratio_per_sample(per_token, make):
+    b = make(n=8, t=6, seed=4, spread=0.6)
+    reduce = Reducer(per_token, 8, b.mask.sum().item())
+    algo = AlgoConfig(calculate_per_token_loss=per_token)
+    inputs = LossInputs(b.logp.clone().requires_grad_(), b.old, b.advantages, b.mask, rollout_log_probs=b.rollout)
+    _, metrics = actor_loss(algo, inputs, reduce)
+    expected = _loop_ess(b.logp.tolist(), b.old.tolist(), b.mask.tolist(), per_token)
+    assert metrics["ess_ratio"].item() == pytest.approx(expected, rel=1e-5)
+    # the rollout log-probs play no part (the old definition used exp(logp_old - logp_roll))
+    shifted = LossInputs(inputs.log_probs, b.old, b.advantages, b.mask, rollout_log_probs=b.rollout + 1.0)
+    assert actor_loss(algo, shifted, reduce)[1]["ess_ratio"].item() == pytest.approx(expected, rel=1e-5)
+    # hand values: one sample, w = pi/pi_old = [2, 1] -> (2 + 1)^2 / (2 * (4 + 1)) = 0.9
+    one = LossInputs(torch.tensor([[math.log(2.0), 0.0]], requires_grad=True), torch.zeros(1, 2), torch.ones(1, 2),
+                     torch.ones(1, 2))
+    assert actor_loss(AlgoConfig(), one, Reducer(False, 1, 2))[1]["ess_ratio"].item() == pytest.approx(0.9)
+
+
+REFERENCE_MIS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "mis.yaml"
+
+
+def test_the_reference_mis_yaml_loads_unchanged(batch):
+    cfg = load_config("tiny-mis", {"custom_config_path": str(REFERENCE_MIS)})
+    options = load_options(cfg.algo.custom_config_path)
+    assert options["use_tis"] is True and options["rs_level"] == "geometric" and options["tis_batch_normalize"] is True
+    reduce = Reducer(False, 8, batch.mask.sum().item())
+    inputs = TISInputs(cfg.algo, batch.old, batch.rollout, batch.mask, reduce, options)
+    weights, kept, metrics = compute_mis_weights(inputs)
+    assert {"mis_batch_norm_factor", "mis_rs_mask_fraction_low", "mis_rs_catastrophic_seq_fraction"} <= set(metrics)
+    assert kept.sum() < batch.mask.sum()  # rs bounds [0.99, 1.001] at the geometric level reject most samples
+
+
+def test_mis_knobs_are_checked_at_config_load(tmp_path):
+    bad = tmp_path / "mis.yaml"
+    bad.write_text("tis_mode: truncate\ntis_levle: token\n")
+    with pytest.raises(ConfigError, match="tis_levle"):
+        load_config("tiny-mis", {"custom_config_path": str(bad)})
+    bad = tmp_path / "mis-geometric.yaml"  # load_options caches by path
+    bad.write_text("tis_level: geometric\ntis_batch_normalize: true\n")
+    with pytest.raises(ConfigError, match="geometric"):
+        load_config("tiny-mis", {"custom_config_path": str(bad)})
+
+
+def _reference_fixtures(monkeypatch):
+    monkeypatch.syspath_prepend(str(REFERENCE_MIS.parent))
+
+
+def test_a_reference_tis_function_by_keyword_arguments(monkeypatch, batch):
+    _reference_fixtures(monkeypatch)
+    algo = AlgoConfig(custom_tis_function_path="reference_style_rm.tis_func", tis_clip=1.3)
+    reduce = Reducer(False, 8, batch.mask.sum().item())
+    weights, kept, metrics = rollout_correction(algo, batch.old, batch.rollout, batch.mask, reduce)
+    # loop: w = min(exp(old - rollout), 1.3) on each sample's first L_i tokens (L_i = 1 + last trainable position)
+    for i in range(8):
+        trainable = [t for t in range(batch.mask.shape[1]) if batch.mask[i, t] > 0]
+        for t in range(batch.mask.shape[1]):
+            inside = bool(trainable) and t <= trainable[-1]
+            expected = min(math.exp(batch.old[i, t] - batch.rollout[i, t]), 1.3) if inside else 0.0
+            assert weights[i, t].item() == pytest.approx(expected, rel=1e-5)
+    assert torch.equal(kept, batch.mask)
+    expected_metric = reduce(torch.exp(batch.old - batch.rollout).clamp(max=1.3), batch.mask)
+    assert metrics["ref_tis_weight"].item() == pytest.approx(expected_metric.item(), rel=1e-5)
+
+
+def test_a_reference_custom_loss_is_refused_naming_the_field(monkeypatch):
+    from miles_core.algorithms.losses import resolve_loss
+
+    _reference_fixtures(monkeypatch)
+    algo = AlgoConfig(loss_type="custom_loss", custom_loss_function_path="reference_style_rm.custom_loss")
+    with pytest.raises(ValueError, match="custom_loss_function_path.*not supported yet"):
+        resolve_loss(algo)
+    with pytest.raises(ConfigError, match="custom_loss_function_path.*not supported yet"):  # at config load
+        load_config("tiny", {"loss_type": "custom_loss", "custom_loss_function_path": "reference_style_rm.custom_loss"})

@@ -45,7 +45,11 @@ def test_entries_are_unique_on_their_axis_and_never_directories_of_each_other():
     ("rollout/dynamic_filter/drop_zero_std_0.0", "rollout/dynamic_filter/drop_<reason>"),
     ("eval/arith", "eval/<ds>"),
     ("eval/arith-pass@8", "eval/<ds>-pass@<k>"),
-    ("eval/arith-response_len/mean", "eval/<ds>-response_len/mean"),
+    ("eval/arith/response_len/mean", "eval/<ds>/response_len/mean"),
+    ("eval/arith-none_reward_ratio", "eval/<ds>-none_reward_ratio"),
+    ("eval/my-set/weight_version/mixed_version_ratio", "eval/<ds>/weight_version/mixed_version_ratio"),
+    ("eval/arith/zero_std/count_1.0", "eval/<ds>/zero_std/count_<r>"),
+    ("train/critic-lr-pg_0", "train/critic-lr-pg_0"),
     ("eval/skipped_busy", "eval/skipped_<reason>"),
     ("eval/duration_seconds", "eval/duration_seconds"),
     ("train/mis_kl", "train/mis_kl"),
@@ -54,7 +58,8 @@ def test_keys_match_their_entry(key, name):
     assert match(key).name == name
 
 
-@pytest.mark.parametrize("key", ["train/clip_ratio", "rollout/raw_rewards", "passrate/pass@k", "perf/step_time", "rollout/zero_std/count_x"])
+@pytest.mark.parametrize("key", ["train/clip_ratio", "rollout/raw_rewards", "passrate/pass@k", "perf/not_a_timer", "rollout/zero_std/count_x",
+                                 "train/value_loss"])
 def test_unknown_keys_match_nothing(key):
     assert match(key) is None
 

@@ -156,7 +156,7 @@ def test_a_gpu_block_is_only_parsed(tmp_path):
 
 
 def test_opt_out_and_history_pages(scratch):
-    plant(scratch, "guide/mlflow.md", "Useful first charts:", "The reference's `eval/<ds>/response_len/mean` is not used. <!-- not-in-code -->\n\nUseful first charts:")
+    plant(scratch, "guide/mlflow.md", "Useful first charts:", "The reference's `rollout/spec_accept_rate` is not logged. <!-- not-in-code -->\n\nUseful first charts:")
     plant(scratch, "decisions.md", "# Decision log", "# Decision log\n\nWe dropped `--old-flag` and `train/old_metric`.")
     assert check(scratch, readme=None, run=()) == []
 
@@ -169,8 +169,8 @@ def test_parse_value(text, value):
 
 @pytest.mark.parametrize("name, known", [
     ("rollout/raw_reward", True), ("passrate/pass@k", True), ("passrate/pass_4", True), ("eval/<ds>-pass@k", True),
-    ("train/mis_*", True), ("train/tis*", True), ("rollout/<key>", True), ("eval/<ds>/response_len/mean", False),
-    ("train/clip_ratio", False), ("perf/step_time", False),
+    ("train/mis_*", True), ("train/tis*", True), ("rollout/<key>", True), ("eval/<ds>/response_len/mean", True),
+    ("eval/<ds>-response_len/mean", False), ("train/clip_ratio", False), ("perf/step_time", True), ("perf/not_a_timer", False),
 ])
 def test_metric_names_in_docs(name, known):
     assert metric_known(name) is known
@@ -213,3 +213,30 @@ def test_a_wrong_flag_of_a_background_bench_run_is_caught_on_either_side_of_the_
     assert any("--require-silence" in p and "bench.background" in p for p in found), found
     assert any("--repetitions" in p and "python -m bench" in p for p in found), found
     assert not any("--require-quiet" in p or "--steps" in p for p in found), found
+
+
+# ---- issue 20: a flag's value, an env var written with a value ------------------------------------
+def test_an_invalid_flag_value_is_caught(scratch):
+    """(a) a value the field refuses: a Literal choice in a shell block, a range in a prose code span, a type
+    in --flag=value form."""
+    plant(scratch, "getting-started.md", "--advantage-estimator gspo", "--advantage-estimator dpo")
+    plant(scratch, "index.md", "`--rollout-batch-size 8`", "`--rollout-batch-size 0`")
+    plant(scratch, "guide/configuration.md", "`--lr 3e-5`", "`--lr=fast`")
+    found = problems_of(scratch, "value")
+    assert any("--advantage-estimator dpo" in p and "getting-started.md" in p for p in found), found
+    assert any("--rollout-batch-size 0" in p and "greater than or equal to 1" in p for p in found), found
+    assert any("--lr fast" in p for p in found), found
+    assert len(found) == 3, found  # valid values and placeholders (`--lr <x>`) pass
+
+
+def test_an_env_var_written_with_a_value_is_caught(scratch):
+    """(b) `NAME=1` in a code span: NAME must be a variable miles sets or reads."""
+    plant(scratch, "guide/mlflow.md", "Useful first charts:", "Set `MILES_NO_SUCH_SWITCH=1` first.\n\nUseful first charts:")
+    plant(scratch, "guide/mlflow.md", "Useful first charts:", "Or `MILES_ALSO_UNKNOWN=1 miles train tiny`.\n\nUseful first charts:")
+    found = problems_of(scratch, "env")
+    assert any("MILES_NO_SUCH_SWITCH" in p for p in found), found
+    assert any("MILES_ALSO_UNKNOWN" in p for p in found), found
+    plant(scratch, "guide/mlflow.md", "Useful first charts:", "Set `MILES_METRICS_CHECK=error`.\n\nUseful first charts:")
+    plant(scratch, "guide/mlflow.md", "Useful first charts:", "Build with `GPU_ARCH=gfx942`.\n\nUseful first charts:")
+    env = problems_of(scratch, "env")
+    assert not any("MILES_METRICS_CHECK" in p or "GPU_ARCH" in p for p in env), env  # read, or a docker build argument

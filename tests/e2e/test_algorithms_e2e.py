@@ -6,6 +6,7 @@ teacher) and MIS run and log their own metrics. Eval is off to keep the file fas
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -49,12 +50,12 @@ def _learned(client: MlflowClient, run_id: str, recipe: str) -> None:
 def test_ppo_with_a_critic_learns(tmp_path, tiny_model_dir):
     client, run_id = _train("tiny-ppo", tmp_path, num_rollout=NUM_LEARN)
     _learned(client, run_id, "tiny-ppo")
-    value_loss = _history(client, run_id, "train/value_loss")
+    value_loss = _history(client, run_id, "train/critic-value_loss")
     assert [s for s, _ in value_loss] == list(range(NUM_LEARN))  # the critic trains every rollout
     assert [s for s, _ in _history(client, run_id, "train/pg_loss")] == list(range(1, NUM_LEARN))  # num_critic_only_steps 1
     values = [v for _, v in _history(client, run_id, "rollout/values")]
     assert values[0] == 0.0 and values[-1] > 0.05  # zero head at first, then it tracks the rewards
-    for key in ("train/value_clipfrac", "rollout/returns", "rollout/advantages"):
+    for key in ("train/critic-value_clipfrac", "train/critic-lr-pg_0", "rollout/returns", "rollout/advantages"):
         assert len(_history(client, run_id, key)) == NUM_LEARN, key
 
 
@@ -77,14 +78,17 @@ SMOKE = {
     "tiny-rpp": ["rollout/reward_kl", "rollout/ref_log_probs", "train/pg_loss"],
     "tiny-opd": ["train/opd_reverse_kl", "rollout/opd_reverse_kl"],
     "tiny-mis": ["train/mis_is_ratio_mean_final", "train/mis_kl", "train/mis_tis_truncate_fraction",
-                 "train/mis_rs_mask_fraction_low", "train/mis_training_ppl", "train/ois"],
+                 "train/mis_rs_mask_fraction_low", "train/mis_training_ppl", "train/ois", "train/mis_batch_norm_factor"],
 }
+# tiny-mis runs with the reference system's own mis.yaml, unchanged (issue 20)
+REFERENCE_MIS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "mis.yaml"
+OVERRIDES = {"tiny-mis": {"custom_config_path": str(REFERENCE_MIS)}}
 
 
 @pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.parametrize("recipe", sorted(SMOKE))
 def test_recipe_runs_and_logs_its_metrics(recipe, tmp_path, tiny_model_dir):
-    client, run_id = _train(recipe, tmp_path, num_rollout=2)
+    client, run_id = _train(recipe, tmp_path, num_rollout=2, **OVERRIDES.get(recipe, {}))
     for key in SMOKE[recipe]:
         assert [s for s, _ in _history(client, run_id, key)] in ([0, 1], [0, 1, 2, 3]), key
     reverse_kl = _history(client, run_id, "train/opd_reverse_kl")

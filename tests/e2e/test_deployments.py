@@ -160,7 +160,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         eval_run = _run(client, "eval/nightly", {"target": str(tiny.save_dir), "which": "all"})
         assert _wait(client, eval_run).state.is_completed()
         assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [2, 3]
-        assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith-weight_version/mean")} == {2: 2.0, 3: 3.0}
+        assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith/weight_version/mean")} == {2: 2.0, 3: 3.0}
 
         # a failed run, retried from the CLI, resumes from its last checkpoint
         failed = _wait(client, flaky_run)
@@ -184,7 +184,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         params = gmlflow.get_run(grun_id).data.params
         want = {"algo.advantage_estimator": "gspo", "algo.use_tis": "true", "algo.eps_clip": "0.0001", "algo.eps_clip_high": "0.0002",
                 "algo.kl_loss_type": "low_var_kl", "algo.lr": "1e-06", "algo.weight_decay": "0.1", "algo.num_steps_per_rollout": "4",
-                "rollout.rm_type": "deepscaler", "rollout.rollout_temperature": "0.8", "checkpoint.hf_checkpoint": "builtin://glm4-5-debug",
+                "rollout.rm_type": "deepscaler", "rollout.rollout_temperature": "1.0", "checkpoint.hf_checkpoint": "builtin://glm4-5-debug",
                 "misc.recipe": "glm4-5-debug"}
         assert {k: params.get(k) for k in want} == want
         assert [m.step for m in gmlflow.get_metric_history(grun_id, "rollout/raw_reward")] == [0, 1]

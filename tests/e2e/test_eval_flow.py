@@ -47,7 +47,7 @@ def test_eval_over_save_dir_lands_in_the_training_run_once(trained):
     assert first["mlflow_run_id"] == run_id and not first["linked_run"]
     assert first["evaluated"] == [2, 3] and first["already_evaluated"] == [4]  # checkpoints of rollouts 0, 1, 2
     assert _steps(client, run_id, "eval/arith") == [2, 3, 4]
-    for m in client.get_metric_history(run_id, "eval/arith-weight_version/mean"):
+    for m in client.get_metric_history(run_id, "eval/arith/weight_version/mean"):
         assert m.value == m.step  # the weights evaluated are the version the train flow would have evaluated
     assert {m.step: m.value for m in client.get_metric_history(run_id, "eval/step")} == {2: 2, 3: 3, 4: 4}
     lag = {m.step: m.value for m in client.get_metric_history(run_id, "eval/lag_steps")}
@@ -116,7 +116,7 @@ def test_snapshot_eval_in_the_train_flow_and_custom_skip(tmp_path, tiny_model_di
     client = MlflowClient(snap.tracking_uri)
     run_id = summary["mlflow_run_id"]
     assert _steps(client, run_id, "eval/arith") == [1, 2, 3, 4]  # before training, then after each rollout
-    for m in client.get_metric_history(run_id, "eval/arith-weight_version/mean"):
+    for m in client.get_metric_history(run_id, "eval/arith/weight_version/mean"):
         assert m.value == m.step
     assert _steps(client, run_id, "eval/export_time_seconds") == [1, 2, 3, 4]
     assert all(m.value >= 0 for m in client.get_metric_history(run_id, "eval/lag_steps"))

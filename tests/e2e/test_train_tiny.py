@@ -45,7 +45,7 @@ def test_tiny_recipe_learns_and_tracks(tmp_path, tiny_model_dir):
     evals = _history(client, run.info.run_id, "eval/arith")
     assert [s for s, _ in evals] == [1, 11, 21]  # before training (weight version 1), after rollouts 9 and 19
     assert evals[-1][1] > evals[0][1]
-    versions = _history(client, run.info.run_id, "eval/arith-weight_version/mean")
+    versions = _history(client, run.info.run_id, "eval/arith/weight_version/mean")
     assert [s for s, _ in versions] == [v for _, v in versions]  # eval/step == the engine's weight version
     for key in ("rollout/response_len/mean", "rollout/truncated_ratio", "passrate/pass_8", "perf/rollout_time",
                 "train/pg_loss", "train/grad_norm", "train/lr-pg_0", "perf/update_weights_time", "rollout/advantages"):

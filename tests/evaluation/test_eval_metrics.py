@@ -18,9 +18,12 @@ def test_dataset_metrics_exact():
     scores = [1, 0, 0, 0, 1, 1, 1, 0]
     m = dataset_metrics("ds", 4, samples, scores)
     assert m["eval/ds"] == 0.5  # 4 / 8
-    assert m["eval/ds-truncated_ratio"] == 0.25  # 2 / 8
-    assert m["eval/ds-response_len/mean"] == 3.25  # (3+5+3+3+1+3+3+5) / 8 = 26 / 8
-    assert m["eval/ds-weight_version/mean"] == 7 and m["eval/ds-mixed_version_ratio"] == 0.0
+    assert m["eval/ds-truncated_ratio"] == 0.25 and m["eval/ds/truncated_ratio"] == 0.25  # 2 / 8
+    assert m["eval/ds-none_reward_ratio"] == 0.0
+    assert m["eval/ds/response_len/mean"] == 3.25  # (3+5+3+3+1+3+3+5) / 8 = 26 / 8
+    assert (m["eval/ds/response_len/median"], m["eval/ds/response_len/max"], m["eval/ds/response_len/min"]) == (3, 5, 1)
+    assert m["eval/ds/weight_version/mean"] == 7 and m["eval/ds/weight_version/mixed_version_ratio"] == 0.0
+    assert m["eval/ds/repetition_frac"] == 0.0 and not any("zero_std" in k for k in m)  # no constant group
     # pass@1 = c/n per prompt: (1/4 + 3/4) / 2 = 0.5
     # pass@2 = 1 - C(n-c,2)/C(4,2): prompt 0: 1 - 3/6 = 0.5; prompt 1: 1 - 0/6 = 1 -> 0.75
     # pass@4: both prompts have a pass -> 1
@@ -28,9 +31,23 @@ def test_dataset_metrics_exact():
     assert "eval/ds-pass@8" not in m
 
 
+def test_pass_at_k_counts_reward_one_only():
+    # the reference counts reward == 1 as a pass: 0.5 and -1 are not passes (a "> 0" rule would count the 0.5)
+    samples = [_s() for _ in range(4)]
+    m = dataset_metrics("ds", 2, samples, [0.5, 0.0, 1.0, -1.0])
+    assert m["eval/ds-pass@1"] == 0.25  # (0/2 + 1/2) / 2
+    assert m["eval/ds-pass@2"] == 0.5  # (0 + 1) / 2
+    # a group of one sample has no pass@k (the reference logs it only with n > 1)
+    assert not any("pass@" in k for k in dataset_metrics("ds", 1, samples, [1.0, 1.0, 0.0, 1.0]))
+
+
 def test_mixed_versions_are_flagged():
-    m = dataset_metrics("ds", 1, [_s(version=3), _s(version=4)], [0, 1])
-    assert m["eval/ds-weight_version/mean"] == 3.5 and m["eval/ds-mixed_version_ratio"] == 1.0
+    # per sample, as the reference: a sample generated under two versions is mixed
+    two = Sample(response_length=2, status=Status.COMPLETED, weight_versions=[3, 4])
+    m = dataset_metrics("ds", 1, [_s(version=3), two], [0, 1])
+    assert m["eval/ds/weight_version/mean"] == 3.0  # each sample's oldest version: 3, 3
+    assert m["eval/ds/weight_version/mixed_version_ratio"] == 0.5
+    assert m["eval/ds/zero_std/count_0.0"] == 1.0 and m["eval/ds/zero_std/count_1.0"] == 1.0  # one-sample groups
 
 
 @pytest.fixture()
@@ -45,7 +62,7 @@ def engine(tiny_model, tiny_tokenizer):
 def test_inline_eval_of_live_engine(engine, suite):
     r = run_on_engine(engine, suite, 3)
     assert not r.skipped, r.detail
-    assert r.metrics["eval/arith-weight_version/mean"] == 3 and r.metrics["eval/arith-mixed_version_ratio"] == 0
+    assert r.metrics["eval/arith/weight_version/mean"] == 3 and r.metrics["eval/arith/weight_version/mixed_version_ratio"] == 0
     assert 0 <= r.metrics["eval/arith"] <= 1 and r.metrics["eval/duration_seconds"] > 0
     assert {"eval/arith-pass@1", "eval/arith-pass@2"} <= set(r.metrics)
     assert len(r.rows) == 8 and {"prompt", "response", "reward", "weight_version"} <= set(r.rows[0])

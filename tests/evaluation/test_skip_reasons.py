@@ -33,7 +33,7 @@ def _closed_port() -> int:
 def test_complete_snapshot_is_evaluated(snapshot, suite):
     r = run_point(EvalPoint(5, snapshot), suite, load_hf_engine)
     assert not r.skipped, r.detail
-    assert r.metrics["eval/arith-weight_version/mean"] == 5 and r.metrics["eval/duration_seconds"] > 0
+    assert r.metrics["eval/arith/weight_version/mean"] == 5 and r.metrics["eval/duration_seconds"] > 0
 
 
 def test_ckpt_missing_snapshot_without_complete_marker(snapshot, suite):

@@ -99,7 +99,7 @@ def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
     assert (c_ranks[0] - c1).abs().max() < 1e-3 * moved, ((c_ranks[0] - c1).abs().max(), moved)
     assert (flat(ranks[0]) - w1).abs().max() < 1e-5
     for a, b in zip(steps1, steps2):
-        for key in ("train/value_loss", "train/value_clipfrac", "train/critic_grad_norm"):
+        for key in ("train/critic-value_loss", "train/critic-value_clipfrac", "train/critic-grad_norm", "train/critic-lr-pg_0"):
             assert abs(a[key] - b[key]) < 1e-5 * max(1.0, abs(a[key])), (key, a[key], b[key])
 
 

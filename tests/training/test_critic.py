@@ -48,8 +48,8 @@ def test_critic_step_fits_the_returns(lm, cfg, samples):
     for _ in range(10):
         old = critic.values(batch)
         metrics = critic.step(batch, old, returns, range(len(samples)), reduce, warmup=1.0)
-        losses.append(metrics["value_loss"])
-    assert set(metrics) == {"value_loss", "value_clipfrac", "critic_grad_norm"}
+        losses.append(metrics["critic-value_loss"])
+    assert set(metrics) == {"critic-value_loss", "critic-value_clipfrac", "critic-grad_norm", "critic-lr-pg_0"}
     assert losses[0] == pytest.approx(0.5, abs=1e-6)  # V = 0, R = 0/1 alternating: mean of per-sample (0 or 1) = 0.5
     assert losses[-1] < 0.5 * losses[0]
 
@@ -60,9 +60,9 @@ def test_value_clip_counts_moved_values(lm, cfg, samples):
     old = critic.values(batch) - 1.0  # every value moved by 1 > value_clip
     reduce = Reducer(False, num_samples=len(samples), num_tokens=float(batch.loss_mask.sum()))
     metrics = critic.step(batch, old, torch.zeros_like(old), range(len(samples)), reduce, warmup=1.0)
-    assert metrics["value_clipfrac"] == pytest.approx(1.0)
+    assert metrics["critic-value_clipfrac"] == pytest.approx(1.0)
     # clipped branch (old + 0.2 - 0)^2 = 0.64 vs unclipped 0: max = 0.64 on every token
-    assert metrics["value_loss"] == pytest.approx(0.64, abs=1e-5)
+    assert metrics["critic-value_loss"] == pytest.approx(0.64, abs=1e-5)
 
 
 def _params(module) -> list[torch.Tensor]:
@@ -80,12 +80,12 @@ def test_ppo_trainer_critic_only_rollouts_then_both(lm, cfg, samples):
     actor, critic = _params(trainer.model), _params(trainer.critic.module)
     rollout_metrics, steps = trainer.train_rollout(samples, rewards, rollout_id=0)
     assert not _changed(actor, trainer.model) and _changed(critic, trainer.critic.module)
-    assert len(steps) == 2 and all("train/pg_loss" not in s and "train/value_loss" in s for s in steps)
+    assert len(steps) == 2 and all("train/pg_loss" not in s and "train/critic-value_loss" in s for s in steps)
     assert rollout_metrics["rollout/values"] == 0.0  # zero head before the first critic step
     assert "rollout/returns" in rollout_metrics
     rollout_metrics, steps = trainer.train_rollout(samples, rewards, rollout_id=1)
     assert _changed(actor, trainer.model)
-    assert {"train/pg_loss", "train/value_loss", "train/value_clipfrac", "train/grad_norm"} <= steps[0].keys()
+    assert {"train/pg_loss", "train/critic-value_loss", "train/critic-value_clipfrac", "train/grad_norm"} <= steps[0].keys()
     assert rollout_metrics["rollout/values"] != 0.0
     assert trainer.steps_done == 4
 

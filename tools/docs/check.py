@@ -6,12 +6,13 @@ What is checked where (a "code span" is `inline code`; "code" is a span or a cod
 | kind | rule |
 |---|---|
 | flag | every `--flag` anywhere is a flag of `miles`, of a `python -m` entry point of this repository, an EXTERNAL_FLAGS entry, or an SGLang passthrough `--sglang-<flag>` of the pinned snapshot; on a `miles <cmd>` command line it must be a flag of that command |
+| value | a config flag's value on a command line (any shell block, runnable or not; an indented line) or in a code span (`--flag value`, `--flag=value`) is a valid value of its field: a `Literal` choice, the type, the range |
 | command | `miles <cmd>` names a command and, for train/config, a recipe that exists; `python -m <module>` of this repository exists; `make <target>` exists |
 | config | keys of a ```yaml block are config fields with valid values (or the block validates against the pydantic model named by a `# schema: pkg.mod.Model` first line); `` `key: value` `` of a config field has a valid value |
 | default | "`field` (default X)", "`field` defaults to X", "`field` default X" agree with the field's default |
 | planned | "`field` (planned)" of a config field: no code reads the field yet |
 | name | a snake_case code span (`compute_advantages`, `group_index`) is a name the code defines or uses |
-| env | an UPPER_CASE code span with `_` is an env var miles sets or reads (or a Python constant); `VAR=x cmd` sets a known variable |
+| env | an UPPER_CASE code span with `_` is an env var miles sets or reads (or a Python constant); `VAR=x cmd` and a code span `NAME=value` set a known variable |
 | path | a repository path in code (`miles_core/x.py`, `deployments/recipes/tiny.yaml`, `path.py::Symbol`) exists (and defines Symbol) |
 | module | a dotted module path in code (`miles_core.x.y[.Symbol]`, `from miles_core.x import y`) exists |
 | metric | a metric name in code (`rollout/...`, `train/...`, `perf/...`, `eval/...`, `passrate/...`) is in the catalog; `<x>` parts and `*` match any text |
@@ -77,6 +78,8 @@ DEFAULT_CLAIM = re.compile(
     r"(?:\s+(?P<unit>KiB|MiB|GiB))?")
 UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 PLANNED_CLAIM = re.compile(r"`(?P<name>--?[a-z][a-z0-9-]*|[a-z][a-z0-9_]*)`\s*\(planned\)")
+ENV_ASSIGN = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)=(?P<value>\S*)(?:\s+(?P<cmd>.*))?$")
+PLACEHOLDER_VALUE = re.compile(r"[<>$]|\.\.\.|^\{|^[A-Z_]+$")  # `--lr <x>`, `--lr $LR`, `--lr ...`, `--lr LR`
 KEY_VALUE = re.compile(r"^(?P<key>[a-z][a-z0-9_]*):\s+(?P<value>\S.*)$")
 
 
@@ -117,6 +120,7 @@ class Code:
                                                                      if a.kind == "boolean_optional"}
         self.all_flags = self.miles_flags | _all_argparse_flags() | EXTERNAL_FLAGS | self.sglang_flags | native
         self.env = set(facts.env_vars())
+        self.build_args = facts.docker_build_args()  # NAME=value in docs/docker.md: docker build --build-arg
         self.names = facts.identifiers() | EXTERNAL_NAMES | self.sglang_keys
         self.recipes = set(facts.recipes())
         self.unused = facts.unused_config_fields()
@@ -284,6 +288,12 @@ class PageCheck:
         if re.match(r"^(\$ )?(\S*/)?(miles|python3?|make)\s", token):
             self.command_line(line, token)
             return
+        env = ENV_ASSIGN.match(token)
+        if env:  # `NAME=1` or `NAME=1 miles ...`
+            self.command_line(line, token) if env.group("cmd") else self.env_assignment(line, env.group("name"))
+            return
+        if token.startswith("--"):  # `--flag value`, `--flag=value`
+            self.flag_values(line, shlex.split(token) if token.count('"') % 2 == 0 else token.split())
         kv = KEY_VALUE.match(token)
         if kv and " " not in kv.group("key"):
             self.key_value(line, kv.group("key"), kv.group("value"))
@@ -453,9 +463,7 @@ class PageCheck:
             if argv and argv[0] == "!":  # an expected failure
                 argv = argv[1:]
             while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):
-                var = argv.pop(0).split("=")[0]
-                if var not in self.code.env and var not in EXTERNAL_ENV:
-                    self.add(line, "env", f"{var} is not an env var miles sets or reads (miles_core/env.py)")
+                self.env_assignment(line, argv.pop(0).split("=")[0])
             if argv:
                 self.argv(line, argv)
 
@@ -510,6 +518,29 @@ class PageCheck:
             passthrough = name in ("train", "config", "eval") and f in self.code.sglang_flags
             if f.startswith("--") and f not in cmd.flags and not passthrough:
                 self.add(line, "flag", f"{f} is not a flag of miles {name}")
+        self.flag_values(line, args[1:])
+
+    def env_assignment(self, line: int, var: str) -> None:
+        if var not in self.code.env and var not in EXTERNAL_ENV and var not in self.code.build_args:
+            self.add(line, "env", f"{var} is not an env var miles sets or reads (miles_core/env.py), nor a build argument "
+                                  "of docker/Dockerfile*")
+
+    def flag_values(self, line: int, words: list[str]) -> None:
+        """`--flag value` / `--flag=value` pairs of config flags: the value must be valid for the field."""
+        for i, word in enumerate(words):
+            flag, eq, value = word.partition("=")
+            field = self.code.flag_field.get(flag)
+            if field is None or field.is_bool:
+                continue
+            if not eq:
+                if i + 1 >= len(words) or words[i + 1].startswith("--"):
+                    continue
+                value = words[i + 1]
+            if PLACEHOLDER_VALUE.search(value):
+                continue
+            why = facts.invalid_field_value(field.name, value)
+            if why:
+                self.add(line, "value", f"{flag} {value}: not a valid value of {field.name} ({why})")
 
     def _is_switch(self, flag: str) -> bool:
         f = self.code.flag_field.get(flag)

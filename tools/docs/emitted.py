@@ -41,7 +41,7 @@ NOT_METRIC_SUFFIXES = (".json", ".pt", ".yaml", ".md", ".py")
 PASS_THROUGH = ("train/<>", "rollout/<>")  # the trainer prefixing the algorithms' bare names
 STRING_TESTS = ("startswith", "endswith", "removeprefix", "removesuffix")  # a key prefix tested, not a key
 METRIC_DICT = re.compile(r"metric|totals")  # `metrics["x"] = ...` stores count; `group["lr"] = ...` does not
-_IDENT = re.compile(r"[a-z][a-z0-9_]*\Z")
+_IDENT = re.compile(r"[a-z][a-z0-9_\-]*\Z")  # critic-value_loss: the reference's names
 
 
 @dataclass(frozen=True)

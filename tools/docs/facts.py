@@ -83,6 +83,31 @@ def config_fields() -> dict[str, ConfigField]:
     return out
 
 
+def invalid_field_value(name: str, text: str) -> str | None:
+    """Why ``text`` (as written after the field's flag) is not a valid value of config field ``name``: its
+    Literal choices, its type, its range. None when it is valid. Parsed as the CLI parses a flag value."""
+    import typing
+
+    import yaml
+    from pydantic import TypeAdapter, ValidationError
+
+    from miles_core.config import GROUPS
+
+    field = next(m.model_fields[name] for m in GROUPS.values() if name in m.model_fields)
+    value: Any = yaml.safe_load(text) if text.strip() else text
+    is_list = any(typing.get_origin(a) is list for a in (typing.get_args(field.annotation) or (field.annotation,)))
+    if is_list and not isinstance(value, list):
+        value = text.split()
+    if field.annotation is str or _strip_optional(field.annotation)[0] is str:
+        value = text  # the CLI keeps a str field's text as is
+    try:
+        kind = typing.Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+        TypeAdapter(kind).validate_python(value)
+    except ValidationError as e:
+        return "; ".join(err["msg"] for err in e.errors())
+    return None
+
+
 # ---- CLI ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CliParam:
@@ -439,6 +464,12 @@ def env_vars() -> dict[str, EnvVar]:
             reads.setdefault(name, []).append(str(path.relative_to(ROOT)))
     names = list(defaults) + sorted(n for n in reads if n not in defaults)
     return {n: EnvVar(n, defaults.get(n), tuple(reads.get(n, ()))) for n in names}
+
+
+def docker_build_args() -> set[str]:
+    """The build arguments our Dockerfiles declare (``ARG NAME``): set with ``docker build --build-arg NAME=value``."""
+    return {m for path in sorted((ROOT / "docker").glob("Dockerfile*"))
+            for m in re.findall(r"^ARG\s+([A-Z][A-Z0-9_]*)", path.read_text(encoding="utf-8"), re.M)}
 
 
 # ---- Prefect flows and tasks --------------------------------------------------------------------

@@ -10,7 +10,7 @@ from miles_core.config.algo import AlgoConfig
 
 from ..opd import apply_opd
 from ..ops import masked_mean, masked_whiten
-from .base import AdvantageInputs, Estimator, EstimatorResult, group_normalize
+from .base import AdvantageInputs, Estimator, EstimatorResult, group_normalize, normalized_rewards
 from .grpo import grpo_advantages
 from .gspo import gspo_advantages
 from .ppo import gae, ppo_advantages
@@ -54,6 +54,6 @@ def compute_advantages(algo: AlgoConfig, inputs: AdvantageInputs) -> EstimatorRe
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AdvantageInputs", "Estimator", "EstimatorResult", "compute_advantages", "gae",
-    "group_normalize", "grpo_advantages", "gspo_advantages", "ppo_advantages",
+    "group_normalize", "normalized_rewards", "grpo_advantages", "gspo_advantages", "ppo_advantages",
     "reinforce_plus_plus_advantages", "reinforce_plus_plus_baseline_advantages",
 ]

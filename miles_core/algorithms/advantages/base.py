@@ -68,6 +68,21 @@ def group_normalize(
     return centered.float(), {"zero_std_groups": zero_std_groups}
 
 
+# estimators that normalise the scalar rewards per group first -> whether they divide by the group std
+GROUP_NORMALIZED: dict[str, bool] = {"grpo": True, "gspo": True, "reinforce_plus_plus_baseline": False}
+
+
+def normalized_rewards(algo: AlgoConfig, rewards: Tensor, group_index: Tensor) -> Tensor:
+    """The scalar rewards after the estimator's group normalisation (what the reference logs as rollout/rewards):
+    grpo/gspo r' (scaled unless disable_grpo_std_normalization), reinforce++ baseline r - mean_g, others r.
+    rewards, group_index [N] -> [N]."""
+    scale = GROUP_NORMALIZED.get(algo.advantage_estimator)
+    if scale is None:
+        return rewards.float()
+    center, scale = not algo.disable_rewards_normalization, scale and not algo.disable_grpo_std_normalization
+    return group_normalize(rewards, group_index, center=center, scale=scale)[0]
+
+
 def token_kl(algo: AlgoConfig, inputs: AdvantageInputs) -> Tensor:
     """Reward-level KL kl_t = kl_estimate(logp_old, logp_ref, kl_loss_type) * m_t, zeros when kl_coef == 0. [N, T]."""
     if algo.kl_coef == 0:

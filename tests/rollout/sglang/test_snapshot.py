@@ -128,8 +128,8 @@ def _uses() -> list[tuple[str, str]]:
     fields = set(field_groups())
     out = []
     for path in [*ROOT.glob("deployments/recipes/*.yaml"), *ROOT.glob("docs/**/*.md"), ROOT / "README.md"]:
-        if path.name == "sglang.md" and path.parent.name == "reference":
-            continue  # generated from the snapshot itself
+        if path.name in ("sglang.md", "compat.md") and path.parent.name == "reference":
+            continue  # generated from the snapshot itself / from the reference's own flag list (names absent on purpose)
         lines = [line for line in path.read_text().splitlines() if not line.rstrip().endswith(OPT_OUT)]
         for flag, key in PASSTHROUGH.findall("\n".join(lines)):
             name = flag.replace("-", "_") if flag else key

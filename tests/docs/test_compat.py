@@ -1,0 +1,71 @@
+"""The reference system's flags and metric names against ours: every flag has a line in the compat page (a
+field of ours, an alias, a backend issue or a reason), the page is fresh, and the reference metric names we do
+not log shrink only to what needs a backend we lack, each with its reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_core.config import ConfigError, load_config
+from miles_core.config.reference_flags import ALIASES, KINDS, all_statuses, reference_flags
+from tools.docs import DOCS
+from tools.docs.compat import METRICS_NOT_LOGGED, fields, missing_metrics, reference_metrics, render_compat
+
+
+def test_every_reference_flag_has_a_status():
+    statuses = all_statuses(fields())
+    assert len(statuses) == len(reference_flags()) == 368
+    assert all(s.kind in KINDS and (s.field or s.note) for s in statuses)
+    assert set(ALIASES.values()) <= fields()
+
+
+def test_the_compat_page_is_generated_and_lists_every_flag():
+    page = (DOCS / "reference" / "compat.md").read_text(encoding="utf-8")
+    assert page == render_compat(), "docs/reference/compat.md is stale: python -m tools.docs generate"
+    for flag, _, _ in reference_flags():
+        assert f"| `{flag}` |" in page, flag
+    assert "NOT EXPLAINED" not in page
+
+
+def test_reference_metrics_we_do_not_log_are_explained():
+    """The metric-name comparison: what is still missing, each with its reason (and no stale reason)."""
+    missing = missing_metrics()
+    assert [m for m in missing if m not in METRICS_NOT_LOGGED] == []
+    assert [m for m in METRICS_NOT_LOGGED if m not in missing] == [], "logged now: drop the reason"
+    assert len(reference_metrics()) == 146 and len(missing) <= 53
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("qkv_format", "thd", "a Megatron option not supported yet"),
+    ("lora_rank", 8, "miles has no LoRA training"),
+    ("debug_rollout_only", True, "not supported yet: no rollout-only mode"),
+    ("use_unbiased_kl", True, "not supported yet"),
+])
+def test_a_reference_flag_we_lack_fails_with_its_reason(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("tiny", {key: value})
+
+
+def test_an_alias_is_renamed_at_load():
+    assert str(load_config("tiny", {"save_hf": "runs/hf"}).checkpoint.export) == "runs/hf"
+
+
+def test_metric_names_snapshot():
+    """Every name the catalog holds, against the checked-in list (update tests/docs/metric_names.txt on purpose)."""
+    from pathlib import Path
+
+    from miles_core.tracking.catalog import CATALOG
+
+    snapshot = Path(__file__).with_name("metric_names.txt").read_text(encoding="utf-8").splitlines()
+    assert sorted(m.name for m in CATALOG) == [line for line in snapshot if line and not line.startswith("#")]
+
+
+def test_the_readme_says_how_many_reference_flags_map():
+    from tools.docs import ROOT
+    from tools.docs.compat import summary
+
+    readme, counts = (ROOT / "README.md").read_text(encoding="utf-8"), summary()
+    total = sum(counts.values())
+    assert f"of the reference's {total} flags, {counts['same']} are" in readme.replace("\n  ", " ")
+    assert f"{counts['alias']} an alias; {counts['backend']} are backend options not implemented yet" in readme.replace("\n  ", " ")
+    assert f"{counts['unsupported']} are not supported yet" in readme.replace("\n  ", " ")
