@@ -54,9 +54,10 @@ BACKEND_FLAGS: dict[str, str] = {
                     SGLANG),
 }
 UNSUPPORTED_GROUPS: dict[str, str] = {
-    "wandb": "W&B options beyond the tracker fan-out (miles_core/tracking) are not wired yet",
-    "tensorboard": "TensorBoard naming options are not wired yet",
-    "prometheus": "no Prometheus exporter",
+    "wandb": "the W&B fan-out (miles_core/tracking/fanout.py) reads use_wandb and wandb_project/group/team/mode/dir/run_id; "
+             "this option is not wired yet (the W&B key and host come from W&B's own login)",
+    "tensorboard": "the TensorBoard writer reads use_tensorboard and tensorboard_dir; this naming option is not wired yet",
+    "prometheus": "the Prometheus exporter reads use_prometheus and prometheus_port; this option is not wired yet",
     "dashboard": "the reference's dashboard is not part of miles (MLflow and Prefect UIs instead)",
     "debug": "the reference's debugging dumps and checkers are not implemented",
     "ci": "the reference's CI harness flags; our tests are the CI",
