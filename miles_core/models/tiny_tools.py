@@ -1,14 +1,17 @@
-"""``builtin://tiny-qwen2-tools``: the tiny Qwen2 warmed up to use a calculator tool on the ``calc``
-task (3-digit sums), for the ``tiny-tools`` recipe.
+"""``builtin://tiny-qwen2-tools``: a tiny Qwen2 (2 layers, hidden 64, ~0.1M parameters) warmed up to
+use a calculator tool on the ``calc`` task (3-digit sums), for the ``tiny-tools`` recipe.
 
-Its chat template is the tiny models' ChatML plus a one-line tool list (``tools: add``) when tools
-are given, and tool messages as ``<|im_start|>tool\\n<output><|im_end|>``; a turn ends with
-``<|im_end|>`` (the tokenizer's EOS here, so the engine stops there). The supervised warm-up shows
-the call format in ``tool_fraction`` of the examples: the turn ``<tool_call>{"name": "add",
-"arguments": {"a": .., "b": ..}}</tool_call><|im_end|>``, the tool message (not trained on), then
-``\\boxed{sum}<|im_end|>``; the rest answer ``\\boxed{sum}`` at once, which the model cannot compute,
-so RL has tool use to learn. The examples are built with the same ids a rollout produces (the
-prompt and tool ids from the chat template, rollout/multi_turn/template.py).
+Its chat template is the tiny models' ChatML plus a one-line tool list (``tools: calculator``) when
+tools are given, and tool messages as ``<|im_start|>tool\\n<output><|im_end|>``; a turn ends with
+``<|im_end|>`` (the tokenizer's EOS here, so the engine stops there). Digits are single tokens (the
+Qwen2 split regex), so the two copies the task needs are token for token: the prompt's expression
+into the call ``<tool_call>{"name": "calculator", "arguments": {"expression": "482+397"}}</tool_call>``
+and the tool's result into ``\\boxed{879}``. The warm-up (``warmup_examples``) teaches both copies on
+most examples but the choice to call only on ``decision_fraction`` of them, a ``tool_fraction`` of
+which call (the rest answer ``\\boxed{sum}`` at once, which the model cannot compute): the warmed-up
+model calls in ~15% of its sampled answers and is then right, so GRPO has tool use to learn. The
+examples are built with the same ids a rollout produces (the prompt and tool ids from the chat
+template, rollout/multi_turn/template.py).
 """
 
 from __future__ import annotations

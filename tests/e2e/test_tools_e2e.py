@@ -17,7 +17,7 @@ from miles_core.config import load_config
 NUM_LEARN = 10
 # Gains over 10 rollouts (mean of the last 3 minus the first 3), measured 2026-12-01 on 2 busy CPUs,
 # seeds 1234, 1, 2, 3 (all run, none left out): rollout/raw_reward +0.60, +0.51, +0.63, +0.61 (from
-# 0.06-0.20 to 0.67-0.79); multi_turn/tool_call_ratio +0.72, +0.69, +0.78, +0.73 (to 0.87-0.92). The
+# 0.11-0.19 to 0.70-0.77); multi_turn/tool_call_ratio +0.72, +0.69, +0.78, +0.73 (to 0.88-0.92). The
 # margins are about half the smallest gain seen, and several times the noise of a 3-rollout mean of 64
 # samples (~0.05).
 REWARD_MARGIN = 0.25
