@@ -5,14 +5,16 @@ the tiny model needs no chat template:  ``"23+41="`` -> ``"\\boxed{64}"``.
 ``arith-chat``: the same questions as chat messages for instruct models (``apply_chat_template``):
 a system line and two worked examples that show the ``\\boxed{}`` answer format, then the question.
 ``calc``: sums of two 3-digit numbers as one chat message (``"482+397"`` -> ``"\\boxed{879}"``), too
-large for the tiny model to add in its head: it must call the calculator tool ``add`` (``CALC_TOOLS``,
-run by ``calculator``) and copy the result (the ``tiny-tools`` recipe).
+large for the tiny model to add in its head: it must call the tool ``calculator`` on the expression
+(``CALC_TOOLS``, run by ``calculator``) and copy the result (the ``tiny-tools`` recipe). Digits are
+single tokens in the builtin tokenizers, so both copies are token for token.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,20 +73,26 @@ class CalcTask(ArithTask):
 
 
 CALC_TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "a + b for two integers",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+    "name": "calculator", "description": "the value of an integer expression a+b, a-b or a*b",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+_EXPRESSION = re.compile(r"\s*(-?\d{1,12})\s*([-+*])\s*(-?\d{1,12})\s*")
 
 
 def calculator(name: str, arguments: dict) -> str:
-    """The execute-tool function of CALC_TOOLS: ``add`` of two integers, as text."""
-    if name != "add":
-        raise ValueError(f"unknown tool {name!r}; this calculator has: add")
-    return str(int(arguments["a"]) + int(arguments["b"]))
+    """The execute-tool function of CALC_TOOLS: ``calculator`` of one ``a+b``, ``a-b`` or ``a*b`` (integers), as text."""
+    if name != "calculator":
+        raise ValueError(f"unknown tool {name!r}; this tool set has: calculator")
+    expression = arguments.get("expression")
+    m = _EXPRESSION.fullmatch(expression) if isinstance(expression, str) else None
+    if m is None:
+        raise ValueError(f"calculator: expression must be 'a+b', 'a-b' or 'a*b' of integers, got {expression!r}")
+    a, op, b = int(m[1]), m[2], int(m[3])
+    return str(a + b if op == "+" else a - b if op == "-" else a * b)
 
 
-def calc_call_text(a: int, b: int) -> str:
+def calc_call_text(expression: str) -> str:
     """The tool call a calc row's model turn should make (Qwen / Hermes format)."""
-    return f'<tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+    return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
 
 
 def format_answer(label: str) -> str:

@@ -1,14 +1,17 @@
-"""``builtin://tiny-qwen2-tools``: the tiny Qwen2 warmed up to use a calculator tool on the ``calc``
-task (3-digit sums), for the ``tiny-tools`` recipe.
+"""``builtin://tiny-qwen2-tools``: a tiny Qwen2 (2 layers, hidden 64, ~0.1M parameters) warmed up to
+use a calculator tool on the ``calc`` task (3-digit sums), for the ``tiny-tools`` recipe.
 
-Its chat template is the tiny models' ChatML plus a one-line tool list (``tools: add``) when tools
-are given, and tool messages as ``<|im_start|>tool\\n<output><|im_end|>``; a turn ends with
-``<|im_end|>`` (the tokenizer's EOS here, so the engine stops there). The supervised warm-up shows
-the call format in ``tool_fraction`` of the examples: the turn ``<tool_call>{"name": "add",
-"arguments": {"a": .., "b": ..}}</tool_call><|im_end|>``, the tool message (not trained on), then
-``\\boxed{sum}<|im_end|>``; the rest answer ``\\boxed{sum}`` at once, which the model cannot compute,
-so RL has tool use to learn. The examples are built with the same ids a rollout produces (the
-prompt and tool ids from the chat template, rollout/multi_turn/template.py).
+Its chat template is the tiny models' ChatML plus a one-line tool list (``tools: calculator``) when
+tools are given, and tool messages as ``<|im_start|>tool\\n<output><|im_end|>``; a turn ends with
+``<|im_end|>`` (the tokenizer's EOS here, so the engine stops there). Digits are single tokens (the
+Qwen2 split regex), so the two copies the task needs are token for token: the prompt's expression
+into the call ``<tool_call>{"name": "calculator", "arguments": {"expression": "482+397"}}</tool_call>``
+and the tool's result into ``\\boxed{879}``. The warm-up (``warmup_examples``) teaches both copies on
+most examples but the choice to call only on ``decision_fraction`` of them, a ``tool_fraction`` of
+which call (the rest answer ``\\boxed{sum}`` at once, which the model cannot compute): the warmed-up
+model calls in ~15% of its sampled answers and is then right, so GRPO has tool use to learn. The
+examples are built with the same ids a rollout produces (the prompt and tool ids from the chat
+template, rollout/multi_turn/template.py).
 """
 
 from __future__ import annotations
@@ -32,13 +35,17 @@ END_OF_TURN = "<|im_end|>"
 
 @dataclass(frozen=True)
 class TinyToolsSpec(TinySpec):
-    hidden_size: int = 128
-    intermediate_size: int = 344
+    hidden_size: int = 64
+    intermediate_size: int = 176
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
     task: str = "calc"
-    sft_steps: int = 200
+    sft_steps: int = 700
     sft_batch_size: int = 32
-    sft_lr: float = 2e-3
-    tool_fraction: float = 0.3  # warm-up examples that call the tool; the rest answer directly (and are wrong)
+    sft_lr: float = 3e-3
+    decision_fraction: float = 0.3  # examples whose first answer token (call or answer at once) is trained
+    tool_fraction: float = 0.3  # of those, the share that calls the tool: the starting tool-call rate
 
 
 TOOL_MODELS: dict[str, TinyToolsSpec] = {"tiny-qwen2-tools": TinyToolsSpec()}
@@ -49,25 +56,37 @@ def conversation(row: dict, use_tool: bool) -> list[dict]:
     answer = {"role": "assistant", "content": format_answer(row["label"])}
     if not use_tool:
         return [*row["input"], answer]
-    a, b = row["metadata"]["a"], row["metadata"]["b"]
-    return [*row["input"], {"role": "assistant", "content": calc_call_text(a, b)},
-            {"role": "tool", "name": "add", "content": row["label"]}, answer]
+    expression = f"{row['metadata']['a']}+{row['metadata']['b']}"
+    return [*row["input"], {"role": "assistant", "content": calc_call_text(expression)},
+            {"role": "tool", "name": "calculator", "content": row["label"]}, answer]
 
 
-def example_ids(tok, row: dict, use_tool: bool) -> tuple[list[int], list[int]]:
-    """(ids, loss mask) of a conversation, assembled turn by turn as a multi-turn rollout is."""
+def example_ids(tok, row: dict, use_tool: bool, decided: bool = True) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of a conversation, assembled turn by turn as a multi-turn rollout is;
+    ``decided=False`` leaves the first answer token (the choice to call) out of the loss."""
     from miles_core.rollout.multi_turn.template import render_ids, tool_message_ids
 
     end = tok.convert_tokens_to_ids(END_OF_TURN)
-    ids = render_ids(tok, row["input"], tools=CALC_TOOLS, add_generation_prompt=True)
-    mask = [0] * len(ids)
+    prompt = render_ids(tok, row["input"], tools=CALC_TOOLS, add_generation_prompt=True)
+    ids, mask = prompt, [0] * len(prompt)
     for m in conversation(row, use_tool)[len(row["input"]):]:
         if m["role"] == "assistant":
             part = tok(m["content"], add_special_tokens=False)["input_ids"] + [end]
         else:
             part = tool_message_ids(tok, [m], model_stopped_with=end)
         ids, mask = ids + part, mask + [int(m["role"] == "assistant")] * len(part)
+    if not decided:
+        mask[len(prompt)] = 0
     return ids, mask
+
+
+def warmup_examples(tok, rows: list[dict], spec: TinyToolsSpec, gen: torch.Generator) -> list[tuple[list[int], list[int]]]:
+    """A ``decision_fraction`` of the rows train the whole answer, calling the tool in ``tool_fraction``
+    of them (the starting tool-call rate); the others are tool conversations with the choice to call
+    out of the loss: they teach how to call and how to read the result, not when to call."""
+    u = torch.rand(len(rows), 2, generator=gen).tolist()
+    return [example_ids(tok, r, use_tool=(d >= spec.decision_fraction or t < spec.tool_fraction), decided=d < spec.decision_fraction)
+            for r, (d, t) in zip(rows, u)]
 
 
 def tools_tokenizer(rows: list[dict], vocab_size: int):
@@ -88,7 +107,11 @@ def build_tiny_tools(spec: TinyToolsSpec, out: Path) -> Path:
     tok = tools_tokenizer(rows, spec.vocab_size)
     model = init_model(spec, tok)
     gen = torch.Generator().manual_seed(spec.seed)
-    use_tool = (torch.rand(len(rows), generator=gen) < spec.tool_fraction).tolist()
-    examples = [example_ids(tok, r, t) for r, t in zip(rows, use_tool)]
-    train_supervised(model, tok.pad_token_id, examples, spec, gen)
+    examples = warmup_examples(tok, rows, spec, gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # these matrices are too small to share: a second thread only waits (3x slower on a busy 2-CPU box)
+    try:
+        train_supervised(model, tok.pad_token_id, examples, spec, gen)
+    finally:
+        torch.set_num_threads(threads)
     return publish_model_dir(model, tok, out)
