@@ -21,8 +21,8 @@ from miles_core.config import load_config
 # fixed margin, so the runs are 20 rollouts (~1 s each on the tiny model).
 NUM_LEARN = 20
 MARGIN = {"tiny-ppo": 0.10, "tiny-gspo": 0.10, "tiny-megatron": 0.10}
-# The tiny recipe on the Megatron trainer (train_backend megatron, one rank): MEGATRON_GAINS over seeds
-# 1234, 1, 2, 3 at 20 rollouts.
+# The tiny recipe on the Megatron trainer (train_backend megatron, one rank), 20 rollouts: +0.20 +0.28 +0.23
+# +0.26 over seeds 1234, 1, 2, 3.
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
