@@ -82,3 +82,34 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
     assert [s for s, _ in want["rollout/raw_reward"]] == list(range(N))
     staleness = [v for _, v in want["rollout/staleness/max"]]
     assert staleness == ([0.0] * N if mode == "off" else [0.0] + [1.0] * (N - 1))
+
+
+def test_sigkill_before_the_first_checkpoint_reattaches_the_run(tmp_path, tiny_model_dir):
+    """Killed after rollout 0 was logged but before any checkpoint, the MLflow run stays RUNNING; the rerun starts
+    from rollout 0 again in that same run (named in mlflow_run.json), not a second one, and logs no step twice
+    (issue 19 #4)."""
+    env = {**os.environ, "COLUMNS": "120"}
+    run_dir = tmp_path / "run"
+    cmd = [*_cli(run_dir, "off", "tiny", "torch"), "--save-interval", "5"]  # the first checkpoint after rollout 4
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    third, deadline = run_dir / "rollouts" / "2.pt", time.time() + 600
+    while time.time() < deadline and not third.exists():  # rollout 2 is generated after rollouts 0 and 1 are trained and logged
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "checkpoints" / "latest").exists()
+    status, before = _metrics(run_dir)
+    assert status == "RUNNING"  # metrics reach the store asynchronously: rollouts 0 and 1, or a prefix of them
+    assert [s for s, _ in before.get("rollout/raw_reward", [])] in ([], [0], [0, 1])
+
+    rerun = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    status, got = _metrics(run_dir)  # _metrics unpacks exactly one run of the experiment
+    assert status == "FINISHED"
+    for key, points in got.items():
+        steps = [s for s, _ in points]
+        assert len(steps) == len(set(steps)), f"duplicate steps in {key}: {steps}"
+    assert [s for s, _ in got["rollout/raw_reward"]] == list(range(N))
+    for step in before.get("rollout/raw_reward", []):
+        assert step in got["rollout/raw_reward"]  # the rollouts redone gave the same numbers
