@@ -132,7 +132,7 @@ def _one_rollout(run: TrainRun, i: int, pending):
     """-> (rollout metrics, the one_step generate future of rollout i + 1 or None)."""
     key, cfg, n = run.key, run.config, run.num_rollout
     # 2. generate + reward (one_step: rollout i + 1 starts now, beside the train step)
-    ahead_timeout = timed(generate, cfg).timeout_seconds
+    ahead_timeout = getattr(timed(generate, cfg), "timeout_seconds", None)
     metrics = pending.result(timeout=ahead_timeout) if pending is not None else timed(generate, cfg)(key, i)
     nxt = GENERATE_AHEAD.submit(key, i + 1) if cfg.rollout.async_mode == "one_step" and i + 1 < n else None
     # 3. train

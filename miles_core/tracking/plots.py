@@ -40,7 +40,7 @@ PLOTS: tuple[Plot, ...] = (
                               Panel("eval reward per dataset", (f"eval/{DS}",), _E))),
     Plot("response_length", "Response length (tokens)",
          (Panel("rollout", ("rollout/response_len/mean", "rollout/response_len/max", "rollout/response_len/min"), _R),
-          Panel("eval (mean)", (f"eval/{DS}-response_len/mean",), _E))),
+          Panel("eval (mean)", (f"eval/{DS}/response_len/mean",), _E))),
     Plot("truncation", "Truncated responses (hit the length limit)",
          (Panel("rollout", ("rollout/truncated_ratio",), _R), Panel("eval", (f"eval/{DS}-truncated_ratio",), _E))),
     Plot("optimization", "Optimization",
