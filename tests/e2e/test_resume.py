@@ -24,7 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
-N = 6
+N = 4
 ARGS = ["--num-rollout", str(N), "--save-interval", "2", "--eval-interval", "3", "--rollout-batch-size", "4",
         "--num-threads", "1"]
 
@@ -46,7 +46,9 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
     return run.info.status, out
 
 
-@pytest.mark.parametrize("recipe, mode, backend", [("tiny", "off", "torch"), ("tiny", "one_step", "torch"), ("tiny", "off", "megatron")])
+# Torch with async_mode off is the case below the SIGKILL before the first checkpoint, and the fault-injection
+# resumes (tests/e2e/test_fault_inject.py); here: one_step on torch, off on megatron (suite time).
+@pytest.mark.parametrize("recipe, mode, backend", [("tiny", "one_step", "torch"), ("tiny", "off", "megatron")])
 def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, recipe, mode, backend):
     env = {**os.environ, "COLUMNS": "120"}
     full = tmp_path / "full"
@@ -90,18 +92,18 @@ def test_sigkill_before_the_first_checkpoint_reattaches_the_run(tmp_path, tiny_m
     (issue 19 #4)."""
     env = {**os.environ, "COLUMNS": "120"}
     run_dir = tmp_path / "run"
-    cmd = [*_cli(run_dir, "off", "tiny", "torch"), "--save-interval", "5"]  # the first checkpoint after rollout 4
+    cmd = [*_cli(run_dir, "off", "tiny", "torch"), "--save-interval", "5"]  # the only checkpoint: after the last rollout
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    third, deadline = run_dir / "rollouts" / "2.pt", time.time() + 600
-    while time.time() < deadline and not third.exists():  # rollout 2 is generated after rollouts 0 and 1 are trained and logged
+    second, deadline = run_dir / "rollouts" / "1.pt", time.time() + 600
+    while time.time() < deadline and not second.exists():  # rollout 1 is generated after rollout 0 is trained and logged
         assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (run_dir / "checkpoints" / "latest").exists()
     status, before = _metrics(run_dir)
-    assert status == "RUNNING"  # metrics reach the store asynchronously: rollouts 0 and 1, or a prefix of them
-    assert [s for s, _ in before.get("rollout/raw_reward", [])] in ([], [0], [0, 1])
+    assert status == "RUNNING"  # metrics reach the store asynchronously: rollout 0's, or none yet
+    assert [s for s, _ in before.get("rollout/raw_reward", [])] in ([], [0])
 
     rerun = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
