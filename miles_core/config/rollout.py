@@ -73,8 +73,9 @@ class RolloutConfig(Group):
     rollout_external_engine_addrs: list[str] | None = Field(
         None, min_length=1, description="Engines already running, as host:port (or http://host:port): any server speaking the "
         "SGLang HTTP protocol (SGLang's, or ours: python -m miles_core.rollout.http.server). Nothing is launched: the router "
-        "sends work to these, weight syncs update them (update_weight_mode tensor for our servers, disk for SGLang's: a "
-        f"directory they can read), and their API key is read from {API_KEY_ENV} in the run's environment. An engine "
+        "sends work to these, weight syncs update them (update_weight_mode tensor for our servers, broadcast: a process group "
+        "they join at the sender's address, disk for SGLang's: a directory they can read), on either runtime (ray places the "
+        f"train ranks only), and their API key is read from {API_KEY_ENV} in the run's environment. An engine "
         "failing its health checks (use_fault_tolerance) is marked dead, never restarted (docs/engines.md).")
     rm_type: str = Field("math", description="Reward function name (see the rewards page); a boxed_ prefix grades the last \\boxed{} only.")
     custom_rm_path: str | None = Field(None, description="Dotted path of an async reward function; overrides rm_type.")

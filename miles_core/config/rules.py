@@ -136,15 +136,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
 def _external_rules(c: "TrainConfig") -> None:
     """rollout_external_engine_addrs: engines miles neither launches nor places (rollout_engine names their protocol)."""
     cl, mode = c.cluster, c.cluster.weight_sync_mode
-    if cl.runtime != "local":
-        raise ValueError(f"rollout_external_engine_addrs is not supported yet with runtime {cl.runtime} (the ray placement "
-                         "launches its engines); set runtime: local, or drop rollout_external_engine_addrs")
     if cl.colocate:
         raise ValueError("colocate shares devices with engines miles launches; rollout_external_engine_addrs engines run "
                          "elsewhere: set colocate: false or drop rollout_external_engine_addrs")
-    if mode == "broadcast":
-        raise ValueError("update_weight_mode broadcast is not supported yet with rollout_external_engine_addrs; use tensor "
-                         "(our servers) or disk (a directory the engines can read)")
     if mode == "tensor" and cl.rollout_engine == "sglang":
         raise ValueError("rollout_external_engine_addrs with rollout_engine sglang: SGLang's /update_weights_from_tensor takes "
                          "in-process handles that cannot cross HTTP; set update_weight_mode: disk")

@@ -29,9 +29,8 @@ def test_an_address_listed_twice_fails():
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    ({"runtime": "ray"}, "not supported yet with runtime ray"),
     ({"colocate": True}, "colocate shares devices"),
-    ({"update_weight_mode": "broadcast"}, "broadcast is not supported yet with rollout_external_engine_addrs"),
+    ({"runtime": "ray", "colocate": True}, "colocate shares devices"),
     ({"rollout_engine": "sglang"}, "set update_weight_mode: disk"),  # tensor (the default) cannot reach SGLang
     ({"rollout_engine": "sglang", "update_weight_mode": "disk", "sglang_mem_fraction_static": 0.5}, "sglang_mem_fraction_static"),
 ])
@@ -40,11 +39,17 @@ def test_combinations_the_external_fleet_does_not_run_are_refused(extra, message
         build_config({**BASE, "rollout_external_engine_addrs": ["127.0.0.1:8000"], **extra})
 
 
-@pytest.mark.parametrize("extra", [{}, {"update_weight_mode": "disk"}, {"rollout_engine": "sglang", "update_weight_mode": "disk"}])
-def test_what_the_external_fleet_runs_loads(extra):
-    """Local runtime; our servers take tensor or disk; SGLang's (no sglang install needed: nothing is launched) disk."""
+@pytest.mark.parametrize(("extra", "mode"), [
+    ({}, "tensor"), ({"update_weight_mode": "disk"}, "disk"), ({"update_weight_mode": "broadcast"}, "broadcast"),
+    ({"rollout_engine": "sglang", "update_weight_mode": "disk"}, "disk"),
+    ({"runtime": "ray"}, "broadcast"),  # disaggregated on Ray: broadcast by default, as with engines it launches
+    ({"runtime": "ray", "update_weight_mode": "tensor"}, "tensor"),
+])
+def test_what_the_external_fleet_runs_loads(extra, mode):
+    """Either runtime; our servers take tensor, broadcast or disk; SGLang's (no sglang install needed: nothing is
+    launched) disk."""
     cfg = build_config({**BASE, "rollout_external_engine_addrs": ["127.0.0.1:8000"], **extra})
-    assert cfg.cluster.weight_sync_mode == extra.get("update_weight_mode", "tensor")
+    assert cfg.cluster.weight_sync_mode == mode
 
 
 def test_sglang_external_engines_need_no_sglang_install(tmp_path):

@@ -23,6 +23,13 @@ def test_colocated_shares_train_bundles():
     assert p.actor_resources() == {"num_cpus": 0.5, "num_gpus": 0.5}
 
 
+def test_external_engines_place_the_train_ranks_only():
+    cluster = ClusterConfig(actor_num_gpus_per_node=2, rollout_num_gpus=4, rollout_num_gpus_per_engine=2)
+    p = plan_placement(cluster, use_gpu=True, engines=False)
+    assert p.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2 and p.train_bundles == [0, 1] and p.engine_bundles == []
+    assert p.actor_resources() == {"num_cpus": 1.0, "num_gpus": 1.0}
+
+
 def test_bad_engine_split_names_fields():
     with pytest.raises(ValueError, match="rollout_num_gpus_per_engine"):
         plan_placement(ClusterConfig(rollout_num_gpus=3, rollout_num_gpus_per_engine=2), use_gpu=False)

@@ -6,9 +6,12 @@ environment (unset: no key is sent); it never enters the config, so it is not lo
 
     fleet = external_fleet(cfg)     # every engine answers /health_generate and an authorized call, or this raises
 
-Weight sync (``update_weight_mode``): tensor (buckets POSTed as safetensors: our servers) or disk (an HF dir
-under <run_dir>/weight_sync that the engines load: they must see this filesystem; SGLang's servers). A dead
-engine (use_fault_tolerance) is marked dead, never restarted: the fleet has no launcher.
+Either runtime: locally the trainer is in this process; on Ray only the train ranks are placed and rank 0
+sends the weights. Weight sync (``update_weight_mode``): tensor (buckets POSTed as safetensors: our
+servers), broadcast (the engines join a process group hosted by the sender, at its host's address, and
+receive each bucket by broadcast: gloo on CPU, NCCL on GPU; the engines must reach that address) or disk
+(an HF dir under <run_dir>/weight_sync that the engines load: they must see this filesystem; SGLang's
+servers). A dead engine (use_fault_tolerance) is marked dead, never restarted: the fleet has no launcher.
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ def external_router(cfg: TrainConfig) -> EngineRouter:
     return router
 
 
-def external_fleet(cfg: TrainConfig) -> HTTPFleet:
+def external_fleet(cfg: TrainConfig, backend: str = "gloo") -> HTTPFleet:
+    """backend: the broadcast group's (gloo on CPU, nccl when the sender's weights are on GPUs)."""
     cl = cfg.cluster
-    sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync")
+    sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync", backend=backend)
     fleet = HTTPFleet(external_router(cfg), sync, colocate=False)
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout)

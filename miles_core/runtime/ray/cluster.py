@@ -1,6 +1,8 @@
 """The Ray placement: a placement group of train and engine bundles, a TrainGroup (the trainer ranks) and
 M engine actors, each holding an HTTP engine server, behind a router (an HTTPFleet). GPUs are reserved
-when the config's device asks for them (cuda, or auto on a cluster with GPUs); gloo on CPU, NCCL on GPU."""
+when the config's device asks for them (cuda, or auto on a cluster with GPUs); gloo on CPU, NCCL on GPU.
+With rollout_external_engine_addrs only the train ranks are placed: the fleet is a router over the engines
+already running (probed before any rank starts), and rank 0 sends them the weights (tensor, broadcast, disk)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
     import ray
 
     cl = cfg.cluster
-    started = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False).bundles))
-    plan = plan_placement(cl, use_gpu=wants_gpu(cfg))
+    launched = cfg.rollout.rollout_external_engine_addrs is None
+    started = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False, engines=launched).bundles))
+    plan = plan_placement(cl, use_gpu=wants_gpu(cfg), engines=launched)
     if plan.num_train > cfg.global_batch_size:
         raise ValueError(f"{plan.num_train} train ranks but global_batch_size {cfg.global_batch_size}: every rank needs rows")
     pg = create_placement_group(plan)
@@ -48,6 +51,14 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     cl = cfg.cluster
     backend = "nccl" if plan.bundles[0].get("GPU") else "gloo"
     res = plan.actor_resources()
+    if cfg.rollout.rollout_external_engine_addrs is not None:
+        from miles_core.rollout.http.external import external_fleet
+
+        fleet = external_fleet(cfg, backend)  # probed first: a bad address fails before any rank loads the model
+        built.append(fleet.close)
+        train_group = TrainGroup(cfg, str(data.model_path), pg, plan.train_bundles, res, backend)
+        built.append(train_group.shutdown)
+        return train_group, fleet
     train_group = TrainGroup(cfg, str(data.model_path), pg, plan.train_bundles, res, backend)
     built.append(train_group.shutdown)
     engines = EngineGroup(cfg, data.model_path, pg, plan.engine_bundles, res, ENGINE_SERVERS[cl.rollout_engine])

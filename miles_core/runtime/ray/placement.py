@@ -4,7 +4,8 @@ Train workers: ``actor_num_nodes * actor_num_gpus_per_node`` bundles, one worker
 ``rollout_num_gpus / rollout_num_gpus_per_engine`` of them; an engine takes
 ``rollout_num_gpus_per_engine`` bundles (it runs on the first). Colocated: the engines' bundles
 are the train bundles (each resource is shared: train worker and engine ask for half of it);
-disaggregated: the engines get bundles of their own after the train bundles.
+disaggregated: the engines get bundles of their own after the train bundles. External engines
+(``rollout_external_engine_addrs``, ``engines=False``): train bundles only, nothing placed for rollout.
 
 A bundle is ``{"GPU": 1, "CPU": 1}`` on a cluster with GPUs, ``{"CPU": 1}`` without.
 
@@ -41,15 +42,18 @@ class Placement:
         return {"num_cpus": b.get("CPU", 0) * self.share, "num_gpus": b.get("GPU", 0) * self.share}
 
 
-def plan_placement(cluster: ClusterConfig, use_gpu: bool) -> Placement:
+def plan_placement(cluster: ClusterConfig, use_gpu: bool, engines: bool = True) -> Placement:
     n_train = cluster.actor_num_nodes * cluster.actor_num_gpus_per_node
+    bundle = {"CPU": 1.0, "GPU": 1.0} if use_gpu else {"CPU": 1.0}
+    if not engines:
+        return Placement(bundles=[dict(bundle) for _ in range(n_train)], train_bundles=list(range(n_train)), engine_bundles=[],
+                         share=1.0)
     n_rollout = cluster.rollout_num_gpus or n_train
     per_engine = cluster.rollout_num_gpus_per_engine
     if n_rollout % per_engine:
         raise ValueError(f"rollout_num_gpus ({n_rollout}) must be a multiple of rollout_num_gpus_per_engine ({per_engine})")
     if cluster.colocate and n_rollout > n_train:
         raise ValueError(f"colocate shares the train bundles: rollout_num_gpus ({n_rollout}) must be <= actor total ({n_train})")
-    bundle = {"CPU": 1.0, "GPU": 1.0} if use_gpu else {"CPU": 1.0}
     first = 0 if cluster.colocate else n_train
     n_bundles = n_train if cluster.colocate else n_train + n_rollout
     return Placement(bundles=[dict(bundle) for _ in range(n_bundles)], train_bundles=list(range(n_train)),

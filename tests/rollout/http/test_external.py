@@ -40,22 +40,25 @@ def test_a_wrong_key_or_a_missing_engine_fails_naming_the_address(tmp_path, star
         external_fleet(_cfg(tmp_path, [_addr(good.url), missing]))
 
 
-def test_disk_sync_reaches_every_engine(tmp_path, start_server, monkeypatch, model_dir):
+@pytest.mark.parametrize("mode", ["disk", "broadcast"])
+def test_disk_and_broadcast_syncs_reach_every_engine(tmp_path, start_server, monkeypatch, model_dir, mode):
+    """disk: every engine loads the saved dir; broadcast: every engine joins the gloo group this process hosts."""
     from transformers import AutoConfig
 
     servers = [start_server(api_key=KEY) for _ in range(2)]
     monkeypatch.setenv(API_KEY_ENV, KEY)
-    fleet = external_fleet(_cfg(tmp_path, [s.url for s in servers], update_weight_mode="disk"))
+    fleet = external_fleet(_cfg(tmp_path, [s.url for s in servers], update_weight_mode=mode))
     try:
         before = fleet.engine.generate(requests_for(4), seed=3)
         new = {k: v + 0.05 for k, v in servers[0].server.engine.model.state_dict().items()}
         metrics = fleet.update_weights(WeightSender(lambda: list(new.items()), AutoConfig.from_pretrained(model_dir)), 1)
         assert metrics["perf/update_weights_time"] > 0 and metrics["rollout/engine_restarts"] == 0
         assert fleet.engine.engine_versions() == {s.url: 1 for s in servers}
-        for s in servers:  # every engine loaded the saved dir: its tensors are the new ones
+        for s in servers:  # every engine holds the new tensors
             got = s.server.engine.model.state_dict()
             assert all(torch.equal(got[k], v) for k, v in new.items())
-        assert [p.name for p in (tmp_path / "run" / "weight_sync").iterdir()] == ["v1"]
+        if mode == "disk":
+            assert [p.name for p in (tmp_path / "run" / "weight_sync").iterdir()] == ["v1"]
         after = fleet.engine.generate(requests_for(4), seed=3)
         assert [r.output_log_probs for r in after] != [r.output_log_probs for r in before]
         assert {r.weight_version for r in after} == {1}
