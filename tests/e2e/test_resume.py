@@ -1,10 +1,8 @@
 """Kill a run with SIGKILL after a checkpoint, rerun it: every logged metric at every step equals
-the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Also with
-async_mode one_step, where the checkpoint counts on the rollout generated ahead of it, and with the
-Megatron trainer (its torch_dist checkpoint: model, optimizer, RNG, step count). (The multi-turn
-tiny-tools recipe is not in this comparison: its model now builds in ~2 minutes cold on a busy 2-CPU
-machine and a 10-rollout run takes 10-40 s, but the comparison has not been run on it since; two more
-CLI runs, each with its Prefect start-up, are estimated at over a minute of suite time.)
+the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Two cases: the multi-turn
+tiny-tools recipe (tool calls, loss-mask holes, multi_turn/* metrics) with async_mode one_step, where the
+checkpoint counts on the rollout generated ahead of it; and the Megatron trainer (its torch_dist
+checkpoint: model, optimizer, RNG, step count). The uninterrupted run goes beside the killed one.
 
 Exact on CPU: sampling is seeded per (seed, rollout id), the data cursor, optimizer, RNG and step
 count come back from the checkpoint, and torch CPU kernels are deterministic for a fixed thread count.
@@ -46,10 +44,15 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
     return run.info.status, out
 
 
-# Torch with async_mode off is the case below the SIGKILL before the first checkpoint, and the fault-injection
-# resumes (tests/e2e/test_fault_inject.py); here: one_step on torch, off on megatron (suite time).
-@pytest.mark.parametrize("recipe, mode, backend", [("tiny", "one_step", "torch"), ("tiny", "off", "megatron")])
+# Torch with async_mode off on tiny is the case below the SIGKILL before the first checkpoint, and the fault-injection
+# resumes (tests/e2e/test_fault_inject.py); here: multi-turn one_step on torch, off on megatron (suite time).
+@pytest.mark.parametrize("recipe, mode, backend", [("tiny-tools", "one_step", "torch"), ("tiny", "off", "megatron")])
 def test_sigkill_then_rerun_reproduces_uninterrupted_run(request, tmp_path, tiny_model_dir, recipe, mode, backend):
+    if recipe == "tiny-tools":  # its model built once here (cached), not by both runs at once
+        from miles_core.env import cache_dir
+        from miles_core.models import resolve_model_path
+
+        resolve_model_path("builtin://tiny-qwen2-tools", cache_dir())
     env = {**os.environ, "COLUMNS": "120"}
     full, killed = tmp_path / "full", tmp_path / "killed"
     # the uninterrupted run beside the one to kill (one thread each: the numbers do not depend on the other process)
