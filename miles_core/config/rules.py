@@ -239,9 +239,10 @@ def _megatron_rules(c: "TrainConfig") -> None:
     if a.advantage_estimator == "ppo":
         raise ValueError("advantage_estimator ppo (the critic) is not supported yet on train_backend megatron; "
                          "use train_backend torch for ppo, or another advantage_estimator")
-    if a.use_opd and a.opd_teacher_load:
-        raise ValueError("use_opd with opd_teacher_load (an in-process teacher model) is not supported yet on train_backend "
-                         "megatron; drop opd_teacher_load (the samples then carry teacher_log_probs) or use train_backend torch")
+    if a.use_opd and a.opd_teacher_load and a.opd_type == "sglang":
+        raise ValueError("use_opd with opd_type sglang and opd_teacher_load (a teacher engine the trainer starts) is not supported "
+                         "yet on train_backend megatron; use opd_type megatron (the teacher in the trainer's process) or "
+                         "train_backend torch")
     p, cl = c.parallel, c.cluster
     tp, pp, ep, etp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.expert_model_parallel_size, p.expert_tp
     world = cl.actor_num_nodes * cl.actor_num_gpus_per_node if cl.runtime == "ray" else 1

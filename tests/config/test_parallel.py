@@ -40,13 +40,19 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
     ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
     ({"advantage_estimator": "ppo"}, "ppo .* not supported yet on train_backend megatron"),
-    ({"use_opd": True, "opd_teacher_load": "builtin://tiny-qwen2"}, "opd_teacher_load .* not supported yet on train_backend megatron"),
+    ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "builtin://tiny-qwen2"},
+     "opd_type sglang and opd_teacher_load .* not supported yet on train_backend megatron"),
 ])
 def test_rules_name_the_fields(values, match):
     with pytest.raises(ConfigError, match=match):
         build_config({**RAY, **values})
 
 
+
+
+def test_megatron_takes_an_in_process_opd_teacher():
+    a = build_config({**RAY, "use_opd": True, "opd_teacher_load": "builtin://tiny-qwen2"}).algo
+    assert a.opd_type == "megatron" and a.opd_teacher_load == "builtin://tiny-qwen2"
 
 
 def test_world_size_must_be_a_multiple_of_model_parallel():

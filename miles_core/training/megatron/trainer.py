@@ -2,8 +2,9 @@
 and its pipeline schedules, running the same RL math as the torch trainer (miles_core/algorithms).
 
 One rollout (train_rollout):
-    1. forward-only log-probs: old policy (unless use_rollout_logprobs), reference (KL), on the last
-       pipeline stage, with log_softmax(logits / rollout_temperature), vocab-parallel under TP
+    1. forward-only log-probs: old policy (unless use_rollout_logprobs), reference (KL), OPD teacher
+       (opd_teacher_load: a stage of the teacher's own shape), on the last pipeline stage, with
+       log_softmax(logits / rollout_temperature), vocab-parallel under TP
     2. advantages (compute_advantages), on the last stage
     3. num_steps_per_rollout optimizer steps of global_batch_size samples: this data-parallel rank's rows
        in micro-batches (micro_batch_size samples, or packed to max_tokens_per_gpu tokens with
@@ -57,7 +58,7 @@ def load_hf_state(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
 
 
 class MegatronTrainer:
-    """Owns the policy stage (DDP-wrapped), its megatron optimizer and the reference stage for KL."""
+    """Owns the policy stage (DDP-wrapped), its optimizer and the forward-only stages: reference (KL), teacher (OPD)."""
 
     collective = True  # every method is a collective over the train group: a Ray train group calls it on every rank
 
@@ -75,13 +76,16 @@ class MegatronTrainer:
         self.tconfig.calculate_per_token_loss = True  # see the module docstring
         self.model, self.optimizer = self._build_policy(load_hf_state(self.model_path, self.args))
         self.ref_model = self._build_ref() if cfg.needs_ref_model else None
+        self.teacher_model = self._build_teacher() if cfg.algo.use_opd and cfg.algo.opd_teacher_load else None
         self.loss_algo = cfg.algo.model_copy(update={"use_kl_loss": False}) if self.ref_model is None and cfg.algo.use_kl_loss else cfg.algo
         self.steps_done = 0
 
     # ---- building ------------------------------------------------------------------------------
-    def _stage(self, hf_state: dict[str, torch.Tensor]):
-        stage = model.build_stage(self.args, self.tconfig)
-        local = weights.shard(weights.hf_to_full(hf_state, self.args), stage)
+    def _stage(self, hf_state: dict[str, torch.Tensor], args: ModelArgs | None = None, tconfig=None):
+        """A stage of the model ``args`` (default the policy's) under ``tconfig``, holding hf_state's weights."""
+        args, tconfig = args or self.args, tconfig or self.tconfig
+        stage = model.build_stage(args, tconfig)
+        local = weights.shard(weights.hf_to_full(hf_state, args), stage)
         stage.load_state_dict({k: v.to(self.dtype) for k, v in local.items()}, strict=False)
         return stage
 
@@ -102,6 +106,24 @@ class MegatronTrainer:
     def _build_ref(self):
         path = Path(self.cfg.checkpoint.ref_load) if self.cfg.checkpoint.ref_load else self.model_path
         return self._stage(load_hf_state(path, self.args)).eval()
+
+    def _build_teacher(self):
+        """The OPD teacher (opd_teacher_load, opd_type megatron): a forward-only stage of its own shape, under the
+        policy's parallel layout; it must share the student's vocabulary (training/teacher.py)."""
+        from miles_core.env import cache_dir
+        from miles_core.models import resolve_model_path
+
+        path = resolve_model_path(self.algo.opd_teacher_load, cache_dir())
+        hf_config = json.loads((path / "config.json").read_text())
+        check_model_divides(shape_from_config(hf_config), self.p, str(path))
+        args = from_hf_config(hf_config, str(path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
+        if args.vocab_size != self.args.vocab_size:
+            raise ValueError(f"opd_teacher_load {self.algo.opd_teacher_load}: teacher vocab_size {args.vocab_size} != student "
+                             f"vocab_size {self.args.vocab_size}; OPD compares log-probs of the same token ids, so teacher and "
+                             "student must share the tokenizer")
+        tconfig = model.transformer_config(args, self.p, self.dtype, cpu=self.cfg.cluster.device == "cpu")
+        tconfig.calculate_per_token_loss = True
+        return self._stage(load_hf_state(path, args), args, tconfig).eval()
 
     # ---- forward passes ------------------------------------------------------------------------
     def _response_logits(self, mb: batching.MicroBatch, out: torch.Tensor) -> torch.Tensor:
@@ -152,7 +174,7 @@ class MegatronTrainer:
         last = ps.is_pipeline_last_stage()
         old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(self.model, batch)
         ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
-        teacher = per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]) if self.algo.use_opd else None
+        teacher = self._teacher_log_probs(batch, samples)
         tensors: dict = {"old": old, "ref": ref, "teacher": teacher}
         rollout = {}
         if last:
@@ -172,6 +194,12 @@ class MegatronTrainer:
         rollout["perf/actor_train_tok_per_s"] = float(batch.attention_mask.sum()) * len(steps) / max(dt, 1e-9)
         rollout, steps = _from_last_stage((rollout, steps))
         return TrainOutput(rollout=rollout, steps=steps)
+
+    def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
+        """OPD: the teacher model's log-probs (last stage), else the samples' teacher_log_probs; None without OPD."""
+        if self.teacher_model is not None:
+            return self.compute_log_probs(self.teacher_model, batch)
+        return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]) if self.algo.use_opd else None
 
     def _my_rows(self, rows: range) -> list[int]:
         """This data-parallel rank's contiguous block of the step's rows."""
