@@ -236,9 +236,6 @@ def _megatron_rules(c: "TrainConfig") -> None:
         have = "not installed" if found is None else "version " + ".".join(map(str, found))
         raise ValueError(f"train_backend megatron needs megatron-core >= 0.16.1 ({have}); install it: {MEGATRON_INSTALL}")
     a = c.algo
-    if a.advantage_estimator == "ppo":
-        raise ValueError("advantage_estimator ppo (the critic) is not supported yet on train_backend megatron; "
-                         "use train_backend torch for ppo, or another advantage_estimator")
     if a.use_opd and a.opd_teacher_load and a.opd_type == "sglang":
         raise ValueError("use_opd with opd_type sglang and opd_teacher_load (a teacher engine the trainer starts) is not supported "
                          "yet on train_backend megatron; use opd_type megatron (the teacher in the trainer's process) or "

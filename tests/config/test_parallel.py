@@ -39,7 +39,6 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
     ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
-    ({"advantage_estimator": "ppo"}, "ppo .* not supported yet on train_backend megatron"),
     ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "builtin://tiny-qwen2"},
      "opd_type sglang and opd_teacher_load .* not supported yet on train_backend megatron"),
 ])
@@ -48,6 +47,10 @@ def test_rules_name_the_fields(values, match):
         build_config({**RAY, **values})
 
 
+
+
+def test_megatron_takes_the_ppo_critic():
+    assert build_config({**RAY, "advantage_estimator": "ppo", "critic_lr": 1e-5}).algo.advantage_estimator == "ppo"
 
 
 def test_megatron_takes_an_in_process_opd_teacher():

@@ -3,7 +3,8 @@ layout for the model and optimizer (megatron's dist_checkpointing, format torch_
 
     <save_dir>/<rollout_id>/
       torch_dist/          {"model": the GPT model's sharded state, "optimizer": AdamW's exp_avg /
-                           exp_avg_sq sharded like their parameters, plus its common step}
+                           exp_avg_sq sharded like their parameters, plus its common step; with ppo
+                           also "critic" and "critic_optimizer", the critic's (keys under "critic.")}
       model_args.json      the ModelArgs the model was built from (checked before loading: a checkpoint
                            of another shape is refused naming the fields)
       rng/<rank>.pt        each rank's CPU (and CUDA) generator and megatron's RNG tracker states
@@ -46,6 +47,29 @@ def _barrier() -> None:
 
 def model_sharded(stage) -> dict:
     return stage.sharded_state_dict(prefix="")
+
+
+def _trained(trainer) -> list[tuple[str, str, object, torch.optim.Optimizer, list]]:
+    """(name, sharded-key prefix, module, optimizer, params) of each trained model: the policy, and the critic with ppo."""
+    out = [("model", "", trainer.model.module, trainer.optimizer, trainer.params)]
+    if trainer.critic is not None:
+        c = trainer.critic
+        out.append(("critic", "critic.", c.module.module, c.optimizer, c.params))
+    return out
+
+
+def _optim_key(name: str) -> str:
+    return "optimizer" if name == "model" else f"{name}_optimizer"
+
+
+def _sharded(trainer, optim_of: list[str]) -> dict:
+    """The sharded state dict to save or load: each trained model's, and the optimizers of the models optim_of names."""
+    sharded = {}
+    for name, prefix, module, optimizer, params in _trained(trainer):
+        sharded[name] = module.sharded_state_dict(prefix=prefix)
+        if name in optim_of:
+            sharded[_optim_key(name)] = optimizer_sharded(optimizer, params, sharded[name])
+    return sharded
 
 
 def optimizer_sharded(optimizer: torch.optim.Optimizer, params: list, model_sd: dict) -> dict:
@@ -92,10 +116,9 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
         (tmp / TORCH_DIST).mkdir(parents=True)
         (tmp / "rng").mkdir()
     _barrier()
-    model_sd = model_sharded(trainer.model.module)
-    sharded = {"model": model_sd}
-    if not trainer.cfg.checkpoint.no_save_optim:
-        sharded["optimizer"] = optimizer_sharded(trainer.optimizer, trainer.params, model_sd)
+    # an optimizer that has not stepped yet (the actor's during num_critic_only_steps) has no state to save
+    optim_of = [] if trainer.cfg.checkpoint.no_save_optim else [n for n, _, _, opt, _ in _trained(trainer) if opt.state]
+    sharded = _sharded(trainer, optim_of)
     dist_checkpointing.save(sharded, str(tmp / TORCH_DIST))
     torch.save(_rng_state(), tmp / "rng" / f"{_rank()}.pt")
     _barrier()
@@ -103,7 +126,7 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
         (tmp / ARGS_FILE).write_text(json.dumps(args_json(trainer.args), indent=1))
         shutil.copy(trainer.model_path / "config.json", tmp / "config.json")
         meta = {**state, "rollout_id": rollout_id, "steps_done": trainer.steps_done, "world_size": dist.get_world_size(),
-                "optimizer": "optimizer" in sharded}
+                "optimizer": bool(optim_of), "optimizer_states": optim_of, "critic": "critic" in sharded}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         write_marker(tmp)
         replace_dir(tmp, final)
@@ -154,21 +177,25 @@ def restore(trainer, load_dir: Path) -> dict | None:
         return None
     check_args(path, trainer.args)
     meta = json.loads((path / META_FILE).read_text())
-    model_sd = model_sharded(trainer.model.module)
-    sharded = {"model": model_sd}
-    if meta["optimizer"]:
-        init_optimizer_state(trainer.optimizer, trainer.params)
-        sharded["optimizer"] = optimizer_sharded(trainer.optimizer, trainer.params, model_sd)
-    loaded = dist_checkpointing.load(sharded, str(path / TORCH_DIST))
-    trainer.model.module.load_state_dict(loaded["model"], strict=False)
-    if meta["optimizer"]:
-        opt_state = loaded["optimizer"]
-        step = opt_state["state"].pop("common_step")
-        for s in opt_state["state"].values():
-            s["step"] = torch.tensor(float(step))
-        trainer.optimizer.load_state_dict(opt_state)
+    if meta.get("critic", False) != (trainer.critic is not None):
+        raise ValueError(f"torch_dist checkpoint {path} {'holds' if meta.get('critic') else 'has no'} a critic and this run "
+                         f"{'has none' if meta.get('critic') else 'trains one'} (advantage_estimator ppo): load it with the "
+                         "advantage_estimator it was saved with")
+    optim_of = meta.get("optimizer_states", ["model"] if meta["optimizer"] else [])
+    for name, _, _, optimizer, params in _trained(trainer):
+        if name in optim_of:
+            init_optimizer_state(optimizer, params)
+    loaded = dist_checkpointing.load(_sharded(trainer, optim_of), str(path / TORCH_DIST))
+    for name, _, module, optimizer, _ in _trained(trainer):
+        module.load_state_dict(loaded[name], strict=False)
+        if name in optim_of:
+            opt_state = loaded[_optim_key(name)]
+            step = opt_state["state"].pop("common_step")
+            for s in opt_state["state"].values():
+                s["step"] = torch.tensor(float(step))
+            optimizer.load_state_dict(opt_state)
     rng = path / "rng" / f"{_rank()}.pt"
     if meta["world_size"] == dist.get_world_size() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=True))
     trainer.steps_done = meta["steps_done"]
-    return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer")}
+    return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer", "optimizer_states", "critic")}

@@ -60,3 +60,21 @@ def clip_(params: list[torch.nn.Parameter], max_norm: float) -> float:
                 if p.grad is not None:
                     p.grad.mul_(coef)
     return norm
+
+
+def wrap_ddp(tconfig, stage):
+    """stage in megatron's DistributedDataParallel (fp32 gradient buffers); tconfig (stage's own) gets the
+    schedule's hooks: finalize_model_grads without megatron's division by the token count (the Reducer's
+    denominators already make the loss the step's mean) and this DDP's no_sync."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+    ddp = DistributedDataParallel(tconfig, DistributedDataParallelConfig(grad_reduce_in_fp32=True), stage)
+    tconfig.finalize_model_grads_func = lambda chunks, num_tokens=None, **kwargs: finalize_model_grads(chunks, None, **kwargs)
+    tconfig.no_sync_func = ddp.no_sync
+    return ddp
+
+
+def adamw(params: list[torch.nn.Parameter], algo, lr: float, device: str) -> torch.optim.Optimizer:
+    """torch's AdamW with the run's betas, eps and weight decay (fused on cpu and cuda)."""
+    return torch.optim.AdamW(params, lr=lr, betas=(algo.adam_beta1, algo.adam_beta2), eps=algo.adam_eps,
+                             weight_decay=algo.weight_decay, fused=device in ("cpu", "cuda"))

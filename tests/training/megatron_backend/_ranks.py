@@ -11,7 +11,8 @@ def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from miles_core.training.batch import make_batch
-    from miles_core.training.megatron.trainer import MegatronTrainer, _from_last_stage
+    from miles_core.training.megatron.parallel import from_last_stage as _from_last_stage
+    from miles_core.training.megatron.trainer import MegatronTrainer
 
     trainer = MegatronTrainer(cfg, model_dir, pad_id=0)
     if convert_to:  # HF -> torch_dist at this world's parallel layout
