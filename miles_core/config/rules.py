@@ -11,7 +11,6 @@ if TYPE_CHECKING:
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
     "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
-    "use_distributed_optimizer": "megatron-core's distributed optimizer hard-codes CUDA buffers; the megatron trainer shards AdamW itself",
     "offload_train": "offloading the trainer between train stages is not built yet",
     "offload_train_target": "it applies only with offload_train, which is not built yet",
     "offload_train_disk_dir": "it applies only with offload_train, which is not built yet",
@@ -187,6 +186,7 @@ MEGATRON_ONLY = {
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
+    "use_distributed_optimizer": False,
 }
 
 
@@ -206,9 +206,8 @@ def _parallel_rules(c: "TrainConfig") -> None:
             if getattr(p, name) != default:
                 raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only (the torch trainer is data "
                                  f"parallel only); set train_backend: megatron or drop {name}")
-    for name in ("use_distributed_optimizer", "offload_train"):
-        if getattr(p, name):
-            raise ValueError(f"{name} is not supported yet; drop it (set {name}: false)")
+    if p.offload_train:
+        raise ValueError("offload_train is not supported yet; drop it (set offload_train: false)")
     if p.offload_train_target != "cpu" or p.offload_train_disk_dir is not None:
         raise ValueError("offload_train_target / offload_train_disk_dir apply only with offload_train, which is not supported yet; drop them")
     if p.context_parallel_size > 1:

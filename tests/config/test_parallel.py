@@ -23,14 +23,14 @@ def test_reference_defaults():
 
 
 @pytest.mark.parametrize("field, value", [("tensor_model_parallel_size", 2), ("sequence_parallel", True),
-                                          ("use_dynamic_batch_size", True), ("expert_model_parallel_size", 2)])
+                                          ("use_dynamic_batch_size", True), ("expert_model_parallel_size", 2),
+                                          ("use_distributed_optimizer", True)])
 def test_torch_backend_refuses_megatron_fields(field, value):
     with pytest.raises(ConfigError, match=f"{field}.*train_backend megatron only"):
         build_config({**BASE, field: value})
 
 
 @pytest.mark.parametrize("values, match", [
-    ({"use_distributed_optimizer": True}, "use_distributed_optimizer is not supported yet"),
     ({"offload_train": True}, "offload_train is not supported yet"),
     ({"offload_train_target": "disk"}, "offload_train_target is not supported yet"),
     ({"context_parallel_size": 2, "actor_num_gpus_per_node": 2}, "context_parallel_size 2 is not supported yet"),
@@ -47,6 +47,10 @@ def test_rules_name_the_fields(values, match):
         build_config({**RAY, **values})
 
 
+
+
+def test_megatron_takes_the_distributed_optimizer():
+    assert build_config({**RAY, "use_distributed_optimizer": True, "actor_num_gpus_per_node": 2}).parallel.use_distributed_optimizer
 
 
 def test_megatron_takes_the_ppo_critic():

@@ -11,7 +11,8 @@ V_t of response token t is read at the position whose output predicts token t, a
 `values(batch)` in the forward-only phase gives V_old [N, T] (float32, last pipeline stage); each
 optimizer step runs `step(...)`: algorithms.value_loss with the actor's Reducer, megatron's
 forward-backward schedule over this data-parallel rank's micro-batches, grad-norm clip `clip_grad`,
-AdamW with `critic_lr` (default `lr`) and the actor's warm-up. Metrics: critic-value_loss,
+AdamW with `critic_lr` (default `lr`) and the actor's warm-up (megatron's DistributedOptimizer
+with use_distributed_optimizer, as the policy's). Metrics: critic-value_loss,
 critic-value_clipfrac, critic-grad_norm, critic-lr-pg_0 (train/ prefix added by the trainer).
 Checkpoints hold it beside the policy, under the `critic.` prefix (checkpoint.py).
 """
@@ -58,9 +59,11 @@ class MegatronCritic:
         head = {"output_layer.weight": torch.zeros(1, args.hidden_size), "output_layer.bias": torch.zeros(1)}
         local = weights.shard({**weights.hf_to_full(hf_state, args), **head}, stage)
         stage.load_state_dict({k: v.to(trainer.dtype) for k, v in local.items()}, strict=False)
-        self.module = optim.wrap_ddp(self.tconfig, stage)
+        self.distributed = self.p.use_distributed_optimizer
+        self.module = optim.wrap_ddp(self.tconfig, stage, distributed_optimizer=self.distributed)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = optim.adamw(self.params, self.algo, self.lr, trainer.cfg.cluster.device)
+        self.optimizer = (optim.distributed_adamw(self.module, self.algo, self.lr, trainer.dtype) if self.distributed
+                          else optim.adamw(self.params, self.algo, self.lr, trainer.cfg.cluster.device))
 
     @staticmethod
     def _values(mb: batching.MicroBatch, out: torch.Tensor) -> torch.Tensor:
@@ -96,7 +99,5 @@ class MegatronCritic:
         lr = self.lr * warmup
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        optim.use_main_grads(self.params)
-        grad_norm = optim.clip_(self.params, self.algo.clip_grad)
-        self.optimizer.step()
+        grad_norm = optim.step(self.optimizer, self.params, self.algo.clip_grad)
         return {**totals, "critic-grad_norm": grad_norm, "critic-lr-pg_0": lr}

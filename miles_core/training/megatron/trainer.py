@@ -94,8 +94,11 @@ class MegatronTrainer:
         return stage
 
     def _build_policy(self, hf_state):
-        ddp = optim.wrap_ddp(self.tconfig, self._stage(hf_state))
+        distributed = self.p.use_distributed_optimizer
+        ddp = optim.wrap_ddp(self.tconfig, self._stage(hf_state), distributed_optimizer=distributed)
         self.params = [p for p in ddp.parameters() if p.requires_grad]
+        if distributed:
+            return ddp, optim.distributed_adamw(ddp, self.algo, self.algo.lr, self.dtype)
         return ddp, optim.adamw(self.params, self.algo, self.algo.lr, self.cfg.cluster.device)
 
     def _build_ref(self):
@@ -194,9 +197,7 @@ class MegatronTrainer:
                 totals[name] = totals.get(name, 0.0) + v
         totals = parallel.sum_over_data_parallel(totals)
         lr = set_lr(self.optimizer, self.algo, self.steps_done)
-        optim.use_main_grads(self.params)
-        grad_norm = optim.clip_(self.params, self.algo.clip_grad)
-        self.optimizer.step()
+        grad_norm = optim.step(self.optimizer, self.params, self.algo.clip_grad)
         return {**{f"train/{n}": v for n, v in totals.items()}, "train/grad_norm": grad_norm, "train/lr-pg_0": lr}
 
     def _loss(self, tensors: dict, reduce: Reducer, mb: batching.MicroBatch, out: torch.Tensor):
