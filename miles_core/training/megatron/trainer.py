@@ -38,6 +38,7 @@ from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch, make_batch, per_token
 from miles_core.training.protocol import TrainOutput
 from miles_core.training.schedule import set_lr, warmup_factor
+from miles_core.training.torch_trainer import RolloutTensors
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .critic import MegatronCritic
@@ -146,14 +147,14 @@ class MegatronTrainer:
         ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
         teacher = self._teacher_log_probs(batch, samples)
         values = self.critic.values(batch) if self.critic is not None else None
-        tensors: dict = {"old": old, "ref": ref, "teacher": teacher, "values": values, "adv": None, "returns": None}
+        tensors = RolloutTensors(old=old, ref=ref, teacher=teacher, values=values)  # [N, T] each, on the last stage
         rollout = {}
         if last:
             adv_in = AdvantageInputs(
                 rewards=torch.tensor(rewards, dtype=torch.float), group_index=torch.tensor([s.group_index for s in samples]),
                 loss_mask=batch.loss_mask, old_log_probs=old, ref_log_probs=ref, values=values, teacher_log_probs=teacher,
             )
-            tensors["adv"], tensors["returns"], adv_metrics = compute_advantages(self.algo, adv_in)
+            tensors.adv, tensors.returns, adv_metrics = compute_advantages(self.algo, adv_in)
             rollout = {"rollout/log_probs": float(masked_mean(old, batch.loss_mask)),
                        "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
                        **{f"rollout/{k}": v for k, v in adv_metrics.items()}}
@@ -173,19 +174,19 @@ class MegatronTrainer:
             return self.compute_log_probs(self.teacher_model, batch)
         return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]) if self.algo.use_opd else None
 
-    def _optimizer_step(self, batch: TokenBatch, tensors: dict, k: int, train_actor: bool = True) -> dict[str, float]:
+    def _optimizer_step(self, batch: TokenBatch, tensors: RolloutTensors, k: int, train_actor: bool = True) -> dict[str, float]:
         gbs = self.cfg.global_batch_size
         rows = range(k * gbs, (k + 1) * gbs)
         reduce = Reducer(self.algo.calculate_per_token_loss, num_samples=gbs, num_tokens=float(batch.loss_mask[rows.start : rows.stop].sum()))
         metrics = self._actor_step(batch, tensors, rows, reduce) if train_actor else {}
         if self.critic is not None:
             warmup = warmup_factor(self.algo, self.steps_done)
-            critic = self.critic.step(batch, tensors["values"], tensors["returns"], rows, reduce, warmup)
+            critic = self.critic.step(batch, tensors.values, tensors.returns, rows, reduce, warmup)
             metrics |= {f"train/{name}": v for name, v in critic.items()}
         self.steps_done += 1
         return metrics
 
-    def _actor_step(self, batch: TokenBatch, tensors: dict, rows: range, reduce: Reducer) -> dict[str, float]:
+    def _actor_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
         max_tokens = self.p.max_tokens_per_gpu if self.p.use_dynamic_batch_size else None
         mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens)
         self.model.train()
@@ -200,7 +201,7 @@ class MegatronTrainer:
         grad_norm = optim.step(self.optimizer, self.params, self.algo.clip_grad)
         return {**{f"train/{n}": v for n, v in totals.items()}, "train/grad_norm": grad_norm, "train/lr-pg_0": lr}
 
-    def _loss(self, tensors: dict, reduce: Reducer, mb: batching.MicroBatch, out: torch.Tensor):
+    def _loss(self, tensors: RolloutTensors, reduce: Reducer, mb: batching.MicroBatch, out: torch.Tensor):
         """actor_loss on one micro-batch (last stage): -> (loss, token count, float metrics)."""
         logits = self._response_logits(mb, out)
         T = mb.loss_mask.shape[1]
@@ -208,9 +209,9 @@ class MegatronTrainer:
         with_entropy = self.algo.entropy_coef > 0
         entropy = logprobs.entropy(logits if with_entropy else logits.detach())
         inputs = LossInputs(
-            log_probs=logprobs.token_log_probs(logits, mb.resp_tokens), old_log_probs=cut(tensors["old"]),
-            advantages=cut(tensors["adv"]), loss_mask=mb.loss_mask, entropy=entropy, rollout_log_probs=mb.rollout_log_probs,
-            ref_log_probs=cut(tensors["ref"]), teacher_log_probs=cut(tensors["teacher"]),
+            log_probs=logprobs.token_log_probs(logits, mb.resp_tokens), old_log_probs=cut(tensors.old),
+            advantages=cut(tensors.adv), loss_mask=mb.loss_mask, entropy=entropy, rollout_log_probs=mb.rollout_log_probs,
+            ref_log_probs=cut(tensors.ref), teacher_log_probs=cut(tensors.teacher),
         )
         loss, metrics = actor_loss(self.loss_algo, inputs, reduce)
         return loss, torch.tensor(1), {name: float(v) for name, v in metrics.items()}
