@@ -11,7 +11,6 @@ if TYPE_CHECKING:
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
     "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
-    "use_distributed_optimizer": "megatron-core's distributed optimizer hard-codes CUDA buffers; the megatron trainer shards AdamW itself",
     "offload_train": "offloading the trainer between train stages is not built yet",
     "offload_train_target": "it applies only with offload_train, which is not built yet",
     "offload_train_disk_dir": "it applies only with offload_train, which is not built yet",
@@ -181,6 +180,7 @@ MEGATRON_ONLY = {
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
+    "use_distributed_optimizer": False,
 }
 
 
@@ -200,9 +200,8 @@ def _parallel_rules(c: "TrainConfig") -> None:
             if getattr(p, name) != default:
                 raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only (the torch trainer is data "
                                  f"parallel only); set train_backend: megatron or drop {name}")
-    for name in ("use_distributed_optimizer", "offload_train"):
-        if getattr(p, name):
-            raise ValueError(f"{name} is not supported yet; drop it (set {name}: false)")
+    if p.offload_train:
+        raise ValueError("offload_train is not supported yet; drop it (set offload_train: false)")
     if p.offload_train_target != "cpu" or p.offload_train_disk_dir is not None:
         raise ValueError("offload_train_target / offload_train_disk_dir apply only with offload_train, which is not supported yet; drop them")
     if p.context_parallel_size > 1:
@@ -230,12 +229,10 @@ def _megatron_rules(c: "TrainConfig") -> None:
         have = "not installed" if found is None else "version " + ".".join(map(str, found))
         raise ValueError(f"train_backend megatron needs megatron-core >= 0.16.1 ({have}); install it: {MEGATRON_INSTALL}")
     a = c.algo
-    if a.advantage_estimator == "ppo":
-        raise ValueError("advantage_estimator ppo (the critic) is not supported yet on train_backend megatron; "
-                         "use train_backend torch for ppo, or another advantage_estimator")
-    if a.use_opd and a.opd_teacher_load:
-        raise ValueError("use_opd with opd_teacher_load (an in-process teacher model) is not supported yet on train_backend "
-                         "megatron; drop opd_teacher_load (the samples then carry teacher_log_probs) or use train_backend torch")
+    if a.use_opd and a.opd_teacher_load and a.opd_type == "sglang":
+        raise ValueError("use_opd with opd_type sglang and opd_teacher_load (a teacher engine the trainer starts) is not supported "
+                         "yet on train_backend megatron; use opd_type megatron (the teacher in the trainer's process) or "
+                         "train_backend torch")
     p, cl = c.parallel, c.cluster
     tp, pp, ep, etp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.expert_model_parallel_size, p.expert_tp
     world = cl.actor_num_nodes * cl.actor_num_gpus_per_node if cl.runtime == "ray" else 1

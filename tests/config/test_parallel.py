@@ -23,14 +23,14 @@ def test_reference_defaults():
 
 
 @pytest.mark.parametrize("field, value", [("tensor_model_parallel_size", 2), ("sequence_parallel", True),
-                                          ("use_dynamic_batch_size", True), ("expert_model_parallel_size", 2)])
+                                          ("use_dynamic_batch_size", True), ("expert_model_parallel_size", 2),
+                                          ("use_distributed_optimizer", True)])
 def test_torch_backend_refuses_megatron_fields(field, value):
     with pytest.raises(ConfigError, match=f"{field}.*train_backend megatron only"):
         build_config({**BASE, field: value})
 
 
 @pytest.mark.parametrize("values, match", [
-    ({"use_distributed_optimizer": True}, "use_distributed_optimizer is not supported yet"),
     ({"offload_train": True}, "offload_train is not supported yet"),
     ({"offload_train_target": "disk"}, "offload_train_target is not supported yet"),
     ({"context_parallel_size": 2, "actor_num_gpus_per_node": 2}, "context_parallel_size 2 is not supported yet"),
@@ -39,14 +39,27 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
     ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
-    ({"advantage_estimator": "ppo"}, "ppo .* not supported yet on train_backend megatron"),
-    ({"use_opd": True, "opd_teacher_load": "builtin://tiny-qwen2"}, "opd_teacher_load .* not supported yet on train_backend megatron"),
+    ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "builtin://tiny-qwen2"},
+     "opd_type sglang and opd_teacher_load .* not supported yet on train_backend megatron"),
 ])
 def test_rules_name_the_fields(values, match):
     with pytest.raises(ConfigError, match=match):
         build_config({**RAY, **values})
 
 
+
+
+def test_megatron_takes_the_distributed_optimizer():
+    assert build_config({**RAY, "use_distributed_optimizer": True, "actor_num_gpus_per_node": 2}).parallel.use_distributed_optimizer
+
+
+def test_megatron_takes_the_ppo_critic():
+    assert build_config({**RAY, "advantage_estimator": "ppo", "critic_lr": 1e-5}).algo.advantage_estimator == "ppo"
+
+
+def test_megatron_takes_an_in_process_opd_teacher():
+    a = build_config({**RAY, "use_opd": True, "opd_teacher_load": "builtin://tiny-qwen2"}).algo
+    assert a.opd_type == "megatron" and a.opd_teacher_load == "builtin://tiny-qwen2"
 
 
 def test_world_size_must_be_a_multiple_of_model_parallel():

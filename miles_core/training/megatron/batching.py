@@ -11,6 +11,7 @@ starts. Megatron's attention mask is boolean [b, 1, S, S], True = masked out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -68,3 +69,33 @@ def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: 
         return [packed(batch, [rows[i] for i in sorted(group)]) for group in pack_rows([lengths[r] for r in rows], max_tokens)]
     order = sorted(rows, key=lambda r: lengths[r])
     return [padded(batch, order[s : s + micro_batch_size]) for s in range(0, len(order), micro_batch_size)]
+
+
+def run(stage, mbs: list[MicroBatch], loss_fn, forward_only: bool) -> list[dict]:
+    """megatron's forward-backward schedule over micro-batches; loss_fn(mb, out [b, S, D]) -> (loss, count, dict);
+    -> the dicts (last pipeline stage; [] elsewhere)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def step(data_iterator, module):
+        mb = next(data_iterator)
+        out = module(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask)
+        return out, partial(loss_fn, mb)
+
+    return get_forward_backward_func()(
+        forward_step_func=step, data_iterator=iter(mbs), model=[stage], num_microbatches=len(mbs),
+        seq_length=max(mb.input_ids.shape[1] for mb in mbs), micro_batch_size=max(mb.input_ids.shape[0] for mb in mbs),
+        forward_only=forward_only,
+    ) or []
+
+
+@torch.no_grad()
+def forward_only(stage, batch: TokenBatch, mbs: list[MicroBatch], fn) -> torch.Tensor | None:
+    """fn(mb, out) -> [n, t] per micro-batch, gathered into [N, T] over batch's rows (last stage; None elsewhere)."""
+    stage.eval()
+    results = run(stage, mbs, lambda mb, out: (torch.zeros(()), torch.tensor(1), {"rows": mb.rows, "x": fn(mb, out)}), True)
+    if not results:
+        return None
+    out = torch.zeros_like(batch.loss_mask)  # [N, T]
+    for r in results:
+        out[r["rows"], : r["x"].shape[1]] = r["x"]
+    return out

@@ -3,7 +3,11 @@ layout for the model and optimizer (megatron's dist_checkpointing, format torch_
 
     <save_dir>/<rollout_id>/
       torch_dist/          {"model": the GPT model's sharded state, "optimizer": AdamW's exp_avg /
-                           exp_avg_sq sharded like their parameters, plus its common step}
+                           exp_avg_sq sharded like their parameters, plus its common step (with
+                           use_distributed_optimizer: megatron's DistributedOptimizer state, each
+                           rank's fp32 main-parameter and moment shards, sharding type
+                           dp_reshardable: read back at the same TP / PP / EP layout); with ppo also
+                           "critic" and "critic_optimizer", the critic's (keys under "critic.")}
       model_args.json      the ModelArgs the model was built from (checked before loading: a checkpoint
                            of another shape is refused naming the fields)
       rng/<rank>.pt        each rank's CPU (and CUDA) generator and megatron's RNG tracker states
@@ -34,6 +38,9 @@ TORCH_DIST = "torch_dist"
 ARGS_FILE = "model_args.json"
 META_FILE = "meta.json"
 LATEST = "latest"
+# Megatron-LM's default: each rank writes and reads its own shards of the flat buffers, in parallel, no gather;
+# the optimizer state then resumes at the same TP / PP / EP layout (any data-parallel size)
+DIST_OPTIM = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 def _rank() -> int:
@@ -46,6 +53,43 @@ def _barrier() -> None:
 
 def model_sharded(stage) -> dict:
     return stage.sharded_state_dict(prefix="")
+
+
+def _trained(trainer) -> list[tuple[str, str, object, torch.optim.Optimizer, list]]:
+    """(name, sharded-key prefix, module, optimizer, params) of each trained model: the policy, and the critic with ppo."""
+    out = [("model", "", trainer.model.module, trainer.optimizer, trainer.params)]
+    if trainer.critic is not None:
+        c = trainer.critic
+        out.append(("critic", "critic.", c.module.module, c.optimizer, c.params))
+    return out
+
+
+def _optim_key(name: str) -> str:
+    return "optimizer" if name == "model" else f"{name}_optimizer"
+
+
+def _is_megatron(optimizer) -> bool:
+    """megatron-core's DistributedOptimizer (use_distributed_optimizer), which shards its own state."""
+    return hasattr(optimizer, "sharded_state_dict")
+
+
+def _sharded(trainer, optim_of: list[str], loading: bool) -> dict:
+    """The sharded state dict to save or load: each trained model's, and the optimizers of the models optim_of names."""
+    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+
+    sharded = {}
+    for name, prefix, module, optimizer, params in _trained(trainer):
+        sharded[name] = module.sharded_state_dict(prefix=prefix)
+        if name not in optim_of:
+            continue
+        if _is_megatron(optimizer):
+            state = optimizer.sharded_state_dict(sharded[name], is_loading=loading, metadata=DIST_OPTIM)
+        else:
+            state = optimizer_sharded(optimizer, params, sharded[name])
+        if name != "model":  # megatron names every optimizer's shards "optimizer.*": the critic's get their own prefix
+            replace_prefix_for_sharding(state, "optimizer.", f"{_optim_key(name)}.")
+        sharded[_optim_key(name)] = state
+    return sharded
 
 
 def optimizer_sharded(optimizer: torch.optim.Optimizer, params: list, model_sd: dict) -> dict:
@@ -63,6 +107,18 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer, params: list) -> None
     """Create AdamW's per-parameter state (zeros), so a loaded checkpoint has tensors to fill."""
     for p in params:
         optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+
+
+def init_distributed_state(optimizer, params: list) -> None:
+    """The same for megatron's DistributedOptimizer: its shards' Adam moments, and, with torch's AdamW inside (no
+    Transformer Engine / Apex), the per-parameter step its state_dict reads (it asserts one common step)."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        opt.init_state_fn(opt.optimizer, opt.config)
+        if not distrib_optimizer.HAVE_APEX_OR_TE:
+            for state in opt.optimizer.state.values():
+                state.setdefault("step", torch.tensor(0.0))
 
 
 def _rng_state() -> dict:
@@ -92,10 +148,9 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
         (tmp / TORCH_DIST).mkdir(parents=True)
         (tmp / "rng").mkdir()
     _barrier()
-    model_sd = model_sharded(trainer.model.module)
-    sharded = {"model": model_sd}
-    if not trainer.cfg.checkpoint.no_save_optim:
-        sharded["optimizer"] = optimizer_sharded(trainer.optimizer, trainer.params, model_sd)
+    # an optimizer that has not stepped yet (the actor's during num_critic_only_steps) has no state to save
+    optim_of = [] if trainer.cfg.checkpoint.no_save_optim else [n for n, _, _, opt, _ in _trained(trainer) if opt.state]
+    sharded = _sharded(trainer, optim_of, loading=False)
     dist_checkpointing.save(sharded, str(tmp / TORCH_DIST))
     torch.save(_rng_state(), tmp / "rng" / f"{_rank()}.pt")
     _barrier()
@@ -103,7 +158,8 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
         (tmp / ARGS_FILE).write_text(json.dumps(args_json(trainer.args), indent=1))
         shutil.copy(trainer.model_path / "config.json", tmp / "config.json")
         meta = {**state, "rollout_id": rollout_id, "steps_done": trainer.steps_done, "world_size": dist.get_world_size(),
-                "optimizer": "optimizer" in sharded}
+                "optimizer": bool(optim_of), "optimizer_states": optim_of, "critic": "critic" in sharded,
+                "distributed_optimizer": trainer.p.use_distributed_optimizer}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         write_marker(tmp)
         replace_dir(tmp, final)
@@ -145,6 +201,33 @@ def check_args(path: Path, args: ModelArgs) -> None:
         raise ValueError(f"torch_dist checkpoint {path} is of another model shape: " + "; ".join(diffs))
 
 
+def _load_distributed(optimizer, state: dict) -> None:
+    """Load megatron's DistributedOptimizer. With torch's AdamW inside (no Transformer Engine / Apex) megatron 0.16
+    restores the step from its parameter-state shards, which hold the loading template's, and shares one step tensor
+    between all parameters (AdamW would advance it once per parameter): each parameter gets the saved common step."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    opts = getattr(optimizer, "chained_optimizers", [optimizer])
+    states = [state] if len(opts) == 1 else [state[i] for i in range(len(opts))]
+    steps = [max(float(g["step"]) for g in st["optimizer"]["param_groups"] if g.get("step") is not None) for st in states]
+    with torch.no_grad():  # fp32 parameters' main shards are views of the parameters, filled in place
+        optimizer.load_state_dict(state)
+    if not distrib_optimizer.HAVE_APEX_OR_TE:
+        for opt, step in zip(opts, steps):
+            for s in opt.optimizer.state.values():
+                s["step"] = torch.tensor(step)
+
+
+def _load_optimizer(optimizer, state: dict) -> None:
+    if _is_megatron(optimizer):
+        _load_distributed(optimizer, state)
+        return
+    step = state["state"].pop("common_step")
+    for s in state["state"].values():
+        s["step"] = torch.tensor(float(step))
+    optimizer.load_state_dict(state)
+
+
 def restore(trainer, load_dir: Path) -> dict | None:
     """Collective. Load the latest complete checkpoint into the trainer; -> its meta state, None if there is none."""
     from megatron.core import dist_checkpointing
@@ -154,21 +237,25 @@ def restore(trainer, load_dir: Path) -> dict | None:
         return None
     check_args(path, trainer.args)
     meta = json.loads((path / META_FILE).read_text())
-    model_sd = model_sharded(trainer.model.module)
-    sharded = {"model": model_sd}
-    if meta["optimizer"]:
-        init_optimizer_state(trainer.optimizer, trainer.params)
-        sharded["optimizer"] = optimizer_sharded(trainer.optimizer, trainer.params, model_sd)
-    loaded = dist_checkpointing.load(sharded, str(path / TORCH_DIST))
-    trainer.model.module.load_state_dict(loaded["model"], strict=False)
-    if meta["optimizer"]:
-        opt_state = loaded["optimizer"]
-        step = opt_state["state"].pop("common_step")
-        for s in opt_state["state"].values():
-            s["step"] = torch.tensor(float(step))
-        trainer.optimizer.load_state_dict(opt_state)
+    if meta.get("critic", False) != (trainer.critic is not None):
+        raise ValueError(f"torch_dist checkpoint {path} {'holds' if meta.get('critic') else 'has no'} a critic and this run "
+                         f"{'has none' if meta.get('critic') else 'trains one'} (advantage_estimator ppo): load it with the "
+                         "advantage_estimator it was saved with")
+    optim_of = meta.get("optimizer_states", ["model"] if meta["optimizer"] else [])
+    if optim_of and meta.get("distributed_optimizer", False) != trainer.p.use_distributed_optimizer:
+        raise ValueError(f"torch_dist checkpoint {path} holds the optimizer state of use_distributed_optimizer "
+                         f"{str(meta.get('distributed_optimizer', False)).lower()}, this run sets it "
+                         f"{str(trainer.p.use_distributed_optimizer).lower()}: resume with the setting it was saved with")
+    for name, _, _, optimizer, params in _trained(trainer):
+        if name in optim_of:
+            (init_distributed_state if _is_megatron(optimizer) else init_optimizer_state)(optimizer, params)
+    loaded = dist_checkpointing.load(_sharded(trainer, optim_of, loading=True), str(path / TORCH_DIST))
+    for name, _, module, optimizer, _ in _trained(trainer):
+        module.load_state_dict(loaded[name], strict=False)
+        if name in optim_of:
+            _load_optimizer(optimizer, loaded[_optim_key(name)])
     rng = path / "rng" / f"{_rank()}.pt"
     if meta["world_size"] == dist.get_world_size() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=True))
     trainer.steps_done = meta["steps_done"]
-    return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer")}
+    return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer", "optimizer_states", "critic", "distributed_optimizer")}

@@ -16,7 +16,12 @@ redirected here, and only here, to their CPU equivalents:
     moe token_dispatcher.maybe_move_tensor_to_cpu  -> also for CPU tensors: the all-to-all split sizes become
         numpy arrays (it converts only CUDA tensors, and all_to_all_single takes no tensor as split sizes)
     pipeline_parallel.schedules.torch  -> torch, with device="cuda" in tensor factories read as cpu (the
-        schedules allocate their token counter with a literal device="cuda")
+        schedules allocate their token counter with a literal device="cuda"); the same for the optimizer
+        modules optimizer.optimizer, optimizer.clip_grads, optimizer.distrib_optimizer and core.utils (the
+        distributed optimizer's flags, norms and gather buffers; utils' local multi-tensor L2 norm)
+    DistributedOptimizer.__init__, clip_grad_by_total_norm_fp32 (as optimizer.optimizer calls it)  -> the same, run with
+        Tensor.type() (no arguments) naming a CPU tensor by its CUDA type ("torch.cuda.FloatTensor"):
+        they sort parameters into fp32 / 16-bit groups by those names and refuse any other
 
 Each redirect replaces a call that would raise on a machine without CUDA, so nothing that works is
 changed. With CUDA present nothing is patched (``should_redirect``), whatever the device: the real
@@ -26,6 +31,7 @@ calls are then the right ones.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 
 import torch
@@ -68,12 +74,38 @@ class _TorchOnCpu(types.ModuleType):
         return factory
 
 
+def _cuda_type_names(fn):
+    """fn, run with Tensor.type() of a CPU tensor answering its CUDA type name (see the module docstring)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        original = torch.Tensor.type
+
+        def cuda_named(self, dtype=None, non_blocking=False, **kw):
+            if dtype is None and not kw and self.device.type == "cpu":
+                return original(self).replace("torch.", "torch.cuda.", 1)
+            return original(self, dtype, non_blocking, **kw)
+
+        torch.Tensor.type = cuda_named
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.Tensor.type = original
+    return wrapper
+
+
+def _original(owner, name: str):
+    return _ORIGINALS.get((owner, name), getattr(owner, name))
+
+
 def _to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
     return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
 
 
 def _redirects() -> list[tuple[object, str, object]]:
     import megatron.core.tensor_parallel.random as mrandom
+    from megatron.core import utils as mutils
+    from megatron.core.optimizer import clip_grads, distrib_optimizer
+    from megatron.core.optimizer import optimizer as moptimizer
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer.moe import token_dispatcher
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
@@ -90,6 +122,12 @@ def _redirects() -> list[tuple[object, str, object]]:
         (torch.cuda, "current_stream", lambda device=None: _CPU_STREAM),
         (torch.cuda, "stream", lambda stream: contextlib.nullcontext()),
         (schedules, "torch", _TorchOnCpu()),
+        (moptimizer, "torch", _TorchOnCpu()),
+        (clip_grads, "torch", _TorchOnCpu()),
+        (distrib_optimizer, "torch", _TorchOnCpu()),
+        (mutils, "torch", _TorchOnCpu()),
+        (distrib_optimizer.DistributedOptimizer, "__init__", _cuda_type_names(_original(distrib_optimizer.DistributedOptimizer, "__init__"))),
+        (moptimizer, "clip_grad_by_total_norm_fp32", _cuda_type_names(_original(moptimizer, "clip_grad_by_total_norm_fp32"))),
         (token_dispatcher, "maybe_move_tensor_to_cpu", _to_host),
         (mrandom, "_get_cuda_rng_state", lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()),
         (mrandom, "_set_cuda_rng_state", lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)),

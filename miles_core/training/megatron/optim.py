@@ -6,8 +6,15 @@ Gradients are megatron DDP's (``param.main_grad``, already summed over data-para
 embeddings and sequence-parallel norms reduced by finalize_model_grads). The norm counts each parameter
 once: a TP-replicated one (norms, routers) on TP rank 0 only, the pipeline's copy of tied embeddings
 not at all; squares are summed over the model-parallel group for dense parameters and over the
-expert-model-parallel group for experts. megatron's own optimizer wrappers hard-code CUDA tensors, so
-the step is torch's AdamW (fused on CPU), the torch trainer's optimizer.
+expert-model-parallel group for experts. The step is torch's AdamW (fused on CPU), the torch
+trainer's optimizer.
+
+With use_distributed_optimizer it is megatron-core's DistributedOptimizer instead (ZeRO-1): DDP
+reduce-scatters the gradients so each data-parallel rank holds its shard of the flat gradient buffer,
+the rank's AdamW steps only the fp32 main-parameter shard it owns (its optimizer state is that shard's),
+and the updated shards are all-gathered back into every rank's parameters. Its grad norm and clip are
+megatron's (clip_grads.get_grad_norm_fp32: the same norm, squares summed over the model-parallel and
+data-parallel shards; coefficient max_norm / (norm + 1e-6)); every parameter is weight-decayed, as here.
 """
 
 from __future__ import annotations
@@ -59,4 +66,52 @@ def clip_(params: list[torch.nn.Parameter], max_norm: float) -> float:
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(coef)
+    return norm
+
+
+def wrap_ddp(tconfig, stage, distributed_optimizer: bool = False):
+    """stage in megatron's DistributedDataParallel (fp32 gradient buffers); tconfig (stage's own) gets the
+    schedule's hooks: finalize_model_grads without megatron's division by the token count (the Reducer's
+    denominators already make the loss the step's mean) and this DDP's no_sync."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed_optimizer)
+    ddp = DistributedDataParallel(tconfig, ddp_config, stage)
+    tconfig.finalize_model_grads_func = lambda chunks, num_tokens=None, **kwargs: finalize_model_grads(chunks, None, **kwargs)
+    tconfig.no_sync_func = ddp.no_sync
+    return ddp
+
+
+def adamw(params: list[torch.nn.Parameter], algo, lr: float, device: str) -> torch.optim.Optimizer:
+    """torch's AdamW with the run's betas, eps and weight decay (fused on cpu and cuda)."""
+    return torch.optim.AdamW(params, lr=lr, betas=(algo.adam_beta1, algo.adam_beta2), eps=algo.adam_eps,
+                             weight_decay=algo.weight_decay, fused=device in ("cpu", "cuda"))
+
+
+def distributed_adamw(ddp, algo, lr: float, dtype: torch.dtype):
+    """megatron-core's DistributedOptimizer (torch AdamW inside) over ddp (wrapped with distributed_optimizer)."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=algo.weight_decay, adam_beta1=algo.adam_beta1,
+                             adam_beta2=algo.adam_beta2, adam_eps=algo.adam_eps, clip_grad=algo.clip_grad,
+                             use_distributed_optimizer=True, bf16=dtype == torch.bfloat16, params_dtype=dtype)
+    return get_megatron_optimizer(config, [ddp], config_overrides={})  # {}: no weight-decay exemptions
+
+
+def distributed_step(optimizer, max_norm: float) -> float:
+    """One DistributedOptimizer step: main-grad shards, megatron's norm (and clip when max_norm > 0), AdamW on
+    this rank's shard, parameters all-gathered; -> the norm before clipping."""
+    optimizer.prepare_grads()
+    norm = optimizer.clip_grad_norm(max_norm) if max_norm > 0 else optimizer.get_grad_norm()
+    optimizer.step_with_ready_grads()
+    return float(norm)
+
+
+def step(optimizer, params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """One optimizer step of the gradients DDP holds, clipped to max_norm (0 = no clip); -> the norm before."""
+    if hasattr(optimizer, "prepare_grads"):  # megatron's DistributedOptimizer
+        return distributed_step(optimizer, max_norm)
+    use_main_grads(params)
+    norm = clip_(params, max_norm)
+    optimizer.step()
     return norm

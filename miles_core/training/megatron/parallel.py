@@ -67,3 +67,36 @@ def teardown() -> None:
     if _OWN_WORLD and dist.is_initialized():
         dist.destroy_process_group()
     _OWN_WORLD = False
+
+
+def my_rows(rows: range) -> list[int]:
+    """This data-parallel rank's contiguous block of a step's rows."""
+    from megatron.core import parallel_state as ps
+
+    dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    per = -(-len(rows) // dp)
+    return list(rows)[rank * per : (rank + 1) * per]
+
+
+def sum_over_data_parallel(totals: dict[str, float]) -> dict[str, float]:
+    """Metric totals summed over the data-parallel ranks."""
+    from megatron.core import parallel_state as ps
+
+    if not totals or ps.get_data_parallel_world_size() == 1:
+        return totals
+    names = sorted(totals)
+    t = torch.tensor([totals[n] for n in names], dtype=torch.float64)
+    dist.all_reduce(t, group=ps.get_data_parallel_group())
+    return dict(zip(names, t.tolist()))
+
+
+def from_last_stage(obj):
+    """obj as the last pipeline stage has it, on every rank of the pipeline group."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return obj
+    box = [obj]
+    src = ps.get_pipeline_model_parallel_last_rank()
+    dist.broadcast_object_list(box, src=src, group=ps.get_pipeline_model_parallel_group())
+    return box[0]

@@ -2,14 +2,17 @@
 and its pipeline schedules, running the same RL math as the torch trainer (miles_core/algorithms).
 
 One rollout (train_rollout):
-    1. forward-only log-probs: old policy (unless use_rollout_logprobs), reference (KL), on the last
-       pipeline stage, with log_softmax(logits / rollout_temperature), vocab-parallel under TP
+    1. forward-only log-probs: old policy (unless use_rollout_logprobs), reference (KL), OPD teacher
+       (opd_teacher_load: a stage of the teacher's own shape), on the last pipeline stage, with
+       log_softmax(logits / rollout_temperature), vocab-parallel under TP
     2. advantages (compute_advantages), on the last stage
     3. num_steps_per_rollout optimizer steps of global_batch_size samples: this data-parallel rank's rows
        in micro-batches (micro_batch_size samples, or packed to max_tokens_per_gpu tokens with
        use_dynamic_batch_size) through megatron's forward-backward schedule; actor_loss with the
        torch trainer's Reducer (global denominators), so gradients and metric totals are sums over
        micro-batches and data-parallel ranks; grad-norm clip clip_grad; Adam.
+With ppo a critic (critic.py) gives the values for GAE in step 1 and is updated at each step 3 (only
+the critic before num_critic_only_steps rollouts, as the torch trainer).
 Metrics come from the last pipeline stage and are broadcast to every rank.
 
 megatron's calculate_per_token_loss is set on its TransformerConfig so that its schedule and DDP
@@ -20,7 +23,6 @@ the Reducer's denominators already make the loss the step's mean (REFERENCE §3)
 from __future__ import annotations
 
 import json
-import math
 import time
 from functools import partial
 from pathlib import Path
@@ -35,9 +37,11 @@ from miles_core.data.sample import Sample
 from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch, make_batch, per_token
 from miles_core.training.protocol import TrainOutput
-from miles_core.training.schedule import set_lr
+from miles_core.training.schedule import set_lr, warmup_factor
+from miles_core.training.torch_trainer import RolloutTensors
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
+from .critic import MegatronCritic
 from .logprobs import mask_padded_vocab
 from .model_args import ModelArgs, from_hf_config
 
@@ -57,7 +61,7 @@ def load_hf_state(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
 
 
 class MegatronTrainer:
-    """Owns the policy stage (DDP-wrapped), its megatron optimizer and the reference stage for KL."""
+    """Owns the policy stage (DDP-wrapped), its optimizer and the forward-only stages: reference (KL), teacher (OPD)."""
 
     collective = True  # every method is a collective over the train group: a Ray train group calls it on every rank
 
@@ -73,35 +77,52 @@ class MegatronTrainer:
         self.dtype = DTYPES[cfg.misc.dtype]
         self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=cfg.cluster.device == "cpu")
         self.tconfig.calculate_per_token_loss = True  # see the module docstring
-        self.model, self.optimizer = self._build_policy(load_hf_state(self.model_path, self.args))
+        hf_state = load_hf_state(self.model_path, self.args)
+        self.model, self.optimizer = self._build_policy(hf_state)
+        self.critic = MegatronCritic(self, hf_state) if cfg.algo.advantage_estimator == "ppo" else None
         self.ref_model = self._build_ref() if cfg.needs_ref_model else None
+        self.teacher_model = self._build_teacher() if cfg.algo.use_opd and cfg.algo.opd_teacher_load else None
         self.loss_algo = cfg.algo.model_copy(update={"use_kl_loss": False}) if self.ref_model is None and cfg.algo.use_kl_loss else cfg.algo
         self.steps_done = 0
 
     # ---- building ------------------------------------------------------------------------------
-    def _stage(self, hf_state: dict[str, torch.Tensor]):
-        stage = model.build_stage(self.args, self.tconfig)
-        local = weights.shard(weights.hf_to_full(hf_state, self.args), stage)
+    def _stage(self, hf_state: dict[str, torch.Tensor], args: ModelArgs | None = None, tconfig=None):
+        """A stage of the model ``args`` (default the policy's) under ``tconfig``, holding hf_state's weights."""
+        args, tconfig = args or self.args, tconfig or self.tconfig
+        stage = model.build_stage(args, tconfig)
+        local = weights.shard(weights.hf_to_full(hf_state, args), stage)
         stage.load_state_dict({k: v.to(self.dtype) for k, v in local.items()}, strict=False)
         return stage
 
     def _build_policy(self, hf_state):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-
-        ddp = DistributedDataParallel(self.tconfig, DistributedDataParallelConfig(grad_reduce_in_fp32=True),
-                                      self._stage(hf_state))
-        # num_tokens None: megatron would divide the gradients by the step's token count; the Reducer already did
-        self.tconfig.finalize_model_grads_func = lambda chunks, num_tokens=None, **kwargs: finalize_model_grads(chunks, None, **kwargs)
-        self.tconfig.no_sync_func = ddp.no_sync
-        a = self.algo
+        distributed = self.p.use_distributed_optimizer
+        ddp = optim.wrap_ddp(self.tconfig, self._stage(hf_state), distributed_optimizer=distributed)
         self.params = [p for p in ddp.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(self.params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps,
-                                weight_decay=a.weight_decay, fused=self.cfg.cluster.device in ("cpu", "cuda"))
-        return ddp, opt
+        if distributed:
+            return ddp, optim.distributed_adamw(ddp, self.algo, self.algo.lr, self.dtype)
+        return ddp, optim.adamw(self.params, self.algo, self.algo.lr, self.cfg.cluster.device)
 
     def _build_ref(self):
         path = Path(self.cfg.checkpoint.ref_load) if self.cfg.checkpoint.ref_load else self.model_path
         return self._stage(load_hf_state(path, self.args)).eval()
+
+    def _build_teacher(self):
+        """The OPD teacher (opd_teacher_load, opd_type megatron): a forward-only stage of its own shape, under the
+        policy's parallel layout; it must share the student's vocabulary (training/teacher.py)."""
+        from miles_core.env import cache_dir
+        from miles_core.models import resolve_model_path
+
+        path = resolve_model_path(self.algo.opd_teacher_load, cache_dir())
+        hf_config = json.loads((path / "config.json").read_text())
+        check_model_divides(shape_from_config(hf_config), self.p, str(path))
+        args = from_hf_config(hf_config, str(path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
+        if args.vocab_size != self.args.vocab_size:
+            raise ValueError(f"opd_teacher_load {self.algo.opd_teacher_load}: teacher vocab_size {args.vocab_size} != student "
+                             f"vocab_size {self.args.vocab_size}; OPD compares log-probs of the same token ids, so teacher and "
+                             "student must share the tokenizer")
+        tconfig = model.transformer_config(args, self.p, self.dtype, cpu=self.cfg.cluster.device == "cpu")
+        tconfig.calculate_per_token_loss = True
+        return self._stage(load_hf_state(path, args), args, tconfig).eval()
 
     # ---- forward passes ------------------------------------------------------------------------
     def _response_logits(self, mb: batching.MicroBatch, out: torch.Tensor) -> torch.Tensor:
@@ -109,39 +130,11 @@ class MegatronTrainer:
         logits = out.reshape(-1, out.shape[-1])[mb.flat_index].float() / self.temperature
         return mask_padded_vocab(logits, self.args.vocab_size)
 
-    def _run(self, stage, mbs: list[batching.MicroBatch], loss_fn, forward_only: bool) -> list[dict]:
-        """megatron's forward-backward schedule over micro-batches; -> loss_fn's dicts (last stage; [] elsewhere)."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        def step(data_iterator, module):
-            mb = next(data_iterator)
-            out = module(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask)
-            return out, partial(loss_fn, mb)
-
-        return get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iter(mbs), model=[stage], num_microbatches=len(mbs),
-            seq_length=max(mb.input_ids.shape[1] for mb in mbs), micro_batch_size=max(mb.input_ids.shape[0] for mb in mbs),
-            forward_only=forward_only,
-        ) or []
-
-    @torch.no_grad()
     def compute_log_probs(self, stage, batch: TokenBatch) -> torch.Tensor | None:
         """[N, T] response log-probs on the last pipeline stage (None on the others), micro-batched."""
-        stage.eval()
         max_tokens = (self.p.log_probs_max_tokens_per_gpu or self.p.max_tokens_per_gpu) if self.p.use_dynamic_batch_size else None
         mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens)
-
-        def loss_fn(mb, out):
-            logits = self._response_logits(mb, out)
-            return torch.zeros(()), torch.tensor(1), {"rows": mb.rows, "logp": logprobs.token_log_probs(logits, mb.resp_tokens)}
-
-        results = self._run(stage, mbs, loss_fn, forward_only=True)
-        if not results:
-            return None
-        out = torch.zeros_like(batch.loss_mask)  # [N, T]
-        for r in results:
-            out[r["rows"], : r["logp"].shape[1]] = r["logp"]
-        return out
+        return batching.forward_only(stage, batch, mbs, lambda mb, out: logprobs.token_log_probs(self._response_logits(mb, out), mb.resp_tokens))
 
     # ---- one rollout of training ---------------------------------------------------------------
     def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> TrainOutput:
@@ -152,58 +145,63 @@ class MegatronTrainer:
         last = ps.is_pipeline_last_stage()
         old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(self.model, batch)
         ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
-        teacher = per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]) if self.algo.use_opd else None
-        tensors: dict = {"old": old, "ref": ref, "teacher": teacher}
+        teacher = self._teacher_log_probs(batch, samples)
+        values = self.critic.values(batch) if self.critic is not None else None
+        tensors = RolloutTensors(old=old, ref=ref, teacher=teacher, values=values)  # [N, T] each, on the last stage
         rollout = {}
         if last:
             adv_in = AdvantageInputs(
                 rewards=torch.tensor(rewards, dtype=torch.float), group_index=torch.tensor([s.group_index for s in samples]),
-                loss_mask=batch.loss_mask, old_log_probs=old, ref_log_probs=ref, values=None, teacher_log_probs=teacher,
+                loss_mask=batch.loss_mask, old_log_probs=old, ref_log_probs=ref, values=values, teacher_log_probs=teacher,
             )
-            tensors["adv"], _, adv_metrics = compute_advantages(self.algo, adv_in)
+            tensors.adv, tensors.returns, adv_metrics = compute_advantages(self.algo, adv_in)
             rollout = {"rollout/log_probs": float(masked_mean(old, batch.loss_mask)),
                        "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
                        **{f"rollout/{k}": v for k, v in adv_metrics.items()}}
             if ref is not None:
                 rollout["rollout/ref_log_probs"] = float(masked_mean(ref, batch.loss_mask))
-        steps = [self._optimizer_step(batch, tensors, k) for k in range(self.cfg.num_steps_per_rollout)]
+        train_actor = self.critic is None or rollout_id >= self.algo.num_critic_only_steps
+        steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.cfg.num_steps_per_rollout)]
         dt = time.perf_counter() - t0
         rollout["perf/actor_train_time"] = dt
         rollout["perf/actor_train_tok_per_s"] = float(batch.attention_mask.sum()) * len(steps) / max(dt, 1e-9)
-        rollout, steps = _from_last_stage((rollout, steps))
+        rollout, steps = parallel.from_last_stage((rollout, steps))
         return TrainOutput(rollout=rollout, steps=steps)
 
-    def _my_rows(self, rows: range) -> list[int]:
-        """This data-parallel rank's contiguous block of the step's rows."""
-        from megatron.core import parallel_state as ps
+    def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
+        """OPD: the teacher model's log-probs (last stage), else the samples' teacher_log_probs; None without OPD."""
+        if self.teacher_model is not None:
+            return self.compute_log_probs(self.teacher_model, batch)
+        return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]) if self.algo.use_opd else None
 
-        dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-        per = math.ceil(len(rows) / dp)
-        return list(rows)[rank * per : (rank + 1) * per]
-
-    def _optimizer_step(self, batch: TokenBatch, tensors: dict, k: int) -> dict[str, float]:
+    def _optimizer_step(self, batch: TokenBatch, tensors: RolloutTensors, k: int, train_actor: bool = True) -> dict[str, float]:
         gbs = self.cfg.global_batch_size
         rows = range(k * gbs, (k + 1) * gbs)
         reduce = Reducer(self.algo.calculate_per_token_loss, num_samples=gbs, num_tokens=float(batch.loss_mask[rows.start : rows.stop].sum()))
+        metrics = self._actor_step(batch, tensors, rows, reduce) if train_actor else {}
+        if self.critic is not None:
+            warmup = warmup_factor(self.algo, self.steps_done)
+            critic = self.critic.step(batch, tensors.values, tensors.returns, rows, reduce, warmup)
+            metrics |= {f"train/{name}": v for name, v in critic.items()}
+        self.steps_done += 1
+        return metrics
+
+    def _actor_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
         max_tokens = self.p.max_tokens_per_gpu if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, self._my_rows(rows), self.algo.micro_batch_size, max_tokens)
+        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens)
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad(set_to_none=True)
-        results = self._run(self.model, mbs, partial(self._loss, tensors, reduce), forward_only=False)
         totals: dict[str, float] = {}
-        for r in results:
+        for r in batching.run(self.model, mbs, partial(self._loss, tensors, reduce), forward_only=False):
             for name, v in r.items():
                 totals[name] = totals.get(name, 0.0) + v
-        totals = _sum_over_data_parallel(totals)
+        totals = parallel.sum_over_data_parallel(totals)
         lr = set_lr(self.optimizer, self.algo, self.steps_done)
-        optim.use_main_grads(self.params)
-        grad_norm = optim.clip_(self.params, self.algo.clip_grad)
-        self.optimizer.step()
-        self.steps_done += 1
+        grad_norm = optim.step(self.optimizer, self.params, self.algo.clip_grad)
         return {**{f"train/{n}": v for n, v in totals.items()}, "train/grad_norm": grad_norm, "train/lr-pg_0": lr}
 
-    def _loss(self, tensors: dict, reduce: Reducer, mb: batching.MicroBatch, out: torch.Tensor):
+    def _loss(self, tensors: RolloutTensors, reduce: Reducer, mb: batching.MicroBatch, out: torch.Tensor):
         """actor_loss on one micro-batch (last stage): -> (loss, token count, float metrics)."""
         logits = self._response_logits(mb, out)
         T = mb.loss_mask.shape[1]
@@ -211,9 +209,9 @@ class MegatronTrainer:
         with_entropy = self.algo.entropy_coef > 0
         entropy = logprobs.entropy(logits if with_entropy else logits.detach())
         inputs = LossInputs(
-            log_probs=logprobs.token_log_probs(logits, mb.resp_tokens), old_log_probs=cut(tensors["old"]),
-            advantages=cut(tensors["adv"]), loss_mask=mb.loss_mask, entropy=entropy, rollout_log_probs=mb.rollout_log_probs,
-            ref_log_probs=cut(tensors["ref"]), teacher_log_probs=cut(tensors["teacher"]),
+            log_probs=logprobs.token_log_probs(logits, mb.resp_tokens), old_log_probs=cut(tensors.old),
+            advantages=cut(tensors.adv), loss_mask=mb.loss_mask, entropy=entropy, rollout_log_probs=mb.rollout_log_probs,
+            ref_log_probs=cut(tensors.ref), teacher_log_probs=cut(tensors.teacher),
         )
         loss, metrics = actor_loss(self.loss_algo, inputs, reduce)
         return loss, torch.tensor(1), {name: float(v) for name, v in metrics.items()}
@@ -258,7 +256,7 @@ class MegatronTrainer:
         batch = make_batch(samples, self.pad_id)
         logp = self.compute_log_probs(self.model, batch)
         means = None if logp is None else ((logp * batch.loss_mask).sum(-1) / batch.loss_mask.sum(-1).clamp(min=1)).tolist()
-        return _from_last_stage(means)
+        return parallel.from_last_stage(means)
 
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
         """An atomic torch_dist checkpoint (checkpoint.py); collective over the train group."""
@@ -278,25 +276,3 @@ class MegatronTrainer:
         """Destroy megatron's process groups (and the one-rank world if the trainer started it)."""
         parallel.teardown()
 
-
-def _sum_over_data_parallel(totals: dict[str, float]) -> dict[str, float]:
-    from megatron.core import parallel_state as ps
-
-    if not totals or ps.get_data_parallel_world_size() == 1:
-        return totals
-    names = sorted(totals)
-    t = torch.tensor([totals[n] for n in names], dtype=torch.float64)
-    dist.all_reduce(t, group=ps.get_data_parallel_group())
-    return dict(zip(names, t.tolist()))
-
-
-def _from_last_stage(obj):
-    """obj as the last pipeline stage has it, on every rank of the pipeline group."""
-    from megatron.core import parallel_state as ps
-
-    if ps.get_pipeline_model_parallel_world_size() == 1:
-        return obj
-    box = [obj]
-    src = ps.get_pipeline_model_parallel_last_rank()
-    dist.broadcast_object_list(box, src=src, group=ps.get_pipeline_model_parallel_group())
-    return box[0]

@@ -11,7 +11,8 @@ def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from miles_core.training.batch import make_batch
-    from miles_core.training.megatron.trainer import MegatronTrainer, _from_last_stage
+    from miles_core.training.megatron.parallel import from_last_stage as _from_last_stage
+    from miles_core.training.megatron.trainer import MegatronTrainer
 
     trainer = MegatronTrainer(cfg, model_dir, pad_id=0)
     if convert_to:  # HF -> torch_dist at this world's parallel layout
@@ -24,3 +25,33 @@ def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out
     if rank == 0:
         torch.save({"logp": logp, "steps": result.steps, "tensors": tensors}, out)
     trainer.close()
+
+
+def run_distributed_optimizer(rank: int, world: int, port: int, cfgs: dict, model_dir: str, samples, ckpt: str, out: str) -> None:
+    """DP=2: a rollout with torch's AdamW ("plain"), then with megatron's distributed optimizer ("sharded"), which saves
+    a torch_dist checkpoint and trains a second rollout; a fresh trainer ("resumed") restores it and trains that rollout."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from miles_core.training.megatron.trainer import MegatronTrainer
+
+    rewards = [s.reward for s in samples]
+    result = {}
+    plain = MegatronTrainer(cfgs["plain"], model_dir, pad_id=0)
+    result["before"] = dict(plain.named_tensors())
+    result["plain"] = plain.train_rollout(samples, rewards, 0).steps, dict(plain.named_tensors())
+    plain.close()
+    sharded = MegatronTrainer(cfgs["sharded"], model_dir, pad_id=0)
+    result["sharded"] = sharded.train_rollout(samples, rewards, 0).steps, dict(sharded.named_tensors())
+    result["state_numel"] = sum(t.numel() for s in sharded.optimizer.optimizer.state.values() for t in s.values() if t.dim())
+    sharded.save(ckpt, 0, {"data_source": {"offset": 8}})
+    result["second"] = sharded.train_rollout(samples, rewards, 1).steps, dict(sharded.named_tensors())
+    sharded.close()
+    resumed = MegatronTrainer(cfgs["sharded"], model_dir, pad_id=0)
+    result["meta"] = resumed.restore(ckpt)
+    result["resumed"] = resumed.train_rollout(samples, rewards, 1).steps, dict(resumed.named_tensors())
+    resumed.close()
+    if rank == 0:
+        torch.save(result, out)

@@ -28,3 +28,19 @@ def test_redirects_on_cpu_and_restores():
     finally:
         cpu.uninstall()
     assert torch.cuda.current_device is original
+
+
+def test_cuda_type_names_only_inside_the_optimizer_set_up():
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    seen = cpu._cuda_type_names(lambda t: (t.type(), t.type(torch.float64).dtype))(torch.zeros(2))
+    assert seen == ("torch.cuda.FloatTensor", torch.float64)  # named as CUDA's; a cast still casts
+    assert torch.zeros(2).type() == "torch.FloatTensor"
+    original = DistributedOptimizer.__init__
+    try:
+        cpu.install("cpu", cuda_available=False)
+        cpu.install("cpu", cuda_available=False)  # idempotent: wrapped once
+        assert DistributedOptimizer.__init__.__wrapped__ is original
+    finally:
+        cpu.uninstall()
+    assert DistributedOptimizer.__init__ is original
