@@ -1,6 +1,6 @@
-"""An HFEngine served over the SGLang HTTP protocol (aiohttp), for CPU runs and tests.
+"""An HFEngine served over the SGLang HTTP protocol (aiohttp), for CPU runs, tests and GPU runs without SGLang.
 
-    python -m miles_core.rollout.http.server --model-path DIR --port 0 --port-file PORT.json
+    python -m miles_core.rollout.http.server --model-path DIR --port 0 --port-file PORT.json [--device cuda]
 
 prints ``miles-http-server listening on http://HOST:PORT`` once it accepts requests and writes
 ``{"port", "url", "pid"}`` to --port-file (atomically). Endpoints (docs/engines.md has the
