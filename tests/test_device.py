@@ -44,6 +44,7 @@ def test_what_runs_on_a_gpu_passes():
 
 
 def test_engines_load_on_the_resolved_device(tiny_model_dir, tmp_path):
+    from miles_core.evaluation import load_hf_engine
     from miles_core.rollout.http.engine import load_engine
     from miles_core.rollout.http.server import parse_args
     from miles_core.runtime.local import hf_engine_fleet
@@ -51,8 +52,8 @@ def test_engines_load_on_the_resolved_device(tiny_model_dir, tmp_path):
     from miles_core.runtime.placement import load_run_data
 
     want = resolve_device("auto")
-    engine = load_engine(tiny_model_dir, device="auto")
-    assert {p.device for p in engine.model.parameters()} == {want}
+    for engine in (load_engine(tiny_model_dir, device="auto"), load_hf_engine(tiny_model_dir, 3, device="auto")):  # server, eval
+        assert {p.device for p in engine.model.parameters()} == {want}
     cfg = build_config({**BASE, "hf_checkpoint": str(tiny_model_dir), "device": "auto", "run_dir": str(tmp_path)})
     fleet = hf_engine_fleet(cfg, load_run_data(cfg))  # the local runtime's in-process engine
     assert {p.device for p in fleet.engine.model.parameters()} == {want}
