@@ -319,7 +319,10 @@ def plan(a: argparse.Namespace) -> list[str]:
         elif part == "torch":
             lines.append("torch: build_torch_trainer + train_rollout (GRPO)")
         else:
-            lines.append(f"megatron: GPTModel with the {'transformer_engine' if a.device != 'cpu' else 'local'} layer spec in {a.dtype}, GRPO step")
+            import torch
+
+            spec = "transformer_engine" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available()) else "local"
+            lines.append(f"megatron: GPTModel with the {spec} layer spec in {a.dtype}, GRPO step")
     return lines
 
 

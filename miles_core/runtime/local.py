@@ -30,7 +30,8 @@ def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
     from miles_core.device import resolve_device
     from miles_core.rollout.hf_engine import HFEngine
 
-    model = AutoModelForCausalLM.from_pretrained(data.model_path, dtype=getattr(torch, cfg.misc.dtype)).to(resolve_device(cfg.cluster.device))
+    model = AutoModelForCausalLM.from_pretrained(data.model_path, dtype=getattr(torch, cfg.misc.dtype))
+    model.to(resolve_device(cfg.cluster.device))
     return InProcessFleet(HFEngine(model, data.tokenizer), cfg.cluster.update_weight_buffer_size)
 
 
