@@ -9,8 +9,8 @@ it first, so a bad input fails in about a second with one message naming the fie
 - outputs: the run, save and export dirs are directories (not files), can be created and written, and
   have ``MIN_FREE_BYTES`` free, or 3x the initial weights when they are a local directory (model plus
   the two AdamW moments of a checkpoint);
-- the optional install a backend value needs (sglang), ``device`` (cuda needs a CUDA device), and a
-  well-formed ``MILES_FAULT_INJECT``.
+- the optional install a backend value needs (sglang), ``device`` (cuda needs a CUDA device; a part that
+  cannot run on a GPU yet is refused by name, ``check_gpu_supported``), and a well-formed ``MILES_FAULT_INJECT``.
 """
 
 from __future__ import annotations
@@ -51,17 +51,30 @@ def _backend_installed(cfg: TrainConfig) -> None:
 
 
 def _device(cfg: TrainConfig) -> None:
-    device = cfg.cluster.device
-    if device == "cpu":
+    """``device`` resolved here (miles_core/device.py): cuda without a CUDA device fails before any model loads. A
+    Ray cluster given by ray_address has its own GPUs: the Ray placement checks them (runtime/ray/cluster.py)."""
+    if cfg.cluster.device == "cpu" or (cfg.cluster.runtime == "ray" and cfg.cluster.ray_address):
         return
-    import torch
+    from miles_core.device import DeviceUnavailable, resolve_device
 
-    if not torch.cuda.is_available():
-        if device == "cuda":
-            raise PreflightError("device: cuda, but torch sees no CUDA device (torch.cuda.is_available() is false); use device: cpu")
-        return  # auto -> cpu, which is where the runtimes train
-    raise PreflightError(f"device: {device} with a CUDA device present is not supported yet: the runtimes train and generate "
-                         "on CPU; set device: cpu")
+    try:
+        device = resolve_device(cfg.cluster.device)
+    except DeviceUnavailable as e:
+        raise PreflightError(str(e)) from None
+    if device.type == "cuda":
+        check_gpu_supported(cfg)
+
+
+def check_gpu_supported(cfg: TrainConfig) -> None:
+    """Raise PreflightError naming the fields when a part of a run that goes on a GPU cannot run there yet."""
+    if cfg.cluster.train_backend == "megatron":
+        raise PreflightError(f"device: {cfg.cluster.device} puts the trainer on a GPU, and train_backend: megatron on a GPU is not "
+                             "supported yet (the Megatron trainer builds the CPU layer spec and keeps its batches on the CPU; "
+                             "bench/gpu_check.py measures megatron-core on a GPU directly); set device: cpu or train_backend: torch")
+    if cfg.cluster.colocate and cfg.cluster.weight_sync_mode == "broadcast":
+        raise PreflightError(f"device: {cfg.cluster.device} with colocate puts a train rank and its engine on one GPU, where "
+                             "update_weight_mode: broadcast (NCCL) cannot run (NCCL refuses two ranks on one device); set "
+                             "update_weight_mode: tensor or disk")
 
 
 def _fault_spec(cfg: TrainConfig) -> None:

@@ -19,7 +19,9 @@ class ClusterConfig(Group):
     rollout_num_gpus: int | None = Field(None, ge=1, description="Total GPUs for rollout engines; defaults to the actor total when colocated.")
     rollout_num_gpus_per_engine: int = Field(1, ge=1, description="GPUs per rollout engine (tensor parallel size).")
     colocate: bool = Field(False, description="Share devices between training and rollout, offloading between phases.")
-    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Device for the local runtime.")
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where models train and generate: cpu, cuda (fails at run "
+        "start without a CUDA device), auto (cuda when present, else cpu). On Ray, cuda (or auto on a cluster with GPUs) reserves "
+        "a GPU per bundle and each actor uses its own. Refused on a GPU yet: train_backend megatron (docs/gpu.md).")
     balance_data: bool = Field(False, description="Ray runtime: split each global batch over the train ranks by token count (else in contiguous blocks).")
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1, description="Bytes per weight-sync bucket.")
     update_weight_mode: Literal["tensor", "broadcast", "disk"] | None = Field(

@@ -59,14 +59,14 @@ def filter_logits(logits: torch.Tensor, top_k: int | Sequence[int], top_p: float
     ``top_k`` / ``top_p``: one value for every row, or one per row (top_k <= 0 or >= V: off; top_p >= 1: off).
     Ties at the k-th value are kept; top-p keeps the smallest prefix of the top-k distribution reaching p."""
     B, V = logits.shape
-    k = torch.as_tensor(top_k, dtype=torch.long).reshape(-1).expand(B)  # [B]
+    k = torch.as_tensor(top_k, dtype=torch.long, device=logits.device).reshape(-1).expand(B)  # [B]
     k = torch.where((k > 0) & (k < V), k, V)
     if bool((k < V).any()):
         kmax = int(k[k < V].max())
         kth = torch.topk(logits, kmax, dim=-1).values.gather(-1, (k.clamp(max=kmax) - 1)[:, None])  # [B, 1]
         kth = torch.where((k < V)[:, None], kth, float("-inf"))
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    p = torch.as_tensor(top_p, dtype=torch.float64).reshape(-1).expand(B)  # [B]
+    p = torch.as_tensor(top_p, dtype=torch.float64, device=logits.device).reshape(-1).expand(B)  # [B]
     if bool((p < 1.0).any()):
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)

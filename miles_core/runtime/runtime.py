@@ -208,7 +208,7 @@ class Runtime:
         if self._snapshot_evals is None:
             e = self.cfg.eval
             export = lambda root, version: self.trainer.export(root, version, self.tokenizer)  # noqa: E731
-            load = lambda path, version: load_hf_engine(path, version, self.cfg.misc.dtype)  # noqa: E731
+            load = lambda path, version: load_hf_engine(path, version, self.cfg.misc.dtype, self.cfg.cluster.device)  # noqa: E731
             self._snapshot_evals = SnapshotEvaluator(self.data.eval_suite, self.cfg.run_dir / "eval_snapshots", export, load,
                                                      e.eval_max_in_flight, e.eval_overflow_policy, e.eval_keep_snapshots,
                                                      version_now=lambda: self.weight_version)

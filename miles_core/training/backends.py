@@ -14,9 +14,10 @@ from .protocol import Trainer, TrainerContext
 
 
 def build_torch_trainer(ctx: TrainerContext) -> Trainer:
-    """The policy (seeded by ``seed``), reference (KL) and teacher (OPD) models and the TorchTrainer."""
+    """The policy (seeded by ``seed``), reference (KL) and teacher (OPD) models, on ``device``, and the TorchTrainer."""
     from transformers import AutoModelForCausalLM
 
+    from miles_core.device import resolve_device
     from miles_core.env import cache_dir
     from miles_core.models import resolve_model_path
 
@@ -25,13 +26,13 @@ def build_torch_trainer(ctx: TrainerContext) -> Trainer:
 
     cfg = ctx.cfg
     torch.manual_seed(cfg.misc.seed)
-    dtype = getattr(torch, cfg.misc.dtype)
-    policy = AutoModelForCausalLM.from_pretrained(ctx.model_path, dtype=dtype)
+    dtype, device = getattr(torch, cfg.misc.dtype), resolve_device(cfg.cluster.device)
+    policy = AutoModelForCausalLM.from_pretrained(ctx.model_path, dtype=dtype).to(device)  # the critic (ppo) follows it
     ref = None
     if cfg.needs_ref_model:
         ref_path = resolve_model_path(cfg.checkpoint.ref_load, cache_dir()) if cfg.checkpoint.ref_load else ctx.model_path
-        ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).eval()
-    teacher = load_teacher(cfg, dtype, policy.config.vocab_size, make_engine=ctx.make_engine)
+        ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).to(device).eval()
+    teacher = load_teacher(cfg, dtype, policy.config.vocab_size, make_engine=ctx.make_engine, device=device)
     trainer = TorchTrainer(policy, cfg, pad_id=ctx.tokenizer.pad_token_id, ref_model=ref, teacher=teacher)
     if ctx.world_size > 1:  # one rank of a train group: data parallel over the group's process group
         from .data_parallel import GlooDataParallel

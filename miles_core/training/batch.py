@@ -33,6 +33,11 @@ class TokenBatch:
             self.loss_mask[start:end, :T], self.rollout_log_probs[start:end, :T],
         )
 
+    def to(self, device) -> "TokenBatch":
+        """The same batch with every tensor on ``device`` (the trainer's: built on the CPU, trained where the model is)."""
+        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.resp_index, self.resp_tokens,
+                                                   self.loss_mask, self.rollout_log_probs)))
+
     def take(self, rows: list[int]) -> "TokenBatch":
         """Rows by index (in that order), trimmed like slice; take(list(range(a, b))) == slice(a, b)."""
         if rows == list(range(rows[0], rows[-1] + 1)):

@@ -52,7 +52,8 @@ class GlooDataParallel:
         params = [p for p in model.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         names = sorted(metrics)
-        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([metrics[k] for k in names], dtype=grads[0].dtype)])
+        totals = torch.tensor([metrics[k] for k in names], dtype=grads[0].dtype, device=grads[0].device)  # with the grads (NCCL: GPU)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [totals])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
         for p, g in zip(params, grads):

@@ -52,6 +52,7 @@ class EngineTeacher:
         self.temperature = temperature
 
     def log_probs(self, batch: TokenBatch) -> torch.Tensor:
+        device, batch = batch.loss_mask.device, batch.to("cpu")  # scores arrive as lists: filled on the CPU
         lengths = batch.attention_mask.sum(-1).tolist()  # [N]
         ids = [row[:n].tolist() for row, n in zip(batch.input_ids, lengths)]
         scored = self.engine.score(ids, self.temperature)  # N lists of L_i - 1 log-probs
@@ -61,13 +62,14 @@ class EngineTeacher:
                 raise ValueError(f"engine.score returned {len(lps)} log-probs for a sequence of {lengths[i]} tokens; expected {lengths[i] - 1}")
             valid = batch.resp_index[i] >= 0
             out[i, valid] = torch.tensor(lps, dtype=out.dtype)[batch.resp_index[i, valid]]
-        return out
+        return out.to(device)
 
 
-def load_teacher(cfg, dtype: torch.dtype, vocab_size: int, make_engine: Callable | None = None) -> Teacher | None:
+def load_teacher(cfg, dtype: torch.dtype, vocab_size: int, make_engine: Callable | None = None,
+                 device: torch.device | None = None) -> Teacher | None:
     """The teacher of `cfg` (None without use_opd, or with opd_type sglang and no opd_teacher_load:
-    then the samples must carry teacher_log_probs). make_engine(model) wraps a teacher model in an
-    engine for opd_type sglang (the local runtime's stand-in for an SGLang teacher server)."""
+    then the samples must carry teacher_log_probs), on `device` (the trainer's; default cpu). make_engine(model)
+    wraps a teacher model in an engine for opd_type sglang (the local runtime's stand-in for an SGLang teacher server)."""
     from transformers import AutoModelForCausalLM
 
     from miles_core.env import cache_dir
@@ -77,7 +79,7 @@ def load_teacher(cfg, dtype: torch.dtype, vocab_size: int, make_engine: Callable
     if not a.use_opd or a.opd_teacher_load is None:
         return None
     path: Path = resolve_model_path(a.opd_teacher_load, cache_dir())
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device or "cpu").eval()
     if model.config.vocab_size != vocab_size:
         raise ValueError(
             f"opd_teacher_load {a.opd_teacher_load}: teacher vocab_size {model.config.vocab_size} != student vocab_size {vocab_size}; "

@@ -59,6 +59,7 @@ class TorchTrainer:
 
     def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None, teacher: Teacher | None = None):
         self.model = model
+        self.device = next(model.parameters()).device  # where the policy lives (miles_core/device.py); batches go there
         self.ref_model = ref_model
         self.teacher = teacher
         self.algo = cfg.algo
@@ -122,7 +123,7 @@ class TorchTrainer:
             return self.teacher.log_probs(batch)
         if self.algo.use_opd:
             try:
-                return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1])
+                return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]).to(self.device)
             except ValueError as e:
                 raise ValueError(f"{e}: use_opd without opd_teacher_load reads the teacher log-probs from the samples (set by a "
                                  "custom reward, post-process or generate function); set opd_teacher_load to score with a "
@@ -134,12 +135,13 @@ class TorchTrainer:
         """-> rollout-level metrics and one metrics dict per optimizer step.
 
         With a critic, rollouts before `num_critic_only_steps` update only the critic."""
-        batch = make_batch(samples, self.pad_id)
+        batch = make_batch(samples, self.pad_id).to(self.device)
         train_wait = self.timer.start_rollout()
         t0 = time.perf_counter()
         tensors = self._forward_only(batch, samples)
         adv_in = AdvantageInputs(
-            rewards=torch.tensor(rewards, dtype=torch.float), group_index=torch.tensor([s.group_index for s in samples]),
+            rewards=torch.tensor(rewards, dtype=torch.float, device=self.device),
+            group_index=torch.tensor([s.group_index for s in samples], device=self.device),
             loss_mask=batch.loss_mask, old_log_probs=tensors.old, ref_log_probs=tensors.ref,
             values=tensors.values, teacher_log_probs=tensors.teacher,
         )
@@ -234,7 +236,7 @@ class TorchTrainer:
 
     def mean_log_probs(self, samples: list[Sample]) -> list[float]:
         """Per sample: the mean log-prob of its response tokens under the policy now (tests, diagnostics)."""
-        batch = make_batch(samples, self.pad_id)
+        batch = make_batch(samples, self.pad_id).to(self.device)
         logp = self.compute_log_probs(self.model, batch)  # [N, T]
         mask = batch.loss_mask.float()
         return ((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
@@ -267,17 +269,26 @@ class TorchTrainer:
         return ckpt.export_hf(self.model, tokenizer, export_dir, rollout_id)
 
     def offload(self) -> None:
-        """Colocated training on a GPU frees device memory between train stages; on CPU there is none to free."""
+        """Colocated training on a GPU frees device memory between train stages: every model and optimizer state
+        moves to the CPU (contents kept) until ``onload``. On CPU there is nothing to free."""
         if self.device.type != "cpu":
-            raise NotImplementedError("offload of the torch trainer on a GPU is not supported yet")
+            self._move_to(torch.device("cpu"))
+            torch.cuda.empty_cache()
 
     def onload(self) -> None:
         if self.device.type != "cpu":
-            raise NotImplementedError("onload of the torch trainer on a GPU is not supported yet")
+            self._move_to(self.device)
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+    def _move_to(self, device: torch.device) -> None:
+        modules = [self.model, self.ref_model, getattr(self.teacher, "model", None)] + list(self.extra_modules().values())
+        for module in modules:
+            if module is not None:
+                module.to(device)
+        for opt in [self.optimizer, *self.extra_optimizers().values()]:
+            for state in opt.state.values():
+                for k, v in state.items():
+                    if torch.is_tensor(v) and k != "step":  # the step count stays where the optimizer keeps it
+                        state[k] = v.to(device)
 
     def extra_modules(self) -> dict[str, torch.nn.Module]:
         """Trained modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo."""

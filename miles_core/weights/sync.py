@@ -78,6 +78,11 @@ def iter_meta_buckets(names: list[str], dtypes: list[str], shapes: list[list[int
         yield range(start, len(names))
 
 
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy of ``t`` on the CPU (a copy also when it already is there)."""
+    return t.detach().to("cpu", copy=True)
+
+
 class WeightSender:
     """The trainer's side of a sync (train rank 0, or the model in process for tests).
 
@@ -89,7 +94,8 @@ class WeightSender:
         self.group, self.device = None, "cpu"
 
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return [(k, v.detach().clone()) for k, v in self._named()]
+        """CPU copies (they travel to the driver through Ray's object store, which may see no GPU)."""
+        return [(k, host_copy(v)) for k, v in self._named()]
 
     def meta(self) -> tuple[list[str], list[str], list[list[int]]]:
         from .broadcast import tensor_meta

@@ -121,3 +121,21 @@ def test_a_build_that_fails_frees_its_placement(tmp_path, tiny_model_dir):
         build_ray(cfg, types.SimpleNamespace(model_path=broken))
     table = ray.util.placement_group_table()
     assert [table[k]["state"] for k in set(table) - before] == ["REMOVED"]
+
+
+def test_device_cuda_on_a_cluster_without_gpus_fails_before_anything_is_placed(tmp_path):
+    """wants_gpu reads the Ray cluster's GPUs: device cuda needs some (else a named error before any bundle),
+    auto reserves them when there are any, cpu never."""
+    import ray
+
+    from miles_core.preflight import PreflightError
+    from miles_core.runtime.ray.cluster import wants_gpu
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    cfg = {device: load_config("tiny", {"runtime": "ray", "device": device, "run_dir": str(tmp_path)}) for device in ("cpu", "auto", "cuda")}
+    assert not wants_gpu(cfg["cpu"]) and wants_gpu(cfg["auto"]) == (gpus > 0)
+    if gpus:
+        assert wants_gpu(cfg["cuda"])
+    else:
+        with pytest.raises(PreflightError, match=r"device: cuda, but the Ray cluster \(local\) has no GPU"):
+            wants_gpu(cfg["cuda"])

@@ -19,12 +19,16 @@ __all__ = ["BATCHING", "Batching", "HFEngine", "hf_weight_files", "iter_hf_weigh
 
 
 # ---- loading ----------------------------------------------------------------------------------
-def load_engine(model_path: str | Path, batching: Batching = "exact", max_batch_size: int = 256, dtype: str = "float32") -> HFEngine:
-    """An engine on an HF directory (config + safetensors + tokenizer), on CPU."""
+def load_engine(model_path: str | Path, batching: Batching = "exact", max_batch_size: int = 256, dtype: str = "float32",
+                device: str = "cpu") -> HFEngine:
+    """An engine on an HF directory (config + safetensors + tokenizer), on ``device`` (cpu | cuda | auto:
+    miles_core/device.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from miles_core.device import resolve_device
+
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(resolve_device(device))
     return HFEngine(model, tokenizer, max_batch_size=max_batch_size, batching=batching)
 
 

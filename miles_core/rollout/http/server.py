@@ -1,6 +1,6 @@
-"""An HFEngine served over the SGLang HTTP protocol (aiohttp), for CPU runs and tests.
+"""An HFEngine served over the SGLang HTTP protocol (aiohttp), for CPU runs, tests and GPU runs without SGLang.
 
-    python -m miles_core.rollout.http.server --model-path DIR --port 0 --port-file PORT.json
+    python -m miles_core.rollout.http.server --model-path DIR --port 0 --port-file PORT.json [--device cuda]
 
 prints ``miles-http-server listening on http://HOST:PORT`` once it accepts requests and writes
 ``{"port", "url", "pid"}`` to --port-file (atomically). Endpoints (docs/engines.md has the
@@ -50,6 +50,7 @@ import torch
 from aiohttp import web
 
 from miles_core.config.rollout import API_KEY_ENV, engine_api_key  # the server's key, from its environment (launch.py sets it)
+from miles_core.device import DEVICES
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 
 from . import wire
@@ -477,6 +478,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--batch-wait-ms", type=float, default=2.0)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="where the model runs (miles_core/device.py): cpu, cuda "
+                   "(this process's current CUDA device) or auto")
     p.add_argument("--num-threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     p.add_argument("--weight-version", type=int, default=0)
     p.add_argument("--health-timeout", type=float, default=20.0)
@@ -520,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     path = resolve_model_path(args.model_path, cache_dir())
-    engine = load_engine(path, args.batching, args.max_batch_size, args.dtype)
+    engine = load_engine(path, args.batching, args.max_batch_size, args.dtype, args.device)
     engine.set_weight_version(args.weight_version)
     asyncio.run(_serve(engine, args, str(path)))
 

@@ -1,6 +1,9 @@
 """The Ray placement: a placement group of train and engine bundles, a TrainGroup (the trainer ranks) and
 M engine actors, each holding an HTTP engine server, behind a router (an HTTPFleet). GPUs are reserved
-when the config's device asks for them (cuda, or auto on a cluster with GPUs); gloo on CPU, NCCL on GPU.
+when the config's device asks for them (cuda, or auto on a cluster with GPUs); gloo on CPU, NCCL on GPU
+(the train group's process group and the broadcast weight sync). An actor placed with GPUs sees only its
+own (Ray sets CUDA_VISIBLE_DEVICES; nothing here or in the engine servers' environment overrides it) and
+resolves ``device`` in its own process (miles_core/device.py).
 With rollout_external_engine_addrs only the train ranks are placed: the fleet is a router over the engines
 already running (probed before any rank starts), and rank 0 sends them the weights (tensor, broadcast, disk)."""
 
@@ -17,10 +20,20 @@ from .train_group import RankZeroSender, TrainGroup
 
 
 def wants_gpu(cfg: TrainConfig) -> bool:
+    """Whether the bundles reserve GPUs. device: cuda on a cluster without any fails here, naming the field, before
+    anything is placed; a part that cannot run on a GPU yet is refused by name (preflight.check_gpu_supported)."""
     import ray
 
-    device = cfg.cluster.device
-    return device == "cuda" or (device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    from miles_core.preflight import PreflightError, check_gpu_supported
+
+    device, gpus = cfg.cluster.device, ray.cluster_resources().get("GPU", 0)
+    if device == "cuda" and not gpus:
+        raise PreflightError(f"device: cuda, but the Ray cluster ({cfg.cluster.ray_address or 'local'}) has no GPU; "
+                             "use device: cpu (or auto)")
+    use = device == "cuda" or (device == "auto" and gpus > 0)
+    if use:
+        check_gpu_supported(cfg)
+    return use
 
 
 def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:

@@ -27,13 +27,18 @@ class ServerSpec:
     host: str = "127.0.0.1"
 
 
+def hf_server_args(cfg) -> list[str]:
+    """The arguments of our server for this config: dtype, device (resolved in the server process, on the actor's
+    own GPU when it has one), threads, exact batching."""
+    threads = cfg.cluster.num_threads or 1
+    return ["--dtype", cfg.misc.dtype, "--device", cfg.cluster.device, "--num-threads", str(threads), "--batching", "exact"]
+
+
 def start_hf_server(spec: ServerSpec):
     """Our SGLang-protocol server (python -m miles_core.rollout.http.server) on an HF engine."""
     from miles_core.rollout.http import launch_server_process
 
-    threads = spec.cfg.cluster.num_threads or 1
-    args = ["--dtype", spec.cfg.misc.dtype, "--num-threads", str(threads), "--batching", "exact"]
-    return launch_server_process(spec.model_path, args, host=spec.host, env=spec.env, api_key=spec.api_key)
+    return launch_server_process(spec.model_path, hf_server_args(spec.cfg), host=spec.host, env=spec.env, api_key=spec.api_key)
 
 
 def start_sglang_server(spec: ServerSpec):

@@ -16,7 +16,7 @@ import torch
 
 from miles_core.config import TrainConfig
 from miles_core.training.protocol import TrainerContext, TrainOutput
-from miles_core.weights.sync import WeightSender
+from miles_core.weights.sync import WeightSender, host_copy
 
 
 GATHERING = ("tensors", "meta", "broadcast", "save")  # WeightSender methods that read named_tensors() once
@@ -63,14 +63,14 @@ class TrainWorker:
         return getattr(self.trainer, method)(*args)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return [(k, v.detach().clone()) for k, v in self.trainer.named_tensors()]
+        return [(k, host_copy(v)) for k, v in self.trainer.named_tensors()]  # CPU: the driver may see no GPU
 
     def export(self, export_dir: str, rollout_id: int) -> str:
         return str(self.trainer.export(Path(export_dir), rollout_id, self.tokenizer))
 
     def extra_tensors(self) -> dict[str, list[tuple[str, torch.Tensor]]]:
         """The critic's (ppo) tensors, by module name, as named_tensors gives the policy's (tests)."""
-        return {k: [(n, t.detach().clone()) for n, t in m.state_dict().items()] for k, m in self.trainer.extra_modules().items()}
+        return {k: [(n, host_copy(t)) for n, t in m.state_dict().items()] for k, m in self.trainer.extra_modules().items()}
 
     def collective(self) -> bool:
         return getattr(self.trainer, "collective", False)

@@ -65,14 +65,15 @@ def _without_transformer_engine() -> None:
         moe_utils.te_general_gemm = None
 
 
-def build_stage(a: ModelArgs, config):
-    """This rank's pipeline stage of the GPT model (embedding on the first stage, output layer on the last)."""
+def build_stage(a: ModelArgs, config, use_transformer_engine: bool = False):
+    """This rank's pipeline stage of the GPT model (embedding on the first stage, output layer on the last); the local
+    layer spec, or Transformer Engine's (GPU only: bench/gpu_check.py)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     _without_transformer_engine()
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine, normalization="RMSNorm")
     return GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=a.model_vocab_size, max_sequence_length=1 << 20,
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),

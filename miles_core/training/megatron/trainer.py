@@ -34,6 +34,7 @@ from miles_core.algorithms import AdvantageInputs, LossInputs, Reducer, actor_lo
 from miles_core.config import TrainConfig
 from miles_core.config.rules import check_model_divides
 from miles_core.data.sample import Sample
+from miles_core.device import resolve_device
 from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch, make_batch, per_token
 from miles_core.training.protocol import TrainOutput
@@ -73,9 +74,10 @@ class MegatronTrainer:
         hf_config = json.loads((self.model_path / "config.json").read_text())
         check_model_divides(shape_from_config(hf_config), self.p, str(self.model_path))
         self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
-        parallel.init_parallel(self.p, cfg.misc.seed, cfg.cluster.device)
+        self.device = resolve_device(cfg.cluster.device).type  # cpu here: a GPU is refused at run start (preflight)
+        parallel.init_parallel(self.p, cfg.misc.seed, self.device)
         self.dtype = DTYPES[cfg.misc.dtype]
-        self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=cfg.cluster.device == "cpu")
+        self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=self.device == "cpu")
         self.tconfig.calculate_per_token_loss = True  # see the module docstring
         hf_state = load_hf_state(self.model_path, self.args)
         self.model, self.optimizer = self._build_policy(hf_state)
@@ -266,7 +268,7 @@ class MegatronTrainer:
         return checkpoint.restore(self, load_dir)
 
     def offload(self) -> None:
-        if self.cfg.cluster.device != "cpu":
+        if self.device != "cpu":
             raise NotImplementedError("offload of the megatron trainer on cuda is not supported yet")
 
     def onload(self) -> None:
