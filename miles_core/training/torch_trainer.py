@@ -56,7 +56,7 @@ class RolloutTensors:
 class TorchTrainer:
     """Owns the policy, its optimizer and the forward-only models: reference (KL), critic (ppo), teacher (OPD)."""
 
-    collective = False  # data-parallel replicas: rank 0 alone answers weights, checkpoints and exports
+    collective = False  # one process; FSDPDataParallel.attach sets it: every rank gathers weights, checkpoints and exports
 
     def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None, teacher: Teacher | None = None):
         self.model = model
