@@ -34,10 +34,10 @@ def build_torch_trainer(ctx: TrainerContext) -> Trainer:
         ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).to(device).eval()
     teacher = load_teacher(cfg, dtype, policy.config.vocab_size, make_engine=ctx.make_engine, device=device)
     trainer = TorchTrainer(policy, cfg, pad_id=ctx.tokenizer.pad_token_id, ref_model=ref, teacher=teacher)
-    if ctx.world_size > 1:  # one rank of a train group: data parallel over the group's process group
-        from .data_parallel import GlooDataParallel
+    if ctx.world_size > 1:  # one rank of a train group: FSDP2 data parallel over the group's process group
+        from .data_parallel import FSDPDataParallel
 
-        trainer.dp = GlooDataParallel(ctx.rank, ctx.world_size, cfg.cluster.balance_data)
+        FSDPDataParallel(ctx.rank, ctx.world_size, cfg.cluster.balance_data).attach(trainer)
     return trainer
 
 

@@ -187,8 +187,19 @@ def response_logits(model, batch: TokenBatch) -> torch.Tensor:
     own = (sub[:, None, :] == -1) | (sub[:, None, :] == sub[:, :, None])  # [R, W, W] key is prompt, or the query's own tokens
     mask = (seg[:, :, None] == seg[:, None, :]) & causal & own  # [R, W(query), W(key)]
     device = batch.input_ids.device
-    hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask[:, None].to(device), position_ids=pos.to(device)).last_hidden_state  # [R, W, H]
-    return model.get_output_embeddings()(hidden[r_idx.to(device), c_idx.to(device)])  # [N, T, V]
+    head = getattr(model, PACKED_FORWARD, None) or (lambda *a: packed_logits(model, *a))
+    return head(ids.to(device), mask[:, None].to(device), pos.to(device), r_idx.to(device), c_idx.to(device))  # [N, T, V]
+
+
+# Under FSDP2 the model carries packed_logits as this method, registered as a forward of its root unit
+# (data_parallel.fully_shard_model), so the call gathers the root's parameters as ``forward`` does.
+PACKED_FORWARD = "miles_packed_logits"
+
+
+def packed_logits(model, ids, mask, pos, rows, cols) -> torch.Tensor:
+    """lm_head(base_model(packed rows)) at [rows, cols]: ids, pos [R, W], mask [R, 1, W, W], rows, cols [N, T] -> [N, T, V]."""
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # [R, W, H]
+    return model.get_output_embeddings()(hidden[rows, cols])
 
 
 def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True):

@@ -27,6 +27,7 @@ from miles_core.algorithms import Reducer, value_loss
 from miles_core.config.algo import AlgoConfig
 
 from .batch import TokenBatch, at_response, forward, forward_only
+from .data_parallel import as_float
 
 
 def build_critic(policy: nn.Module) -> nn.Module:
@@ -78,8 +79,9 @@ class Critic:
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"critic-value_loss": 0.0, "critic-value_clipfrac": 0.0}
-        mine = dp.shard(batch, rows) if dp is not None else list(rows)
-        for s in range(0, len(mine), self.micro_batch_size):
+        mine, most = dp.shard(batch, rows, self.micro_batch_size) if dp is not None else (list(rows), 0)
+        starts = range(0, len(mine), self.micro_batch_size)
+        for s in starts:
             idx = mine[s : s + self.micro_batch_size]
             piece = batch.take(idx)
             cut = (idx, slice(0, piece.loss_mask.shape[1]))
@@ -88,12 +90,13 @@ class Critic:
             loss.backward()
             for name, v in metrics.items():
                 totals[name] += float(v)
-        if dp is not None:
-            totals = dp.all_reduce(self.module, totals)
+        if dp is not None:  # gradients summed over ranks by FSDP2, the totals here
+            dummy = lambda: response_values(self.module, batch.take([rows.start])).sum()  # noqa: E731
+            totals = dp.reduce_step(totals, most - len(starts), dummy)
         lr = self.lr * warmup
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
         self.optimizer.step()
-        return {**totals, "critic-grad_norm": float(grad_norm), "critic-lr-pg_0": lr}
+        return {**totals, "critic-grad_norm": as_float(grad_norm), "critic-lr-pg_0": lr}

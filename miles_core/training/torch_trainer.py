@@ -18,6 +18,7 @@ from miles_core.data.sample import Sample
 
 from .batch import TokenBatch, forward_only, make_batch, per_token, prompt_units, response_log_probs
 from .critic import Critic, build_critic
+from .data_parallel import FullModule, FullOptimizer, as_float
 from .perf import PhaseTimer, perf_metrics
 from .protocol import TrainOutput
 from .teacher import Teacher
@@ -55,7 +56,7 @@ class RolloutTensors:
 class TorchTrainer:
     """Owns the policy, its optimizer and the forward-only models: reference (KL), critic (ppo), teacher (OPD)."""
 
-    collective = False  # data-parallel replicas: rank 0 alone answers weights, checkpoints and exports
+    collective = False  # one process; FSDPDataParallel.attach sets it: every rank gathers weights, checkpoints and exports
 
     def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None, teacher: Teacher | None = None):
         self.model = model
@@ -82,7 +83,7 @@ class TorchTrainer:
             decoder_layers(model)  # fails here, before any step, for a model without a layer list
         self.steps_done = 0
         self.timer, self.peak_tflops = PhaseTimer(), cfg.cluster.mfu_peak_tflops
-        self.dp = None  # data parallel (data_parallel.py): .shard(batch, rows) -> this rank's rows, .all_reduce(model, metrics)
+        self.dp = None  # data parallel (data_parallel.py, FSDPDataParallel.attach): shares of rows, gathers and sums over ranks
 
     @property
     def on_policy(self) -> bool:
@@ -102,7 +103,13 @@ class TorchTrainer:
         return forward_only(fn, batch, self.shape.micro_batch_size)
 
     def _forward_only(self, batch: TokenBatch, samples: list[Sample]) -> RolloutTensors:
-        """REFERENCE §1.3: old (and ref, teacher, critic values when used) per-token tensors [N, T]."""
+        """REFERENCE §1.3: old (and ref, teacher, critic values when used) per-token tensors [N, T].
+        Data parallel: each rank computes its share of the rows, gathered so every rank has all of them."""
+        if self.dp is not None:
+            return self.dp.forward_only(self._local_forward_only, batch, samples)
+        return self._local_forward_only(batch, samples)
+
+    def _local_forward_only(self, batch: TokenBatch, samples: list[Sample]) -> RolloutTensors:
         if self.algo.use_rollout_logprobs:
             old = batch.rollout_log_probs
         elif self.on_policy:
@@ -185,12 +192,13 @@ class TorchTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        mine = self.dp.shard(batch, rows) if self.dp is not None else list(rows)  # every row of the step unless data parallel
+        mine, most = self.dp.shard(batch, rows, mb) if self.dp is not None else (list(rows), 0)  # data parallel: this rank's rows
         unit = [0] * len(batch)
         for u, members in enumerate(prompt_units(batch)[0]):
             for r in members:
                 unit[r] = u
-        for idx in plan_micro_batches(mine, batch.attention_mask.sum(-1).tolist(), mb, unit):
+        plan = plan_micro_batches(mine, batch.attention_mask.sum(-1).tolist(), mb, unit)
+        for idx in plan:
             piece = batch.take(idx)
             T = piece.loss_mask.shape[1]
             cut = lambda x: None if x is None else x[idx, :T]  # noqa: E731
@@ -207,13 +215,14 @@ class TorchTrainer:
             loss.backward()
             for name, v in metrics.items():
                 totals[name] = totals.get(name, 0.0) + float(v)
-        if self.dp is not None:  # sum gradients and metric totals over ranks (the Reducer's denominators are global)
-            totals = self.dp.all_reduce(self.model, totals)
+        if self.dp is not None:  # gradients summed over ranks by FSDP2, metric totals here (the Reducer's denominators are global)
+            dummy = lambda: response_log_probs(self.model, batch.take([rows.start]), self.temperature, False)[0].sum()  # noqa: E731
+            totals = self.dp.reduce_step(totals, most - len(plan), dummy)
         lr = self._set_lr()
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
-        return {**{f"train/{k}": v for k, v in totals.items()}, "train/grad_norm": float(grad_norm), "train/lr-pg_0": lr}
+        return {**{f"train/{k}": v for k, v in totals.items()}, "train/grad_norm": as_float(grad_norm), "train/lr-pg_0": lr}
 
     def _warmup(self) -> float:
         """Linear warm-up factor of the current optimizer step (1 without lr_warmup_iters)."""
@@ -228,8 +237,8 @@ class TorchTrainer:
 
     # ---- weights, checkpoints, export (the Trainer protocol) --------------------------------------
     def named_tensors(self):
-        """HF-format names and tensors for weight sync and export."""
-        return self.model.state_dict().items()
+        """HF-format names and tensors for weight sync and export (data parallel: gathered, a collective)."""
+        return (self.dp.full_state(self.model) if self.dp is not None else self.model.state_dict()).items()
 
     def hf_config(self):
         return self.model.config
@@ -246,10 +255,16 @@ class TorchTrainer:
         from miles_core import checkpoint as ckpt
 
         c = self.checkpoint
-        ckpt.save_checkpoint(save_dir, rollout_id, model=self.model, optimizer=self.optimizer,
+        model, optimizer = self._checkpoint_parts()
+        extras, extra_optims = self.extra_modules(), self.extra_optimizers()
+        if self.dp is not None:  # every rank gathers the full tensors (in this order), rank 0 writes them
+            for part in [model, *extras.values()] + ([] if c.no_save_optim else [optimizer, *extra_optims.values()]):
+                part.state_dict()
+            if self.dp.rank != 0:
+                return
+        ckpt.save_checkpoint(save_dir, rollout_id, model=model, optimizer=optimizer,
                              state={**state, "steps_done": self.steps_done}, keep_last=c.keep_last,
-                             save_optim=not c.no_save_optim, extra_tensors=self.extra_modules() or None,
-                             extra_optimizers=self.extra_optimizers() or None)
+                             save_optim=not c.no_save_optim, extra_tensors=extras or None, extra_optimizers=extra_optims or None)
 
     def restore(self, load_dir: Path) -> dict | None:
         """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none."""
@@ -258,7 +273,8 @@ class TorchTrainer:
         info = ckpt.find_latest(load_dir)
         if info is None:
             return None
-        meta = ckpt.load_checkpoint(info, model=self.model, optimizer=self.optimizer,
+        model, optimizer = self._checkpoint_parts()
+        meta = ckpt.load_checkpoint(info, model=model, optimizer=optimizer,
                                     extra_modules=self.extra_modules() or None, extra_optimizers=self.extra_optimizers() or None)
         self.steps_done = meta["steps_done"]
         return meta
@@ -266,7 +282,10 @@ class TorchTrainer:
     def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path:
         from miles_core import checkpoint as ckpt
 
-        return ckpt.export_hf(self.model, tokenizer, export_dir, rollout_id)
+        if self.dp is None:
+            return ckpt.export_hf(self.model, tokenizer, export_dir, rollout_id)
+        model = self.dp.full_model(self.model)  # every rank gathers, rank 0 writes
+        return ckpt.export_hf(model, tokenizer, export_dir, rollout_id) if self.dp.rank == 0 else Path(export_dir) / str(rollout_id)
 
     def offload(self) -> None:
         """Colocated training on a GPU frees device memory between train stages: every model and optimizer state
@@ -291,12 +310,24 @@ class TorchTrainer:
                         state[k] = v.to(device)
 
     def extra_modules(self) -> dict[str, torch.nn.Module]:
-        """Trained modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo."""
-        return {"critic": self.critic.module} if self.critic is not None else {}
+        """Trained modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo
+        (data parallel: as data_parallel.FullModule, full tensors)."""
+        if self.critic is None:
+            return {}
+        return {"critic": self.critic.module if self.dp is None else FullModule(self.critic.module)}
 
     def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Their optimizers, by the same names."""
-        return {"critic": self.critic.optimizer} if self.critic is not None else {}
+        """Their optimizers, by the same names (data parallel: as data_parallel.FullOptimizer)."""
+        if self.critic is None:
+            return {}
+        c = self.critic
+        return {"critic": c.optimizer if self.dp is None else FullOptimizer(c.module, c.optimizer)}
+
+    def _checkpoint_parts(self):
+        """(policy, optimizer) as the checkpoint code reads and loads them (data parallel: full tensors)."""
+        if self.dp is None:
+            return self.model, self.optimizer
+        return FullModule(self.model), FullOptimizer(self.model, self.optimizer)
 
 
 def plan_micro_batches(rows: list[int], lengths: list[int], size: int, unit: list[int] | None = None) -> list[list[int]]:
