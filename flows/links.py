@@ -42,6 +42,9 @@ def run_name(cfg: TrainConfig) -> str:
     return f"{cfg.misc.recipe} · {fr.name}" if fr else cfg.misc.recipe
 
 
+SOURCE_NAME = "flows/train.py"  # the train flow's entry point (deployments/prefect.yaml), the run's source in MLflow
+
+
 def git_commit(root: Path = ROOT) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
@@ -51,7 +54,9 @@ def git_commit(root: Path = ROOT) -> str | None:
 
 
 def link_tags(fr: FlowRun | None, commit: str | None) -> dict[str, str]:
-    tags = {"mlflow.source.git.commit": commit} if commit else {}
+    # MLflow's UI shows the commit as the run's source version only beside a source name and type
+    tags = {"mlflow.source.name": SOURCE_NAME, "mlflow.source.type": "JOB"}
+    tags |= {"mlflow.source.git.commit": commit} if commit else {}
     if fr:
         tags |= {"prefect.flow_run_id": fr.id, "prefect.flow_run_name": fr.name}
         tags |= {"prefect.flow_run_url": fr.ui_url} if fr.ui_url else {}

@@ -1,16 +1,25 @@
-"""Shared base for the argument groups: frozen, unknown keys forbidden."""
+"""Shared base for the argument groups: frozen, unknown keys forbidden; ``form_first`` fields lead the
+group's JSON schema (Prefect's run form), the config itself keeps its field order."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+
+def _form_order(schema: dict[str, Any], cls: type) -> None:
+    """json_schema_extra: the properties named in ``cls.form_first`` first, in that order, then the rest."""
+    props = schema.get("properties", {})
+    first = [k for k in getattr(cls, "form_first", ()) if k in props]
+    schema["properties"] = {**{k: props[k] for k in first}, **{k: v for k, v in props.items() if k not in first}}
 
 
 class Group(BaseModel):
     """One argument group. Every field keeps the reference system's name and default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, json_schema_extra=_form_order)
+    form_first: ClassVar[tuple[str, ...]] = ()  # the fields a user edits most, first in the run form
 
     @model_validator(mode="before")
     @classmethod

@@ -13,6 +13,8 @@ KLType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
 class AlgoConfig(Group):
+    form_first = ("lr", "advantage_estimator")
+
     advantage_estimator: AdvantageEstimator = Field("grpo", description="How rewards become advantages.")
     num_steps_per_rollout: int | None = Field(None, ge=1, description="Optimizer steps per rollout; derives global_batch_size.")
     global_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step.")

@@ -15,6 +15,8 @@ TASK_NAMES = ("convert", "prepare", "restore", "generate", "train", "update-weig
 
 
 class MiscConfig(Group):
+    form_first = ("run_dir", "seed")
+
     recipe: str = Field("custom", description="Recipe name (set by the recipe file).")
     run_dir: str | None = Field(None, description="Run directory for rollouts, the local MLflow store and defaults of save/export (default runs/<recipe>).")
     seed: int = Field(1234, description="Seed of model init, training and sampling.")

@@ -33,6 +33,8 @@ def engine_url(addr: str) -> str:
 
 
 class RolloutConfig(Group):
+    form_first = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt")
+
     rollout_batch_size: int = Field(..., ge=1, description="Prompts per rollout (required).")
     n_samples_per_prompt: int = Field(1, ge=1, description="Responses sampled per prompt (the group size G).")
     num_rollout: int | None = Field(None, ge=1, description="Rollouts to run; default len(dataset) // rollout_batch_size * num_epoch.")

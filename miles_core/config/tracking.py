@@ -10,6 +10,8 @@ from ._base import Group
 
 
 class TrackingConfig(Group):
+    form_first = ("mlflow_new_run", "mlflow_run_name")
+
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default sqlite:///<run_dir>/mlflow.db).")
     mlflow_experiment_name: str = Field("miles", description="MLflow experiment.")
     mlflow_run_name: str | None = Field(None, description="MLflow run name (default the recipe name).")

@@ -36,6 +36,8 @@ GROUPS: dict[str, type[Group]] = {
 class TrainConfig(Group):
     """A resolved training config. Derived values are properties, never written back."""
 
+    form_first = ("rollout", "algo", "misc", "tracking", "checkpoint", "eval", "data")  # the run form: cluster etc. after
+
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     rollout: RolloutConfig
     sglang: SglangConfig = Field(default_factory=SglangConfig)

@@ -142,6 +142,11 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         glm_run = _run(client, "train/glm4-5", {"config": glm.model_dump(mode="json")})
         flaky_run = _run(client, "train/tiny", {"config": flaky.model_dump(mode="json")})
 
+        # the run form (the deployment's parameter schema on the server) leads with the most edited fields
+        defs = client.read_deployment_by_name("train/tiny").parameter_openapi_schema["definitions"]
+        assert list(defs["TrainConfig"]["properties"])[:2] == ["rollout", "algo"]
+        assert list(defs["RolloutConfig"]["properties"])[0] == "num_rollout" and list(defs["AlgoConfig"]["properties"])[0] == "lr"
+
         # the cron schedule is accepted and the scheduler creates its runs (no waiting for 03:00)
         nightly = client.read_deployment_by_name("eval/nightly")
         assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"] and nightly.schedules[0].active

@@ -71,6 +71,7 @@ def test_a_tiny_run_is_visible_in_every_tracker_and_ui(tmp_path, tiny_model_dir)
     # the MLflow run names and points at its flow run; the experiment is of kind model training
     assert run.data.tags["prefect.flow_run_id"] == flow_run_id and run.info.run_name.startswith("tiny · ")
     assert run.data.tags["prefect.flow_run_name"] in run.info.run_name and run.data.tags.get("mlflow.source.git.commit")
+    assert run.data.tags["mlflow.source.name"] == "flows/train.py" and run.data.tags["mlflow.source.type"] == "JOB"
     assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
     # plots under plots/: real PNGs; the reward curve has one point per rollout, the eval curve one per eval point
