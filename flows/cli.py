@@ -144,10 +144,16 @@ _with_config_flags("train", "Train with GRPO-family RL on a recipe; any config f
 
 
 @app.command("recipes")
-def recipes() -> None:
+def recipes(validate: bool = typer.Option(False, "--validate", help="Load and validate each recipe (as `miles config` "
+                                          "does, in one process); exit 2 naming the first that fails.")) -> None:
     """List the shipped recipes."""
     for name in list_recipes():
-        console.print(name)
+        if validate:
+            with _one_message():
+                load_config(name)
+            console.print(f"{name}  ok", markup=False, highlight=False)
+        else:
+            console.print(name)
 
 
 AS_PARAMS = typer.Option(False, "--as-params", help="Print {\"config\": ...} as JSON: the parameters of a train deployment "

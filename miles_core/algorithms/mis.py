@@ -28,66 +28,17 @@ original tokens (0 for a sample with none); mis_batch_norm_factor is weighted by
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
+
+from miles_core.config.mis import MIS_NAMES, Level, MISConfig  # noqa: F401  (re-exported)
 
 from .ops import broadcast_tokens, masked_mean, masked_sum
 from .reducer import Reducer
 from .tis import LOG_WEIGHT_BOUND, TISInputs, log_weights
 
-Level = Literal["token", "sequence", "geometric"]
-MIS_NAMES = ("mis", "miles_core.algorithms.mis.compute_mis_weights")  # how custom_tis_function_path names it
 NORMALIZE_EPS = 1e-8
-
-
-class MISConfig(BaseModel):
-    """Settings of the built-in MIS function (the YAML at custom_config_path)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    use_tis: bool = Field(True, description="Apply the IS weights (false: log the mismatch metrics only).")
-    tis_mode: Literal["truncate", "clip", "mask"] = Field("truncate", description="How IS weights are bounded.")
-    tis_level: Level = Field("token", description="Aggregation level of the IS log weight.")
-    tis_lower_bound: float | None = Field(
-        None, ge=0, description="Lower IS bound (clip, mask); default 1/tis_upper_bound."
-    )
-    tis_upper_bound: float = Field(2.0, gt=0, description="Upper IS bound.")
-    use_rs: bool = Field(False, description="Rejection sampling: drop tokens whose rs-level weight is out of bounds.")
-    rs_level: Level = Field("token", description="Aggregation level of the rejection weight.")
-    rs_lower_bound: float | None = Field(None, ge=0, description="Lower rejection bound; default the IS lower bound.")
-    rs_upper_bound: float | None = Field(None, gt=0, description="Upper rejection bound; default tis_upper_bound.")
-    rs_veto_threshold: float | None = Field(
-        1e-4, gt=0, description="With use_rs: mask a sample with any token ratio below this (null = off)."
-    )
-    tis_batch_normalize: bool = Field(
-        False, description="Divide the weights by their mean over the originally trainable tokens of the micro-batch."
-    )
-
-    @model_validator(mode="after")
-    def _bounds_ordered(self) -> MISConfig:
-        if self.lower >= self.tis_upper_bound:
-            raise ValueError(f"tis_lower_bound={self.lower} must be < tis_upper_bound={self.tis_upper_bound}")
-        if self.rs_lower > self.rs_upper:
-            raise ValueError(f"rs_lower_bound={self.rs_lower} must be <= rs_upper_bound={self.rs_upper}")
-        if self.tis_batch_normalize and self.tis_level == "geometric":
-            raise ValueError("tis_batch_normalize is undefined at tis_level geometric (as in the reference); "
-                             "use tis_level token or sequence, or drop tis_batch_normalize")
-        return self
-
-    @property
-    def lower(self) -> float:
-        return 1.0 / self.tis_upper_bound if self.tis_lower_bound is None else self.tis_lower_bound
-
-    @property
-    def rs_lower(self) -> float:
-        return self.lower if self.rs_lower_bound is None else self.rs_lower_bound
-
-    @property
-    def rs_upper(self) -> float:
-        return self.tis_upper_bound if self.rs_upper_bound is None else self.rs_upper_bound
 
 
 def level_log_ratio(d: Tensor, mask: Tensor, level: str) -> Tensor:

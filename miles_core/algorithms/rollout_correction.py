@@ -19,17 +19,11 @@ A correction is active when `use_tis` is set or `custom_tis_function_path` is gi
 
 from __future__ import annotations
 
-import functools
-import types
-from collections.abc import Mapping
-from typing import Any
-
 import torch
-import yaml
 from torch import Tensor
 
 from miles_core.config.algo import AlgoConfig
-
+from miles_core.config.mis import load_options  # noqa: F401  (re-exported)
 from miles_core.resolve import resolve, takes_reference_args
 
 from . import reference_tis
@@ -65,18 +59,6 @@ def policy_ess_ratio(ppo_kl: Tensor, loss_mask: Tensor, reduce: Reducer) -> Tens
     (= pi/pi_old; the sequence ratio for gspo), reduced with R as a per-sample quantity. [N, T] -> scalar."""
     weights = torch.exp(torch.clamp(-ppo_kl.detach(), -LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND))  # [N, T]
     return reduce.per_sample(ess_ratio(weights, loss_mask), loss_mask)
-
-
-@functools.lru_cache(maxsize=16)
-def load_options(path: str | None) -> Mapping[str, Any]:
-    """The YAML mapping at `custom_config_path` (read once per path), read-only; {} for None."""
-    if path is None:
-        return types.MappingProxyType({})
-    with open(path, encoding="utf-8") as handle:
-        data = yaml.safe_load(handle) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"custom_config_path={path!r}: expected a YAML mapping of settings, got {type(data).__name__}")
-    return types.MappingProxyType(data)
 
 
 def resolve_tis_function(algo: AlgoConfig) -> TISFunction | None:

@@ -70,8 +70,7 @@ def _algo_rules(c: "TrainConfig") -> None:
 
 def _mis_options(a) -> None:
     """The built-in MIS reads its knobs from custom_config_path: check them now, not at the first train step."""
-    from miles_core.algorithms.mis import MIS_NAMES, MISConfig
-    from miles_core.algorithms.rollout_correction import load_options
+    from miles_core.config.mis import MIS_NAMES, MISConfig, load_options
 
     if a.custom_tis_function_path not in MIS_NAMES:
         return

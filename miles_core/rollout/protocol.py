@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: a config validates without importing torch
+    import torch
 
 
 @dataclass(frozen=True, kw_only=True)
