@@ -2,7 +2,9 @@
 the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Two cases: the multi-turn
 tiny-tools recipe (tool calls, loss-mask holes, multi_turn/* metrics) with async_mode one_step, where the
 checkpoint counts on the rollout generated ahead of it; and the Megatron trainer (its torch_dist
-checkpoint: model, optimizer, RNG, step count). The uninterrupted run goes beside the killed one.
+checkpoint: model, optimizer, RNG, step count). The uninterrupted run goes beside the killed one, and
+both runs talk to the session's Prefect server, as under `miles serve` (the SIGKILL before the first
+checkpoint below kills a run with its own ephemeral API, as a crash of a plain `miles train` would).
 
 Exact on CPU: sampling is seeded per (seed, rollout id), the data cursor, optimizer, RNG and step
 count come back from the checkpoint, and torch CPU kernels are deterministic for a fixed thread count.
@@ -47,20 +49,20 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
 # Torch with async_mode off on tiny is the case below the SIGKILL before the first checkpoint, and the fault-injection
 # resumes (tests/e2e/test_fault_inject.py); here: multi-turn one_step on torch, off on megatron (suite time).
 @pytest.mark.parametrize("recipe, mode, backend", [("tiny-tools", "one_step", "torch"), ("tiny", "off", "megatron")])
-def test_sigkill_then_rerun_reproduces_uninterrupted_run(request, tmp_path, tiny_model_dir, recipe, mode, backend):
+def test_sigkill_then_rerun_reproduces_uninterrupted_run(request, tmp_path, tiny_model_dir, prefect_api_url, recipe, mode, backend):
     if recipe == "tiny-tools":  # its model built once here (cached), not by both runs at once
         from miles_core.env import cache_dir
         from miles_core.models import resolve_model_path
 
         resolve_model_path("builtin://tiny-qwen2-tools", cache_dir())
-    env = {**os.environ, "COLUMNS": "120"}
+    env = {**os.environ, "COLUMNS": "120", "PREFECT_API_URL": prefect_api_url}
     full, killed = tmp_path / "full", tmp_path / "killed"
     # the uninterrupted run beside the one to kill (one thread each: the numbers do not depend on the other process)
     log = tmp_path / "full.log"
     with log.open("w") as out:
         uninterrupted = subprocess.Popen(_cli(full, mode, recipe, backend), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     request.addfinalizer(lambda: uninterrupted.poll() is None and uninterrupted.kill())
-    # its own process group: the SIGKILL takes the run's ephemeral Prefect API process down with it, as a crash would
+    # its own process group: the SIGKILL takes the whole run down (the server stays, as a real one would)
     proc = subprocess.Popen(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     latest = killed / "checkpoints" / "latest"
