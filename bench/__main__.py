@@ -17,7 +17,7 @@ import sys
 
 import yaml
 
-from miles_core.env import configure_environment
+from flows.env import configure_environment
 
 from .common import ROOT
 

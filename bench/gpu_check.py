@@ -3,17 +3,24 @@
 
     sglang    our SGLang launcher (miles_core/rollout/sglang/) on a random-weight Qwen2-0.5B: seconds to
               ready, generate tokens/s, and seconds per weight update through miles' WeightSync for each
-              mode (tensor, disk, broadcast over NCCL and over gloo; one GPU holds sender and engine)
+              mode SGLang takes (disk, broadcast over NCCL and over gloo; one GPU holds sender and engine),
+              SGLang 0.5.23's protocol (sessions, the version from /model_info): each mode on an engine launched
+              for it (a fresh state: one failure or hang does not hide the others), then the engine's log-probs
+              of its own samples against the sender model's (they must agree: the weights arrived) and against
+              the launch weights' (they must not: else the probe could not tell)
     torch     the torch trainer's GRPO train step (seconds, tokens/s, MFU)
-    megatron  one megatron-core GRPO step with the Transformer-Engine layer spec (the local spec on CPU),
-              miles' model mapping (training/megatron/) and losses: seconds, tokens/s, MFU
+    megatron  the Megatron trainer's GRPO rollout with the Transformer-Engine layer spec (the local spec on CPU),
+              THD-packed micro-batches, megatron-core's bf16 optimizer, then offload/onload, the weight gather and a
+              checkpoint save + restore: seconds, tokens/s, MFU
 
     python -m bench.gpu_check [--skip sglang,megatron] [--shape qwen2-0.5b|tiny] [--device cuda|cpu|auto] [--dry-run]
 
 Each part reports its own error in the JSON (``ok: false``, ``error``) and the others still run. The model
 is built here from Qwen2-0.5B's public config.json values with random weights (the step time does not depend
-on them), saved as an HF dir under bench/.tmp. MFU = model FLOPs (bench/flops.py accounting: 3 x forward of
-the real tokens) / (seconds x --peak-tflops; default by GPU name, none on CPU).
+on them), saved as an HF dir under bench/.tmp. tokens/s counts the batch's distinct tokens (each prompt once, every
+response). MFU = model FLOPs of the step as each trainer computes it (bench/flops.py: packed_train_flops for the
+torch trainer, which computes a group's prompt once and the LM head on responses only; train_flops for Megatron, every
+sample's full sequence) / (seconds x --peak-tflops; default from PEAK_TFLOPS by GPU name, none on CPU).
 """
 
 from __future__ import annotations
@@ -42,9 +49,21 @@ SHAPES = {
              "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 1},
 }
 PARTS = ("sglang", "torch", "megatron")
-SYNC_MODES = {"tensor": ("tensor", "gloo"), "disk": ("disk", "gloo"), "broadcast-nccl": ("broadcast", "nccl"),
-              "broadcast-gloo": ("broadcast", "gloo")}  # name -> (WeightSync mode, process-group backend)
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}  # dense bf16, by GPU name
+# name -> (WeightSync mode, process-group backend). No "tensor": SGLang's body is CUDA-IPC handles (refused at load).
+SYNC_MODES = {"disk": ("disk", "gloo"), "broadcast-nccl": ("broadcast", "nccl"), "broadcast-gloo": ("broadcast", "gloo")}
+LOGPROB_TOL = 0.1  # max |engine - sender| log-prob of the engine's sampled tokens after a sync (bf16 kernels differ)
+# Dense bf16 peak TFLOP/s (no sparsity) by the model in torch.cuda.get_device_name(), most specific first; vendor data
+# sheets: H100 SXM 989.4, H100 PCIe 756.5, H100 NVL 835.5 (per GPU), H200 SXM 989.4, B200 2250, MI300X 1307.4.
+PEAK_TFLOPS: tuple[tuple[str, str, float], ...] = (
+    ("H100 NVL", "H100 NVL", 835.5),
+    ("H100 PCIe", "H100 PCIe", 756.5),
+    ("H100", "H100 SXM", 989.4),  # "NVIDIA H100 80GB HBM3"
+    ("H200", "H200", 989.4),
+    ("B200", "B200", 2250.0),
+    ("MI300X", "MI300X", 1307.4),  # "AMD Instinct MI300X"
+    ("A100", "A100", 312.0),
+    ("L40S", "L40S", 362.0),
+)
 
 
 def model_config(shape: str, dtype: str = "bfloat16") -> dict:
@@ -101,10 +120,10 @@ def make_samples(n_prompts: int, group: int, prompt_len: int, resp_len: int, voc
     return out
 
 
-def check_config(a: argparse.Namespace, model_dir: Path):
+def check_config(a: argparse.Namespace, model_dir: Path, **overrides):
     """The TrainConfig every part reads (micro-batches of --micro-batch, one optimizer step per rollout; runtime ray:
-    where rollout_engine sglang runs, though no Ray runtime is built here)."""
-    from miles_core.config import build_config
+    where rollout_engine sglang runs, though no Ray runtime is built here), with a part's ``overrides``."""
+    from miles_core.assemble import build_config
 
     B, G, _, T = a.batch
     return build_config({
@@ -112,31 +131,65 @@ def check_config(a: argparse.Namespace, model_dir: Path):
         "rollout_batch_size": B, "n_samples_per_prompt": G, "micro_batch_size": a.micro_batch, "rollout_max_response_len": T,
         "dtype": a.dtype, "device": a.device, "runtime": "ray", "rollout_engine": "sglang", "lr": 1e-6,
         "sglang_skip_tokenizer_init": True, "sglang_mem_fraction_static": 0.5,  # random ids, no tokenizer; room for the sender
+        **overrides,
     })
 
 
 def step_figures(seconds: list[float], tokens: int, flops_per_step: float, peak_tflops: float | None) -> dict:
-    """Median seconds per step, tokens/s and MFU (None without a peak)."""
+    """Median seconds per step, tokens/s (``tokens``: the distinct tokens of the batch) and MFU (None without a peak)."""
     import statistics
 
     s = statistics.median(seconds)
-    return {"step_s": s, "steps_s": seconds, "tokens": tokens, "tokens_per_s": tokens / s,
+    return {"step_s": s, "steps_s": seconds, "tokens": tokens, "tokens_per_s": tokens / s, "flops_per_step": flops_per_step,
             "model_tflops_per_s": flops_per_step / s / 1e12,
             "mfu": (flops_per_step / s / 1e12 / peak_tflops) if peak_tflops else None}
 
 
-def train_flops(shape: str, samples: list) -> float:
-    """3 x forward FLOPs of every real token (bench/flops.py), on a meta-device copy of the model."""
+def distinct_tokens(batch: tuple[int, int, int, int]) -> int:
+    """The tokens a rollout holds: each prompt once (B x P), every response (B x G x T)."""
+    B, G, P, T = batch
+    return B * P + B * G * T
+
+
+def meta_model(shape: str):
+    """The Qwen2 of ``shape`` on the meta device (its FLOPs, no weights)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from .flops import forward_flops_per_token
-
     config = {k: v for k, v in model_config(shape).items() if k not in ("architectures", "model_type", "torch_dtype")}
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(Qwen2Config(**config))
-    L = len(samples[0].tokens)
-    return 3 * forward_flops_per_token(model, (L + 1) / 2) * sum(len(s.tokens) for s in samples)
+        return Qwen2ForCausalLM(Qwen2Config(**config))
+
+
+def torch_step_flops(shape: str, batch: tuple[int, int, int, int], old_pass: bool) -> float:
+    """The torch trainer's step as it computes it (bench/flops.py packed_train_flops): each group's prompt once, the
+    LM head on the responses only; ``old_pass``: a separate old-log-prob forward (off when the step is on-policy)."""
+    from .flops import packed_train_flops
+
+    B, G, P, T = batch
+    return packed_train_flops(meta_model(shape), [(P, [T] * G)] * B, old_pass)
+
+
+def megatron_step_flops(shape: str, batch: tuple[int, int, int, int]) -> float:
+    """The Megatron trainer's step as it computes it (bench/flops.py train_flops): every sample's prompt + response,
+    the LM head at every position, and the old-log-prob forward pass."""
+    from .flops import train_flops as sequence_flops
+
+    B, G, P, T = batch
+    return sequence_flops(meta_model(shape), [P + T] * (B * G), old_pass=True)
+
+
+def timed_rollouts(trainer, samples: list, steps: int) -> tuple[list[float], object]:
+    """train_rollout ``steps`` + 1 times (the first warms up: allocator, kernels) -> (seconds of the timed ones, last output)."""
+    rewards = [s.reward for s in samples]
+    seconds, out = [], None
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        out = trainer.train_rollout(samples, rewards, i)
+        _sync_device()
+        if i:
+            seconds.append(time.perf_counter() - t0)
+    return seconds, out
 
 
 # ---- the parts -------------------------------------------------------------------------------------
@@ -147,90 +200,40 @@ def part_torch(a: argparse.Namespace, model_dir: Path) -> dict:
 
     cfg = check_config(a, model_dir)
     trainer = build_torch_trainer(TrainerContext(cfg=cfg, model_path=model_dir, tokenizer=_PadOnly()))
-    samples = make_samples(*a.batch, SHAPES[a.shape]["vocab_size"])
-    rewards = [s.reward for s in samples]
-    seconds = []
-    for i in range(a.steps + 1):  # the first step warms up (allocator, kernels)
-        t0 = time.perf_counter()
-        out = trainer.train_rollout(samples, rewards, i)
-        _sync_device()
-        if i:
-            seconds.append(time.perf_counter() - t0)
-    return {"device": str(trainer.device), **step_figures(seconds, sum(len(s.tokens) for s in samples),
-                                                          train_flops(a.shape, samples), a.peak_tflops),
+    seconds, out = timed_rollouts(trainer, make_samples(*a.batch, SHAPES[a.shape]["vocab_size"]), a.steps)
+    flops = torch_step_flops(a.shape, a.batch, old_pass=not trainer.on_policy)
+    return {**trainer.run_params(), **step_figures(seconds, distinct_tokens(a.batch), flops, a.peak_tflops),
             "grad_norm": out.steps[0]["train/grad_norm"]}
 
 
 def part_megatron(a: argparse.Namespace, model_dir: Path) -> dict:
-    """One GRPO step of megatron-core per timed repeat: forward, miles' advantages and policy loss, backward, AdamW, on
-    the HF dir's weights (miles' HF -> Megatron mapping), so its first grad norm is the torch part's."""
-    import torch
+    """The Megatron trainer (training/megatron/) on a GRPO rollout, timed after a warm-up: on CUDA the Transformer-Engine
+    spec, packed micro-batches as THD (use_dynamic_batch_size), megatron-core's bf16 optimizer with fp32 main weights;
+    then offload / onload, the weight-sync gather (in the model dtype) and a checkpoint save + restore: what docs/gpu.md
+    lists as written, not yet run on a GPU. On the HF dir's weights, so its grad norm is the torch part's."""
+    from miles_core.training.megatron.trainer import MegatronTrainer
 
-    from miles_core.algorithms import AdvantageInputs, LossInputs, Reducer, actor_loss, compute_advantages
-    from miles_core.config.parallel import ParallelConfig
-    from miles_core.device import resolve_device
-    from miles_core.training.megatron import model as mmodel
-    from miles_core.training.megatron import parallel, weights
-    from miles_core.training.megatron.logprobs import mask_padded_vocab, token_log_probs
-    from miles_core.training.megatron.model_args import from_hf_config
-    from miles_core.training.megatron.trainer import load_hf_state
-
-    cfg, device = check_config(a, model_dir), resolve_device(a.device)
-    te = device.type == "cuda"
-    args = from_hf_config(json.loads((model_dir / "config.json").read_text()))
-    parallel.init_parallel(ParallelConfig(), seed=0, device=device.type)
+    B, G, P, T = a.batch
+    cfg = check_config(a, model_dir, train_backend="megatron", use_dynamic_batch_size=True,
+                       max_tokens_per_gpu=a.micro_batch * (P + T))
+    trainer = MegatronTrainer(cfg, model_dir, pad_id=_PadOnly.pad_token_id)
     try:
-        dtype = getattr(torch, a.dtype)
-        stage = mmodel.build_stage(args, mmodel.transformer_config(args, ParallelConfig(), dtype, cpu=not te),
-                                   use_transformer_engine=te)
-        local = weights.shard(weights.hf_to_full(load_hf_state(model_dir, args), args), stage)  # the torch part's weights
-        stage.load_state_dict({k: v.to(dtype) for k, v in local.items()}, strict=False)
-        stage.to(device)
-        opt = torch.optim.AdamW(stage.parameters(), lr=1e-6, fused=True)
-        samples = make_samples(*a.batch, args.vocab_size)
-        B, G, P, T = a.batch
-        ids = torch.tensor([s.tokens for s in samples], device=device)  # [N, P + T], no padding
-        pos = torch.arange(P + T, device=device).expand_as(ids)
-        # TE's attention is causal by itself; the local spec takes the mask (True = masked), [1, 1, L, L]
-        causal = None if te else ~torch.ones((P + T, P + T), dtype=torch.bool, device=device).tril()[None, None]
-        mask = torch.ones((len(samples), T), device=device)  # [N, T]
-        reduce = Reducer(cfg.algo.calculate_per_token_loss, num_samples=len(samples), num_tokens=float(mask.sum()))
-        rewards = torch.tensor([s.reward for s in samples], device=device)
-        groups = torch.tensor([s.group_index for s in samples], device=device)
-        adv, _, _ = compute_advantages(cfg.algo, AdvantageInputs(rewards=rewards, group_index=groups, loss_mask=mask,
-                                                                  old_log_probs=torch.zeros_like(mask)))  # [N, T] GRPO: rewards only
-
-        def step() -> float:
-            opt.zero_grad(set_to_none=True)
-            for s in range(0, len(samples), a.micro_batch):
-                rows = slice(s, s + a.micro_batch)
-                logits = stage(input_ids=ids[rows], position_ids=pos[rows], attention_mask=causal)  # [n, P + T, V]
-                resp = mask_padded_vocab(logits[:, P - 1 : -1].float() / cfg.rollout.rollout_temperature, args.vocab_size)
-                logp = token_log_probs(resp, ids[rows, P:])  # [n, T]
-                loss, _ = actor_loss(cfg.algo, LossInputs(log_probs=logp, old_log_probs=logp.detach(), advantages=adv[rows],
-                                                          loss_mask=mask[rows]), reduce)
-                loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(stage.parameters(), 1.0)
-            opt.step()
-            return float(norm)
-
-        seconds, norm = [], None
-        for i in range(a.steps + 1):
-            t0 = time.perf_counter()
-            norm = step()
-            _sync_device()
-            if i:
-                seconds.append(time.perf_counter() - t0)
-        spec = "transformer_engine" if te else "local"
-        return {"device": str(device), "layer_spec": spec, "dtype": a.dtype, "grad_norm": norm,
-                **step_figures(seconds, ids.numel(), train_flops(a.shape, samples), a.peak_tflops)}
+        seconds, out = timed_rollouts(trainer, make_samples(*a.batch, SHAPES[a.shape]["vocab_size"]), a.steps)
+        trainer.offload()
+        trainer.onload()
+        sent = sorted({str(t.dtype).removeprefix("torch.") for _, t in trainer.named_tensors()})
+        trainer.save(a.work_dir / "megatron_ckpt", 0, {})
+        restored = trainer.restore(a.work_dir / "megatron_ckpt") is not None
+        return {**trainer.run_params(), "dtype": a.dtype, "sent_dtypes": sent, "restored": restored,
+                **step_figures(seconds, distinct_tokens(a.batch), megatron_step_flops(a.shape, a.batch), a.peak_tflops),
+                "grad_norm": out.steps[0]["train/grad_norm"]}
     finally:
-        parallel.teardown()
+        trainer.close()
 
 
 def part_sglang(a: argparse.Namespace, model_dir: Path) -> dict:
-    """Launch, generate tokens/s, then one weight update per sync mode (each with its own error and timeout)."""
-    from miles_core.rollout.http import EngineRouter, HTTPEngineClient
+    """Launch, generate tokens/s; then each sync mode on an engine launched for it (with its own error and timeout)."""
+    from miles_core.rollout.http import HTTPEngineClient
     from miles_core.rollout.protocol import GenerateRequest, SamplingParams
     from miles_core.rollout.sglang.launch import engine_client_options, require_sglang
     from miles_core.rollout.sglang.process import SGLangProcess
@@ -238,24 +241,23 @@ def part_sglang(a: argparse.Namespace, model_dir: Path) -> dict:
     cfg = check_config(a, model_dir)
     require_sglang(cfg)
     launch = sglang_launch(a.work_dir)
+    B, G, P, T = a.batch
+    params = SamplingParams(temperature=1.0, max_new_tokens=T)
+    requests = [GenerateRequest(input_ids=s.tokens[:P], params=params) for s in make_samples(B, G, P, 0, SHAPES[a.shape]["vocab_size"])]
     t0 = time.perf_counter()
     with SGLangProcess.start(cfg, launch, a.work_dir / "engines") as proc:
         proc.wait_ready(a.sglang_timeout)
-        out: dict = {"ready_s": time.perf_counter() - t0}
+        out: dict = {"ready_s": time.perf_counter() - t0, "log": str(proc.log_path)}
         client = HTTPEngineClient(proc.url, **engine_client_options(cfg, launch.api_key))
-        B, G, P, T = a.batch
-        params = SamplingParams(temperature=1.0, max_new_tokens=T)
-        requests = [GenerateRequest(input_ids=s.tokens[:P], params=params) for s in make_samples(B, G, P, 0, SHAPES[a.shape]["vocab_size"])]
         client.generate(requests[:2], seed=0)  # warm-up
         t1 = time.perf_counter()
         results = client.generate(requests, seed=1)
         dt = time.perf_counter() - t1
         new = sum(len(r.output_ids) for r in results)
         out.update(generate_s=dt, generated_tokens=new, generate_tokens_per_s=new / dt, requests=len(requests))
-        router = EngineRouter.from_urls([proc.url], {"api_key": launch.api_key, "bucket_bytes": cfg.cluster.update_weight_buffer_size})
-        out["weight_sync"] = {name: run_part(lambda m=name, v=v: _one_sync(cfg, router, client, model_dir, m, v), a.sync_timeout)
-                              for v, name in enumerate(SYNC_MODES, start=1)}
-        out["log"] = str(proc.log_path)
+    # run_part(...) of a dict that has its own "ok": that one is kept (a failed sync is a figure, not an error of the part)
+    out["weight_sync"] = {name: run_part(lambda m=name, v=v: sync_on_fresh_engine(a, cfg, model_dir, m, v, requests[:4]))
+                          for v, name in enumerate(SYNC_MODES, start=1)}
     return out
 
 
@@ -266,24 +268,83 @@ def sglang_launch(work_dir: Path):
     return EngineLaunch(model_path=str(work_dir / "model"), host="127.0.0.1", port=free_port(), api_key=new_api_key())
 
 
-def _one_sync(cfg, router, client, model_dir: Path, name: str, version: int) -> dict:
-    """miles' WeightSync of the model's weights (held on the GPU, as a trainer holds them) into the engine."""
+def sync_on_fresh_engine(a: argparse.Namespace, cfg, model_dir: Path, name: str, version: int, probe: list) -> dict:
+    """One sync mode on an SGLang engine launched for it: a fresh state (the launch weights, version 0, no session, no
+    process group), so a mode that fails, or hangs in its collective, leaves nothing behind for the next one; the engine
+    is stopped afterwards in any case (a hung sync's thread then finds its peer gone). -> _one_sync's figures, or
+    {"ok": False, "error", ...}."""
+    from miles_core.rollout.sglang.process import SGLangProcess
+
+    launch = sglang_launch(a.work_dir)
+    t0 = time.perf_counter()
+    with SGLangProcess.start(cfg, launch, a.work_dir / "engines") as proc:
+        proc.wait_ready(a.sglang_timeout)
+        ready_s = time.perf_counter() - t0
+        opts = {"api_key": launch.api_key, "bucket_bytes": cfg.cluster.update_weight_buffer_size}
+        result = run_part(lambda: _one_sync(cfg, proc.url, opts, model_dir, name, version, probe), a.sync_timeout)
+    return {**result, "ready_s": ready_s, "log": str(proc.log_path)}
+
+
+SYNC_SCALE = 1.5  # the sender's weights: the launch weights x (SYNC_SCALE + version / 100), far enough for the probe to tell
+
+
+def _one_sync(cfg, url: str, client_opts: dict, model_dir: Path, name: str, version: int, probe: list) -> dict:
+    """miles' WeightSync of weights of its own (the launch weights scaled, held on the GPU as a trainer holds them) into a
+    fresh engine (it serves version 0, /model_info), on its own router; then the engine's log-probs of its own samples:
+    equal to the sender model's (within LOGPROB_TOL), and unlike the launch weights' (else the probe tells nothing)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from miles_core.device import resolve_device
+    from miles_core.rollout.http import EngineRouter
     from miles_core.weights.sync import WeightSender, WeightSync
 
     mode, backend = SYNC_MODES[name]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.misc.dtype)).to(resolve_device(cfg.cluster.device))
+    load = lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, cfg.misc.dtype)).to(  # noqa: E731
+        resolve_device(cfg.cluster.device))
+    model, launched = load(), load()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(SYNC_SCALE + version / 100)
     sender = WeightSender(lambda: model.state_dict().items(), model.config)
     sync = WeightSync(mode, cfg.cluster.update_weight_buffer_size, cfg.run_dir / "weight_sync", backend=backend)
-    try:
-        seconds = sync.sync(sender, router, version)["perf/update_weights_time"]
-    finally:
-        sync.close()
+    with EngineRouter.from_urls([url], client_opts) as router:
+        client = router.slots[0].client
+        before = client.get_weight_version()  # GET /model_info
+        if before != 0:
+            raise RuntimeError(f"the engine for the {name} sync is not fresh: it serves version {before}")
+        try:
+            seconds = sync.sync(sender, router, version)["perf/update_weights_time"]
+        finally:
+            sync.close()
+        gap, control = logprob_gaps([model, launched], client, probe)
+        served = client.get_weight_version()
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    return {"seconds": seconds, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9, "engine_version": client.get_weight_version()}
+    if served != version or gap > LOGPROB_TOL or control <= LOGPROB_TOL:
+        raise RuntimeError(f"after the {name} sync the engine serves version {served} (want {version}), log-prob gap "
+                           f"{gap:.3g} to the sender (tolerance {LOGPROB_TOL}), {control:.3g} to the launch weights "
+                           f"(must exceed {LOGPROB_TOL}: else the probe cannot tell the weights apart)")
+    return {"seconds": seconds, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9, "engine_version": served,
+            "logprob_max_abs_diff": gap, "logprob_diff_to_launch_weights": control}
+
+
+def logprob_gap(model, engine, requests: list) -> float:
+    """Max |log-prob| difference of the engine's sampled tokens, engine vs ``model`` scoring the same ids."""
+    return logprob_gaps([model], engine, requests)[0]
+
+
+def logprob_gaps(models: list, engine, requests: list) -> list[float]:
+    """logprob_gap of each of ``models`` over one generate of the engine (the same samples for every model)."""
+    from miles_core.models.scoring import score_tokens
+
+    results = engine.generate(requests, seed=7)
+    ids = [list(r.input_ids) + res.output_ids for r, res in zip(requests, results)]
+    out = []
+    for model in models:
+        scored = score_tokens(model, ids, requests[0].params.temperature)
+        out.append(max((abs(a - b) for r, res, s in zip(requests, results, scored)
+                        for a, b in zip(res.output_log_probs, s[len(r.input_ids) - 1:])), default=0.0))
+    return out
 
 
 class _PadOnly:
@@ -315,14 +376,19 @@ def plan(a: argparse.Namespace) -> list[str]:
         elif part == "sglang":
             cmd = launch_command(check_config(a, model_dir), sglang_launch(a.work_dir))
             shown = ["***" if i and cmd[i - 1] == "--api-key" else c for i, c in enumerate(cmd)]
-            lines.append(f"sglang: {' '.join(shown)}; generate {B * G} requests; weight sync modes {list(SYNC_MODES)}")
+            lines.append(f"sglang: {' '.join(shown)}; generate {B * G} requests; weight sync modes {list(SYNC_MODES)}, "
+                         "each on an engine launched for it")
         elif part == "torch":
             lines.append("torch: build_torch_trainer + train_rollout (GRPO)")
         else:
             import torch
 
-            spec = "transformer_engine" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available()) else "local"
-            lines.append(f"megatron: GPTModel with the {spec} layer spec in {a.dtype}, GRPO step")
+            from miles_core.training.megatron.model import layer_spec
+
+            cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+            spec = layer_spec("cuda" if cuda else "cpu").name
+            lines.append(f"megatron: MegatronTrainer with the {spec} layer spec in {a.dtype}, GRPO rollouts, offload/onload, "
+                         "weight gather, checkpoint save + restore")
     return lines
 
 
@@ -360,8 +426,12 @@ def _peak_by_name() -> float | None:
 
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    return peak_for(torch.cuda.get_device_name())
+
+
+def peak_for(device_name: str) -> float | None:
+    """The dense bf16 peak TFLOP/s of the GPU ``device_name`` names (PEAK_TFLOPS), None for one not in the table."""
+    return next((tflops for key, _, tflops in PEAK_TFLOPS if key in device_name), None)
 
 
 PART_FUNCTIONS = {"sglang": part_sglang, "torch": part_torch, "megatron": part_megatron}
@@ -369,7 +439,7 @@ PART_FUNCTIONS = {"sglang": part_sglang, "torch": part_torch, "megatron": part_m
 
 def run(a: argparse.Namespace) -> Result:
     """Build the model, run every part not skipped (each with its own error), -> the Result (not written yet)."""
-    from miles_core.env import configure_environment
+    from flows.env import configure_environment
 
     configure_environment()
     model_dir = a.work_dir / "model"

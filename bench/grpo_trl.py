@@ -84,7 +84,7 @@ class MilesSide:
     """The local Runtime driven stage by stage, as the train flow does (without Prefect)."""
 
     def __init__(self, shape: Shape, seed: int, extra: dict | None = None, tag: str = "miles"):
-        from miles_core.config import load_config
+        from flows.recipes import load_config
         from miles_core.runtime.placement import build_runtime
 
         run_dir = TMP / "grpo_trl" / tag

@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from miles_core.data.tasks import BUILTIN_TASKS  # noqa: E402
-from miles_core.env import cache_dir, configure_environment  # noqa: E402
+from miles_core.env import cache_dir, configure_library_environment  # noqa: E402
 from miles_core.models import resolve_model_path  # noqa: E402
 from miles_core.rollout.hf_engine import HFEngine  # noqa: E402
-from miles_core.rollout.http import EngineRouter, load_engine, spawn_server_process  # noqa: E402
+from miles_core.rollout.http import EngineRouter, HFEngine, spawn_server_process  # noqa: E402
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams  # noqa: E402
 
 SEED = 1234
@@ -75,7 +75,7 @@ def token_match(a, b) -> float:
 
 
 def inprocess_cases(model_path, args) -> tuple[list[GenerateRequest], dict, dict]:
-    engine = load_engine(model_path, batching="exact")
+    engine = HFEngine.from_pretrained(model_path, batching="exact")
     requests = build_requests(engine.tokenizer, args.prompts, args.group, args.max_new_tokens)
     cases, outputs = {}, {}
     stock = HFEngine(engine.model, engine.tokenizer)
@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    configure_environment()
+    configure_library_environment()
     model_path = resolve_model_path("builtin://tiny-qwen2", cache_dir())
 
     # start the four servers first (start-ups overlap): idle servers cost no CPU during the cases

@@ -43,7 +43,7 @@ def _one_shape(name: str, shape: str, repeats: int) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from miles_core.config import build_config
+    from miles_core.assemble import build_config
     from miles_core.training.megatron.trainer import MegatronTrainer
     from miles_core.training.torch_trainer import TorchTrainer
 

@@ -32,7 +32,7 @@ PER_ROLLOUT_TASKS = ("generate", "train", "update-weights")  # async_mode off: e
 
 
 def _config(tag: str, rollouts: int, overrides: dict | None = None):
-    from miles_core.config import load_config
+    from flows.recipes import load_config
 
     run_dir = TMP / "orchestration" / tag
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -30,7 +30,7 @@ def _token_counts(rt, rollout_id: int) -> dict:
 
 
 def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2") -> dict:
-    from miles_core.config import load_config
+    from flows.recipes import load_config
     from miles_core.runtime.placement import build_runtime
 
     run_dir = TMP / tag
@@ -61,7 +61,7 @@ def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2
     if cfg.eval.eval_prompt_data:
         evals.append(rt.evaluate().metrics)
     old_pass = not getattr(rt.trainer, "on_policy", False) and not cfg.algo.use_rollout_logprobs
-    return {"cfg": cfg, "model": rt.trainer.model, "setup_s": setup_s, "steps": steps, "evals": evals, "old_pass": old_pass}
+    return {"cfg": cfg, "model": rt.trainer.engine.model, "setup_s": setup_s, "steps": steps, "evals": evals, "old_pass": old_pass}
 
 
 def bench(rollouts: int | None, peak_repeats: int, torch_compile: bool = False) -> Result:

@@ -27,7 +27,7 @@ from .common import TMP, Result, summarize, table
 
 def real_metrics(steps: int = 4) -> tuple[dict, dict, float]:
     """(train-step metrics, rollout metrics, median seconds of a tiny-recipe rollout) from real rollouts."""
-    from miles_core.config import load_config
+    from flows.recipes import load_config
     from miles_core.runtime.placement import build_runtime
 
     run_dir = TMP / "tracking" / "run"

@@ -14,7 +14,8 @@ import yaml
 from rich.console import Console
 
 import flows  # noqa: F401  (configures the environment first)
-from miles_core.config import GROUPS, list_recipes, load_config
+from miles_core.config import GROUPS
+from flows.recipes import list_recipes, load_config
 
 from .errors import DEBUG_ENV, debug_enabled, describe, exit_code
 
@@ -111,10 +112,10 @@ def _with_config_flags(name: str, help: str, fn) -> None:
 
 def _passthrough(args: list[str]) -> dict[str, Any]:
     """``--sglang-mem-fraction-static 0.7 --sglang-enable-metrics`` -> {"sglang_mem_fraction_static": 0.7, ...},
-    read as SGLang's argparse reads them (miles_core/rollout/sglang/server_args.py). Anything else is an error."""
+    read as SGLang's argparse reads them (miles_core/config/server_args.py). Anything else is an error."""
     if not args:
         return {}
-    from miles_core.rollout.sglang.server_args import PassthroughError, parse_cli
+    from miles_core.config.server_args import PassthroughError, parse_cli
 
     try:
         return {f"sglang_{k}": v for k, v in parse_cli(args).items()}
@@ -137,6 +138,9 @@ def _train(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
     with _one_message({"run_dir": cfg.run_dir, "save": cfg.save_dir, "export": cfg.export_dir}):
         preflight(cfg)  # inputs, outputs, devices: before Prefect starts or any model loads
         runlock.probe(cfg)  # another run on these dirs: refused now (the flow holds the lock)
+        from flows.tracking import check_resume_early  # here: MLflow's import is not paid by the refusals above
+
+        check_resume_early(cfg)  # a resume with changed params: refused before Prefect starts or a progress bar shows
         run_train(cfg, console)
 
 
@@ -156,6 +160,32 @@ def recipes(validate: bool = typer.Option(False, "--validate", help="Load and va
             console.print(name)
 
 
+@app.command("recipe")
+def recipe_cmd(
+    args: list[str] = typer.Argument(..., metavar="import -- [REFERENCE FLAGS...]", help="`import`, then (after `--`) the "
+                                     "reference's train.py flags, as its launch commands write them."),
+    out: str = typer.Option(..., "-o", "--out", help="The recipe YAML to write."),
+    base: Optional[str] = typer.Option(None, "--base", help="Recipe the import extends (`extends: BASE`): only values that "
+                                       "differ from it are written (default: only values that differ from miles' defaults)."),
+    from_file: Optional[str] = typer.Option(None, "--from-file", help="Read the flags from a launch script or a flags file "
+                                            "(shell style: \\ continuations, comments, NAME=( ... ) arrays, ${NAME[@]})."),
+    model: Optional[str] = typer.Option(None, "--model", help="The named model spec ${MODEL_ARGS[@]} stands for (see `miles "
+                                        "model-args`); default: the script's `source scripts/models/<name>.sh` line."),
+    allow_refused: bool = typer.Option(False, "--allow-refused", help="Write the recipe even though some flags cannot be "
+                                       "honoured: they become comments with their reasons (default: exit 2 listing them)."),
+) -> None:
+    """Import a reference launch command as a recipe: each flag mapped to a field (or refused with its reason)."""
+    from flows.recipe_import import run_import
+
+    if args[0] != "import":
+        console.print(f"[red]error:[/red] miles recipe takes `import`; got {args[0]!r}")
+        raise typer.Exit(2)
+    with _one_message():
+        code = run_import(args[1:], out=Path(out), base=base, from_file=from_file, model=model, allow_refused=allow_refused,
+                          echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    raise typer.Exit(code)
+
+
 AS_PARAMS = typer.Option(False, "--as-params", help="Print {\"config\": ...} as JSON: the parameters of a train deployment "
                          "(prefect deployment run train/<recipe> --params \"$(miles config RECIPE --as-params)\").")
 
@@ -172,17 +202,23 @@ def _show(recipe_file: str = RECIPE_ARG, as_params: bool = AS_PARAMS, **flags: A
 
 _with_config_flags("config", "Print the resolved config of a recipe with flags applied.", _show)
 
-EVAL_TARGET = typer.Argument(..., metavar="TARGET", help="A checkpoint dir, a save dir, an HF export dir or one HF snapshot.")
+EVAL_TARGET = typer.Argument(..., metavar="TARGET", help="A checkpoint dir, a save dir, an HF export dir, one HF snapshot "
+                             "or a run dir (its checkpoints/).")
 EVAL_ALL = typer.Option(False, "--all", help="Every checkpoint/snapshot under TARGET not evaluated yet (default: the latest).")
 
 
 def _eval(target: str = EVAL_TARGET, all_points: bool = EVAL_ALL, **flags: Any) -> None:
+    from flows.eval_target import precheck
+
+    with _one_message():
+        target = str(precheck(target))  # before Prefect or torch import: a bad path is refused in about a second
+        overrides = parse_overrides(flags)
     from flows.evaluate import evaluate
     from flows.run import _quiet_libraries
 
     _quiet_libraries()
     with _one_message():
-        s = evaluate(target, "all" if all_points else "latest", parse_overrides(flags))
+        s = evaluate(target, "all" if all_points else "latest", overrides)
     console.print(f"MLflow run        : {s['mlflow_run_id']}{'  (linked: the training run is gone)' if s['linked_run'] else ''}")
     console.print(f"evaluated         : eval/step {s['evaluated'] or 'none'}")
     console.print(f"already evaluated : eval/step {s['already_evaluated'] or 'none'}")
@@ -250,9 +286,13 @@ def convert_cmd(
     if len(args) != 3:
         console.print(f"[red]error:[/red] miles convert {args[0]} takes SOURCE OUT; got {args[1:]}")
         raise typer.Exit(2)
-    from miles_core.training.megatron import convert as mconvert
+    from miles_core.checkpoint.hf_load import check_hf_weights
 
     try:
+        if args[0] == "hf-to-torch-dist":
+            check_hf_weights(Path(args[1]))  # headers vs config.json: seconds, before megatron is even imported
+        from miles_core.training.megatron import convert as mconvert
+
         if args[0] == "hf-to-torch-dist":
             summary = mconvert.hf_to_torch_dist(args[1], args[2])
         else:
@@ -272,18 +312,18 @@ def model_args_cmd(
     import json
     from pathlib import Path
 
-    from miles_core.training.megatron.model_args import check_named, named
+    from miles_core.training.megatron.model_args import check_named, named, reference_flags
 
     try:
         if config is None:
-            spec = named(name)
+            named(name)  # an unknown name is refused, listing the valid ones
         else:
             path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
-            spec = check_named(name, json.loads(path.read_text()), str(path))
+            check_named(name, json.loads(path.read_text()), str(path))
     except (ValueError, OSError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from None
-    typer.echo("\n".join(spec.flags()))
+    typer.echo("\n".join(reference_flags(name)))
 
 
 @app.command("serve")

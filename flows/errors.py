@@ -20,8 +20,13 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, FileNot
 LOW_SPACE_BYTES = 64 * 1024**2
 
 
+def debug_value(text: str) -> bool:
+    """MILES_DEBUG's value: any text but empty or 0 turns the full tracebacks on."""
+    return text not in ("", "0")
+
+
 def debug_enabled(flag: bool = False) -> bool:
-    return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    return flag or debug_value(os.environ.get(DEBUG_ENV, ""))
 
 
 def exit_code(e: BaseException) -> int:
@@ -33,6 +38,10 @@ def describe(e: BaseException, dirs: dict[str, Path] | None = None) -> list[str]
     if isinstance(e, INPUT_ERRORS):
         return [f"error: {e}"]
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        from miles_core.checkpoint import DiskFull  # imported here: it brings torch
+
+        if isinstance(e, DiskFull):  # it names the path and the bytes it needed (miles_core/checkpoint/_fs.py)
+            return [f"error: {e}", *_where(dirs)]
         return [f"error: no space left on device: {_full_paths(e, dirs or {})}", *_where(dirs)]
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return [f"error: {type(e).__name__}: {first[:500]}", *_where(dirs)]
@@ -49,6 +58,23 @@ def _full_paths(e: OSError, dirs: dict[str, Path]) -> str:
 def _where(dirs: dict[str, Path] | None) -> list[str]:
     lines = []
     if dirs and "run_dir" in dirs:
-        lines.append(f"run dir: {dirs['run_dir']} (the MLflow run there is tagged miles.failure; rerun to resume)")
+        lines.append(f"run dir: {dirs['run_dir']} ({mlflow_state(dirs['run_dir']) or 'no MLflow run opened'}; rerun to resume)")
     lines.append(f"full traceback: miles --debug ... or {DEBUG_ENV}=1")
     return lines
+
+
+def mlflow_state(run_dir: Path) -> str | None:
+    """What the MLflow run of ``run_dir`` (its mlflow_run.json) says now: its status and failure tags, as read from
+    the store (never what a hook was meant to write); None when the dir names no run or the store cannot be read."""
+    import json
+
+    marker = Path(run_dir) / "mlflow_run.json"
+    try:
+        info = json.loads(marker.read_text())
+        from miles_core.tracking.mlflow_tracker import mlflow_client
+
+        run = mlflow_client(info["tracking_uri"]).get_run(info["run_id"])
+    except Exception:  # no marker, a bad one, or a store that is gone: say nothing rather than guess
+        return None
+    tags = {k: v for k, v in run.data.tags.items() if k in ("miles.failure", "miles.interrupted", "miles.resume_from_rollout")}
+    return f"MLflow run {run.info.run_id} is {run.info.status}" + "".join(f", {k}={v}" for k, v in sorted(tags.items()))

@@ -21,7 +21,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
 
-from miles_core.config import ConfigError, TrainConfig, build_config, read_recipe
+from miles_core.config import ConfigError, TrainConfig
+from flows.recipes import read_recipe
+from miles_core.assemble import build_config
 from miles_core.evaluation import PointResult
 from miles_core.runtime import registry
 from miles_core.evaluation.discover import RunRef, find_points, find_run
@@ -30,6 +32,7 @@ from tasks.evaluate import eval_point, prepare_eval, release_eval, snapshot_coll
 from tasks.timeouts import timed
 from tasks.stages import evaluate as evaluate_live
 
+from flows.crashed import mark_crashed
 from flows.promotion import judge_pending  # registered versions that wait for an eval, judged behind the promotion gate
 
 
@@ -37,17 +40,34 @@ from flows.promotion import judge_pending  # registered versions that wait for a
 def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides: dict[str, Any] | None = None) -> dict:
     """Evaluate checkpoints or HF snapshots of a training run, logged into that run at their eval/step.
 
-    target: a checkpoint dir, a save dir, an HF export dir (<export>/<rollout_id>/...) or one snapshot.
+    target: a checkpoint dir, a save dir, an HF export dir (<export>/<rollout_id>/...) or one snapshot; or the
+        runs dir of a deployment (runs/<deployment>, flows/rundir.py): every run dir's save dir, each into its run.
     which: latest = the newest complete one; all = every one the run has not evaluated yet.
     overrides: config fields over the run's own (eval_prompt_data, eval_config, n_samples_per_eval_prompt,
         mlflow_tracking_uri, recipe when the run's params are gone, ...).
     """
+    save_dirs = deployment_save_dirs(Path(target))
+    if save_dirs:
+        return {"runs": {str(d): _evaluate_one(str(d), which, overrides) for d in save_dirs}}
+    return _evaluate_one(target, which, overrides)
+
+
+def deployment_save_dirs(target: Path) -> list[Path]:
+    """The save dirs of the run dirs in ``target`` when it is a deployment's runs dir (not a run dir itself), else []."""
+    if not target.is_dir() or (target / "mlflow_run.json").exists():
+        return []
+    return sorted(m.parent / "checkpoints" for m in target.glob("*/mlflow_run.json") if (m.parent / "checkpoints").is_dir())
+
+
+def _evaluate_one(target: str, which: str, overrides: dict[str, Any] | None) -> dict:
     overrides = dict(overrides or {})
     points = find_points(Path(target), which)
     if not points:
         raise FileNotFoundError(f"{target}: no complete checkpoint or HF snapshot to evaluate (half-written ones are skipped "
                                 "with a warning)")
     ref = find_run(Path(target), points, overrides.get("mlflow_tracking_uri"))
+    if ref.run_dir is not None:
+        mark_crashed(ref.run_dir)  # a training run killed outright: FAILED as crashed before its eval lands
     ledger = EvalLedger(ref, overrides.get("mlflow_experiment_name", "miles"), link_key=ref.run_id or str(Path(target).absolute()))
     done = ledger.done_steps()
     todo = [p for p in points if p.step not in done]

@@ -3,7 +3,8 @@
 The MLflow run is named ``<recipe> · <flow-run name>`` (unless mlflow_run_name says otherwise) and
 tagged with the flow run's id, name, UI URL (when the Prefect API has a UI: ``miles serve``), the
 deployment, and the project's git commit (``mlflow.source.git.commit``, which MLflow's UI shows); the
-experiment is of kind model training, so MLflow's UI opens it on runs and charts. The MLflow run URL
+experiment is tagged of kind model training, and the links carry ``workflowType=machine_learning``, so
+MLflow's UI opens them on runs and charts. The MLflow run URL
 (for the Prefect summary) is known when the store is an MLflow server, or ``mlflow_ui_url`` names one.
 """
 
@@ -16,7 +17,11 @@ from pathlib import Path
 from miles_core.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # MLflow UI: "model training"
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the experiment page's kind selector: "Machine learning"
+# MLflow 3.17's UI does not choose the view by that tag: its workflow switch (always on) takes the page's
+# ``workflowType`` query parameter, else the browser's saved choice, else "genai" (Traces first). Every MLflow
+# page miles links carries the model-training view (tests/tracking/test_mlflow_view.py reads the UI bundle).
+ML_VIEW = "?workflowType=machine_learning"
 
 
 @dataclass(frozen=True)
@@ -77,4 +82,5 @@ def tag_run(tracker) -> dict[str, str]:
 def mlflow_run_url(cfg: TrainConfig, experiment_id: str, run_id: str) -> str | None:
     """The run's page in the MLflow UI, when one is known (an http(s) tracking URI, or mlflow_ui_url)."""
     base = cfg.tracking.mlflow_ui_url or (cfg.tracking_uri if cfg.tracking_uri.startswith(("http://", "https://")) else None)
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}" if base else None
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{ML_VIEW}" if base else None
+

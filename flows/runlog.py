@@ -19,3 +19,12 @@ def attach_prefect_logs() -> logging.Logger:
     if not any(isinstance(h, APILogHandler) for h in logger.handlers):
         logger.addHandler(APILogHandler())
     return logger
+
+
+def flush_prefect_logs() -> None:
+    """Send the log lines queued for the Prefect API now (they are batched in the background)."""
+    from prefect.logging.handlers import APILogHandler
+
+    for handler in logging.getLogger(RUN_LOG).handlers:
+        if isinstance(handler, APILogHandler):
+            handler.flush()

@@ -10,14 +10,16 @@ the failure hooks touch that run only, never one another flow run owns.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from flows.hooks import OPENED  # absolute: a deployment loads flows/train.py under another module name
+from flows.hooks import OPENED, Opened  # absolute: a deployment loads flows/train.py under another module name
 from miles_core.config import ConfigError, TrainConfig
 from miles_core.tracking import MlflowTracker, flatten, sanitize_key
 from miles_core.tracking.fanout import MirrorSpec, RunTracker, open_mirrors
-from miles_core.tracking.mlflow_tracker import param_str
+from miles_core.tracking.mlflow_tracker import mlflow_client, param_str
 
 from .links import run_name, tag_run
+from .rundir import advice
 from .runlog import attach_prefect_logs
 
 AXES = ("rollout/step", "train/step", "eval/step")
@@ -26,11 +28,45 @@ MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow
 # nor are the trackers that watch it (a resume may turn a mirror on or off, or move its endpoint)
 MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_wandb", "wandb_mode", "wandb_dir", "use_tensorboard", "tensorboard_dir",
                                              "use_prometheus", "prometheus_port", "prometheus_host")}
-FAILURE_TAGS = ("miles.failure", "miles.resume_from_rollout")
+FAILURE_TAGS = ("miles.failure", "miles.resume_from_rollout", "miles.interrupted")
 
 
 def config_params(cfg: TrainConfig, derived: dict) -> dict[str, object]:
     return {**cfg.model_dump(mode="json"), "derived": derived}
+
+
+def refuse_changed_params(client, run_id: str, params: dict, log) -> None:
+    """Refuse a resume of MLflow run ``run_id`` whose logged params differ from ``params`` (MUTABLE_PARAMS aside),
+    naming them and what to set (CLI flags, or the form's fields for a deployment run)."""
+    logged = client.get_run(run_id).data.params
+    changed = [
+        k for k, v in flatten(params).items()
+        if k not in MUTABLE_PARAMS and sanitize_key(k) in logged and logged[sanitize_key(k)] != param_str(v)
+    ]
+    if changed:
+        log.error("resume refused: MLflow run %s was logged with other values of %s", run_id, changed)
+        raise ConfigError(f"resume of MLflow run {run_id} with changed params {changed}; restore them, or " + advice(
+            "start a new run with a new --save dir (or --load pointing at the old one)",
+            "clear misc.run_dir (a new run dir for this flow run), or set tracking.mlflow_new_run to log into a new MLflow run"))
+
+
+def check_resume(cfg: TrainConfig, run_id: str | None, derived: dict) -> None:
+    """Before anything else looks at a finished run: a resume into ``run_id`` with changed params is refused."""
+    if run_id is not None:
+        refuse_changed_params(mlflow_client(cfg.tracking_uri), run_id, config_params(cfg, derived), attach_prefect_logs())
+
+
+def check_resume_early(cfg: TrainConfig) -> None:
+    """Before any model loads or a progress bar shows: a resume into the MLflow run of the newest checkpoint with changed
+    config fields is refused (its derived values are compared by check_resume, once the data is prepared)."""
+    if cfg.tracking.mlflow_new_run:
+        return
+    from miles_core.checkpoint import list_checkpoints
+
+    found = list_checkpoints(cfg.load_dir)
+    run_id = found[-1].meta.get("mlflow_run_id") if found else None
+    if run_id is not None:
+        refuse_changed_params(mlflow_client(cfg.tracking_uri), run_id, cfg.model_dump(mode="json"), attach_prefect_logs())
 
 
 def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
@@ -39,28 +75,18 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     if run_id is None and not cfg.tracking.mlflow_new_run:
         run_id = unfinished_run(cfg)
     local_store = cfg.tracking_uri.startswith("sqlite:")
-    artifacts = (cfg.run_dir / "mlruns").as_uri() if local_store else None  # never ./mlruns of the cwd
+    artifacts = _artifact_root(cfg) if local_store else None  # never ./mlruns of the cwd
     tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, run_name(cfg),
                             run_id, artifact_location=artifacts, asynchronous=True)  # flushed before each save and at the end
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)
-        _opened(tracker.run_id, cfg.tracking_uri)
+        _opened(tracker.run_id, cfg.tracking_uri, cfg.load_dir)
         log.info("MLflow run %s opened in %s", tracker.run_id, cfg.tracking_uri)
         return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
-    logged = tracker.client.get_run(run_id).data.params
-    changed = [
-        k for k, v in flatten(params).items()
-        if k not in MUTABLE_PARAMS and sanitize_key(k) in logged and logged[sanitize_key(k)] != param_str(v)
-    ]
-    if changed:
-        log.error("resume refused: MLflow run %s was logged with other values of %s", run_id, changed)
-        raise ConfigError(
-            f"resume of MLflow run {run_id} with changed params {changed}; restore them, or start a new run "
-            "with a new --save dir (or --load pointing at the old one)"
-        )
+    refuse_changed_params(tracker.client, run_id, params, log)
     tracker.client.set_terminated(run_id, status="RUNNING")
-    _opened(run_id, cfg.tracking_uri)
+    _opened(run_id, cfg.tracking_uri, cfg.load_dir)
     tags = tracker.client.get_run(run_id).data.tags
     for tag in FAILURE_TAGS:
         if tag in tags:
@@ -68,6 +94,12 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
     log.info("resuming MLflow run %s: steps already logged (not logged again) up to %s", run_id, marks)
     return RunTracker(tracker, marks, _mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
+
+
+def _artifact_root(cfg: TrainConfig) -> str:
+    """<the SQLite store's dir>/mlruns: the run dir's for its own store, the deployment's for a store its runs share."""
+    store = Path(cfg.tracking_uri.removeprefix("sqlite:///"))
+    return (store.parent / "mlruns").absolute().as_uri()
 
 
 def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict) -> list:
@@ -89,18 +121,17 @@ def unfinished_run(cfg: TrainConfig) -> str | None:
     if info.get("tracking_uri") != cfg.tracking_uri:
         return None
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     try:
-        run = MlflowClient(cfg.tracking_uri).get_run(info["run_id"])
+        run = mlflow_client(cfg.tracking_uri).get_run(info["run_id"])
     except MlflowException:
         return None
     return run.info.run_id if run.info.status != "FINISHED" and run.info.lifecycle_stage == "active" else None
 
 
-def _opened(run_id: str, tracking_uri: str) -> None:
+def _opened(run_id: str, tracking_uri: str, load_dir: Path) -> None:
     from prefect.context import FlowRunContext
 
     ctx = FlowRunContext.get()
     if ctx is not None and ctx.flow_run is not None:
-        OPENED[str(ctx.flow_run.id)] = (run_id, tracking_uri)
+        OPENED[str(ctx.flow_run.id)] = Opened(run_id, tracking_uri, load_dir)

@@ -24,8 +24,8 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import get_run_context
 
-from miles_core import runlock
-from miles_core.config import TrainConfig
+from miles_core import assemble, runlock
+from miles_core.config import ConfigError, TrainConfig
 from miles_core.env import cache_dir
 from miles_core.preflight import preflight
 from miles_core.runtime import registry
@@ -38,15 +38,23 @@ from tasks.stages import generate, restore, sample_rows, save, train_step, updat
 from tasks.timeouts import timed
 
 from .evaluate import eval_at, finish_evals
+from .crashed import mark_crashed
+from .interrupt import rearm, stop_if_interrupted
 from .promotion import register_export
+from .rundir import advice, for_flow_run
 from .summary import summary_markdown
-from .tracking import RunTracker, open_run
+from .runlog import flush_prefect_logs
+from .tracking import RunTracker, check_resume, check_resume_early, open_run
 
 # one_step's generate(i + 1) runs in a worker thread, where Prefect cannot interrupt a blocking call (it would only
 # warn, once per task run): that task run has no timeout of its own, and the flow's wait on it is bounded instead.
 GENERATE_AHEAD = generate.with_options()
 GENERATE_AHEAD.timeout_seconds = None  # with_options(timeout_seconds=None) keeps the original's
 PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
+
+
+class NothingToDo(ConfigError):
+    """The run dir's checkpoints already hold every rollout of the config."""
 
 
 def due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
@@ -81,19 +89,28 @@ def _on_failure(flow, flow_run, state) -> None:
 
 @flow(name="train", on_failure=[_on_failure], on_crashed=[_on_failure], validate_parameters=True)
 def train(config: TrainConfig) -> dict:
+    rearm()  # the CLI's SIGINT/SIGTERM: recorded, acted on between stages (flows/interrupt.py)
+    assemble.check(config, "flow parameter config")  # names against the registries: a deployment run's form skips the CLI
+    config = for_flow_run(config)  # a deployment run's own run dir (flows/rundir.py)
     preflight(config)  # inputs, outputs, devices: one clear error before any model loads
     lock = runlock.hold(config)  # one run per run dir and save dir; a second is refused naming the holder
     run_key = f"{config.misc.recipe}:{get_run_context().flow_run.id}"
     run = None
     try:
+        check_resume_early(config)  # changed params: refused before the model converts or loads
         timed(convert, config)(config.checkpoint.hf_checkpoint, str(cache_dir()))
         facts = timed(prepare, config)(run_key, config)
         n = facts["num_rollout"]
+        stop_if_interrupted()
         meta = timed(restore, config)(run_key)
         start = meta["rollout_id"] + 1 if meta else 0
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout,
-                   "num_rollout": n, "num_prompts": facts["num_prompts"], "dropped_prompts": facts["dropped_prompts"]}
+                   "num_rollout": n, "num_prompts": facts["num_prompts"], "dropped_prompts": facts["dropped_prompts"],
+                   "trainer": facts["trainer"]}
         reattach = meta["mlflow_run_id"] if meta and not config.tracking.mlflow_new_run else None
+        check_resume(config, reattach, derived)  # changed params are named before "nothing to do"
+        _refuse_nothing_to_do(config, start, n)
+        mark_crashed(config.run_dir, held=True)  # a killed run before this one left its MLflow run RUNNING
         run = TrainRun(run_key, config, n, facts["model_path"], open_run(config, reattach, derived), StageLedger(config.run_dir))
         run.ledger.forget_after(start - 1)
         _record_run(config, run.tracker)
@@ -114,17 +131,27 @@ def train(config: TrainConfig) -> dict:
         lock.release()
 
 
+def _refuse_nothing_to_do(config: TrainConfig, start: int, n: int) -> None:
+    """A run whose checkpoints already hold every rollout would train nothing: refused, not shown as a training."""
+    if start >= n:
+        raise NothingToDo(f"nothing to do: {config.run_dir} already has all {n} rollouts (checkpoint of rollout {start - 1}); "
+                          + advice("raise --num-rollout to continue it, or give a new --run-dir",
+                                   "raise rollout.num_rollout to continue it, or clear misc.run_dir for a new run"))
+
+
 def _rollout_loop(run: TrainRun, start: int) -> list[dict]:
     n = run.num_rollout
     artifact = create_progress_artifact(progress=100.0 * start / n, key="train-progress", description=f"rollouts of {run.config.misc.recipe}")
     rewards, pending, shown = [], None, time.monotonic()
     for i in range(start, n):
+        stop_if_interrupted()
         metrics, pending = _one_rollout(run, i, pending)
         rewards.append(metrics)
         if i == n - 1 or time.monotonic() - shown >= PROGRESS_EVERY_S:  # one API call per rollout is too many at small steps
             update_progress_artifact(artifact, progress=100.0 * (i + 1) / n)
             shown = time.monotonic()
         progress.emit(i, n, rewards[-1])
+        flush_prefect_logs()  # a kill loses the logs of the current rollout at most
     return rewards
 
 
@@ -134,6 +161,7 @@ def _one_rollout(run: TrainRun, i: int, pending):
     # 2. generate + reward (one_step: rollout i + 1 starts now, beside the train step)
     ahead_timeout = getattr(timed(generate, cfg), "timeout_seconds", None)
     metrics = pending.result(timeout=ahead_timeout) if pending is not None else timed(generate, cfg)(key, i)
+    stop_if_interrupted()  # a signal: the stage done is kept (its rollout file), the rest of the rollout not started
     nxt = GENERATE_AHEAD.submit(key, i + 1) if cfg.rollout.async_mode == "one_step" and i + 1 < n else None
     # 3. train
     out = timed(train_step, cfg)(key, i)
@@ -144,6 +172,7 @@ def _one_rollout(run: TrainRun, i: int, pending):
     if nxt is not None and (save_due or sync_due):
         nxt.wait(timeout=ahead_timeout)  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
     perf = {}
+    stop_if_interrupted()  # before the save: the run resumes from the last checkpoint, redoing this rollout exactly
     # 4. save
     if save_due:
         run.tracker.flush()  # asynchronous metrics: on every tracker's store before the checkpoint that counts on them

@@ -67,10 +67,6 @@ def _device(cfg: TrainConfig) -> None:
 
 def check_gpu_supported(cfg: TrainConfig) -> None:
     """Raise PreflightError naming the fields when a part of a run that goes on a GPU cannot run there yet."""
-    if cfg.cluster.train_backend == "megatron":
-        raise PreflightError(f"device: {cfg.cluster.device} puts the trainer on a GPU, and train_backend: megatron on a GPU is not "
-                             "supported yet (the Megatron trainer builds the CPU layer spec and keeps its batches on the CPU; "
-                             "bench/gpu_check.py measures megatron-core on a GPU directly); set device: cpu or train_backend: torch")
     if cfg.cluster.colocate and cfg.cluster.weight_sync_mode == "broadcast":
         raise PreflightError(f"device: {cfg.cluster.device} with colocate puts a train rank and its engine on one GPU, where "
                              "update_weight_mode: broadcast (NCCL) cannot run (NCCL refuses two ranks on one device); set "

@@ -1,10 +1,8 @@
 """The one resolver of extension points: a registry name first, else a dotted path ``pkg.mod.func`` or
 ``pkg.mod:func`` (nested attributes allowed after the colon), imported with importlib.
 
-``check_extension_points(cfg)`` resolves every extension point a config names (custom_rm_path,
-custom_loss_function_path, custom_tis_function_path, dynamic_sampling_filter_path, eval_function_path,
-custom_reward_post_process_path), so a typo fails at config load,
-naming the field, before any model loads.
+A bottom-floor utility: it imports nothing of miles_core. The registries it looks names up in are passed
+in by the caller; miles_core/assemble.py resolves every extension point a config names this way at load.
 """
 
 from __future__ import annotations
@@ -67,26 +65,3 @@ def reference_args(**fields: Any) -> types.SimpleNamespace:
     flags) as attributes. Only the fields the calling stage knows are set; reading another raises
     AttributeError naming it."""
     return types.SimpleNamespace(**fields)
-
-
-def extension_points(cfg) -> dict[str, tuple[str, Mapping | None]]:
-    """{field: (its value, the registry of names it may take)} for every extension point the config sets."""
-    from miles_core.algorithms.losses import LOSS_FUNCTIONS
-    from miles_core.algorithms.rollout_correction import TIS_FUNCTIONS
-    from miles_core.evaluation.suite import EVAL_FUNCTIONS
-    from miles_core.rollout.filters import FILTERS
-
-    r, a, e = cfg.rollout, cfg.algo, cfg.eval
-    points = {
-        "custom_rm_path": (r.custom_rm_path, None), "custom_reward_post_process_path": (r.custom_reward_post_process_path, None),
-        "dynamic_sampling_filter_path": (r.dynamic_sampling_filter_path, FILTERS),
-        "custom_loss_function_path": (a.custom_loss_function_path, LOSS_FUNCTIONS),
-        "custom_tis_function_path": (a.custom_tis_function_path, TIS_FUNCTIONS),
-        "eval_function_path": (e.eval_function_path, EVAL_FUNCTIONS),
-    }
-    return {k: v for k, v in points.items() if v[0]}
-
-
-def check_extension_points(cfg) -> None:
-    for field, (path, table) in extension_points(cfg).items():
-        resolve(path, table, field)

@@ -21,4 +21,5 @@ def prepare(run_key: str, config: TrainConfig) -> dict:
     summary = validate_hf_dir(runtime.model_path)
     registry.register(run_key, runtime)
     return {"model_path": str(runtime.model_path), "num_prompts": runtime.num_prompts,
-            "dropped_prompts": runtime.dropped_prompts, "num_rollout": runtime.num_rollout, "model": summary}
+            "dropped_prompts": runtime.dropped_prompts, "num_rollout": runtime.num_rollout, "model": summary,
+            "trainer": runtime.trainer.run_params()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miles_core.config import build_config
+from miles_core.assemble import build_config
 from miles_core.device import DeviceUnavailable, resolve_device
 from miles_core.preflight import PreflightError, check_gpu_supported
 
@@ -29,7 +29,6 @@ def test_resolver_maps_each_value():
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"train_backend": "megatron"}, "train_backend: megatron on a GPU is not supported yet"),
     ({"runtime": "ray", "colocate": True, "update_weight_mode": "broadcast"}, "update_weight_mode: broadcast .*cannot run"),
 ])
 def test_what_cannot_run_on_a_gpu_is_refused_by_name(values, message):
@@ -39,20 +38,21 @@ def test_what_cannot_run_on_a_gpu_is_refused_by_name(values, message):
 
 
 def test_what_runs_on_a_gpu_passes():
-    for values in ({}, {"runtime": "ray", "colocate": True}, {"runtime": "ray", "update_weight_mode": "broadcast"}):
-        check_gpu_supported(build_config({**BASE, "device": "cuda", **values}))  # torch trainer; tensor sync; disaggregated NCCL
+    for values in ({}, {"runtime": "ray", "colocate": True}, {"runtime": "ray", "update_weight_mode": "broadcast"},
+                   {"train_backend": "megatron"}, {"runtime": "ray", "train_backend": "megatron", "colocate": True}):
+        check_gpu_supported(build_config({**BASE, "device": "cuda", **values}))  # torch / megatron trainer; tensor sync; NCCL
 
 
 def test_engines_load_on_the_resolved_device(tiny_model_dir, tmp_path):
     from miles_core.evaluation import load_hf_engine
-    from miles_core.rollout.http.engine import load_engine
+    from miles_core.rollout.hf_engine import HFEngine
     from miles_core.rollout.http.server import parse_args
     from miles_core.runtime.local import hf_engine_fleet
     from miles_core.runtime.ray.engines import hf_server_args
     from miles_core.runtime.placement import load_run_data
 
     want = resolve_device("auto")
-    for engine in (load_engine(tiny_model_dir, device="auto"), load_hf_engine(tiny_model_dir, 3, device="auto")):  # server, eval
+    for engine in (HFEngine.from_pretrained(tiny_model_dir, device="auto", batching="exact"), load_hf_engine(tiny_model_dir, 3, device="auto")):  # server, eval
         assert {p.device for p in engine.model.parameters()} == {want}
     cfg = build_config({**BASE, "hf_checkpoint": str(tiny_model_dir), "device": "auto", "run_dir": str(tmp_path)})
     fleet = hf_engine_fleet(cfg, load_run_data(cfg))  # the local runtime's in-process engine

@@ -28,7 +28,8 @@ def test_task_timeouts_name_the_pipeline_tasks_and_override_them():
     import tasks.export
     import tasks.prepare
     import tasks.stages
-    from miles_core.config import ConfigError, load_config
+    from miles_core.config import ConfigError
+    from flows.recipes import load_config
     from miles_core.config.misc import TASK_NAMES
     from prefect import Task
     from tasks.timeouts import timed

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from miles_core import runlock
-from miles_core.config import build_config
+from miles_core.assemble import build_config
 from miles_core.preflight import PreflightError, check_writable_dir, preflight
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import flows  # noqa: F401  (environment first)
+from flows.links import ML_VIEW
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".cache" / "screenshots"
@@ -44,7 +45,7 @@ CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scr
 def mlflow_pages(ui: str, experiment_id: str, run_id: str) -> dict[str, str]:
     """PNG name -> page of the MLflow UI (hash routes of MLflow 3's UI)."""
     experiment = f"{ui}/#/experiments/{experiment_id}"
-    run, view = f"{experiment}/runs/{run_id}", "?workflowType=machine_learning"
+    run, view = f"{experiment}/runs/{run_id}", ML_VIEW
     return {"mlflow-runs": f"{experiment}/runs{view}", "mlflow-run": f"{run}{view}",
             "mlflow-run-charts": f"{run}/model-metrics{view}", "mlflow-plots": f"{run}/artifacts/plots/reward.png{view}"}
 
@@ -82,7 +83,7 @@ def run_deployment(api: str, mlflow_ui: str, timeout_s: float = 1800) -> tuple[s
     """Run ``train/tiny`` with OVERRIDES to a final state -> (flow run id, deployment id, summary artifact id)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
-    from miles_core.config import load_config
+    from flows.recipes import load_config
 
     cfg = load_config("tiny", {**OVERRIDES, "run_dir": str(RUN_DIR), "mlflow_ui_url": mlflow_ui})
     with _client(api) as client:

@@ -1,8 +1,14 @@
-"""The pinned SGLang's server arguments, read from the wheel's source with ``ast`` (sglang is never imported).
+"""The pinned SGLang's server arguments and HTTP protocol, read from the wheel's source with ``ast`` (sglang is
+never imported).
 
-    python -m tools.sglang_snapshot                 # download the wheel if needed, write the snapshot
+    python -m tools.sglang_snapshot                 # download the wheel if needed, write both snapshots
     python -m tools.sglang_snapshot --wheel W.whl   # from a given wheel
-    python -m tools.sglang_snapshot --check         # exit 1 if the committed snapshot differs
+    python -m tools.sglang_snapshot --check         # exit 1 if a committed snapshot differs
+
+Two files: ``miles_core/config/server_args.json`` (the CLI, below) and
+``miles_core/rollout/sglang/protocol.json`` (routes, request fields, the weight-update session rule and
+``init_custom_process_group``: tools/sglang_protocol.py). Regenerating from a newer wheel shows the
+diff of both in git.
 
 ``make sglang-snapshot`` runs the first form. The wheel is fetched with
 ``pip download --no-deps sglang==<SGLANG_VERSION>`` into ``.cache/sglang-wheel``.
@@ -29,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "miles_core" / "rollout" / "sglang" / "server_args.json"
+OUT = ROOT / "miles_core" / "config" / "server_args.json"
+PROTOCOL_OUT = ROOT / "miles_core" / "rollout" / "sglang" / "protocol.json"
 WHEEL_DIR = ROOT / ".cache" / "sglang-wheel"
 SERVER_ARGS = "sglang/srt/server_args.py"
 FIELDS_PKG = "sglang.srt.arg_groups.fields."
@@ -320,20 +327,27 @@ def render(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tools.sglang_protocol import protocol
+
     p = argparse.ArgumentParser(prog="python -m tools.sglang_snapshot", description=__doc__.splitlines()[0])
     p.add_argument("--wheel", type=Path, help="an sglang wheel (default: .cache/sglang-wheel, downloaded when missing)")
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--check", action="store_true", help="exit 1 if --out differs from what the wheel gives")
+    p.add_argument("--protocol-out", type=Path, default=PROTOCOL_OUT)
+    p.add_argument("--check", action="store_true", help="exit 1 if --out or --protocol-out differs from what the wheel gives")
     args = p.parse_args(argv)
     version = sglang_version()
-    text = render(snapshot(args.wheel or find_wheel(version), version))
+    wheel = args.wheel or find_wheel(version)
+    outputs = {args.out: render(snapshot(wheel, version)), args.protocol_out: render(protocol(Source(wheel), version, wheel.name))}
     if args.check:
-        same = args.out.exists() and args.out.read_text() == text
-        print(f"{args.out}: {'up to date' if same else 'STALE: run make sglang-snapshot'}")
-        return 0 if same else 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({len(json.loads(text)['fields'])} arguments of sglang {version})")
+        stale = [path for path, text in outputs.items() if not (path.exists() and path.read_text() == text)]
+        for path in outputs:
+            print(f"{path}: {'STALE: run make sglang-snapshot' if path in stale else 'up to date'}")
+        return 1 if stale else 0
+    for path, text in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    print(f"wrote {args.out} ({len(json.loads(outputs[args.out])['fields'])} arguments of sglang {version}) and "
+          f"{args.protocol_out} ({len(json.loads(outputs[args.protocol_out])['routes'])} routes)")
     return 0
 
 

@@ -12,6 +12,7 @@ leaves earlier checkpoints and `latest` untouched. Readers skip (and log, naming
 incomplete: temp dirs, dirs without a valid marker, missing or truncated files.
 """
 
+from miles_core.checkpoint._fs import DiskFull
 from miles_core.checkpoint.errors import CheckpointError
 from miles_core.checkpoint.export import export_hf, is_complete_export, list_exports
 from miles_core.checkpoint.layout import CheckpointInfo
@@ -23,6 +24,7 @@ from miles_core.checkpoint.validate import validate_hf_dir
 __all__ = [
     "CheckpointError",
     "CheckpointInfo",
+    "DiskFull",
     "capture_rng_state",
     "export_hf",
     "find_latest",

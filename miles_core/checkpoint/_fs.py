@@ -13,6 +13,8 @@ Guarantees (POSIX, single writer per directory):
   (two renames: a crash between them leaves the old content under the trash name, which readers
   report and skip). The parent directory is fsynced after the rename.
 - `atomic_write_text(path, text)` writes `path` through a sibling temp file and `os.replace`.
+- `naming_full_disk(path, needed)` turns a full disk inside it (ENOSPC, or the serializers' own error for it) into
+  `DiskFull`: an OSError(ENOSPC) naming the file or dir written, the bytes it needed and the bytes free there.
 - `remove_tree(d)` renames `d` to a `.trash-` name first (so a crash mid-delete never leaves a
   half-deleted directory under a readable name), then deletes it.
 """
@@ -26,7 +28,9 @@ import json
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,64 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class DiskFull(OSError):
+    """No space left on device while writing ``path``, which needed about ``needed_bytes``; ``free_bytes`` free there."""
+
+    def __init__(self, path: Path, needed_bytes: int, free_bytes: int | None):
+        free = "unknown" if free_bytes is None else f"{free_bytes:,}"
+        super().__init__(errno.ENOSPC, f"no space left on device writing {path}: it needs about {needed_bytes:,} bytes, "
+                                       f"{free} bytes are free there", str(path))
+        self.needed_bytes, self.free_bytes = needed_bytes, free_bytes
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _free_bytes(path: Path) -> int | None:
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    try:
+        return shutil.disk_usage(existing).free if existing is not None else None
+    except OSError:
+        return None
+
+
+def is_disk_full(e: BaseException, path: Path | None = None, needed_bytes: int = 0) -> bool:
+    """ENOSPC as the OS or safetensors ("No space left on device (os error 28)") report it, or any failed write while
+    less than ``needed_bytes`` is free under ``path``: torch.save names no errno ("unexpected pos 1472 vs 1364")."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return True
+    if "No space left on device" in str(e) or "os error 28" in str(e):
+        return True
+    free = _free_bytes(path) if path is not None else None
+    return free is not None and free < needed_bytes
+
+
+@contextmanager
+def naming_full_disk(path: Path, needed_bytes: int) -> Iterator[None]:
+    """A full disk inside -> DiskFull naming ``path`` and ``needed_bytes``; any other error passes unchanged."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as e:
+        if not is_disk_full(e, Path(path), needed_bytes):
+            raise
+        raise DiskFull(Path(path), needed_bytes, _free_bytes(Path(path))) from e
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensors in ``obj`` (nested dicts, lists, tuples): the payload a save of it writes."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def write_bytes_durable(path: Path, data: bytes) -> None:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import save_file
@@ -38,6 +39,7 @@ from miles_core.checkpoint._fs import (
     TMP_PREFIX,
     fsync_path,
     marker_problem,
+    naming_full_disk,
     remove_tree,
     replace_dir,
     write_bytes_durable,
@@ -46,19 +48,24 @@ from miles_core.checkpoint._fs import (
 from miles_core.checkpoint._tensors import split_aliases
 from miles_core.checkpoint.errors import CheckpointError
 from miles_core.checkpoint.layout import check_rollout_id, scan_numbered_dirs
+from miles_core.finite import check_weights
 
 logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def export_hf(model, tokenizer, export_dir: Path, rollout_id: int, *, max_shard_size: int = 2**30) -> Path:
-    """Write `model` + `tokenizer` as an HF directory `<export_dir>/<rollout_id>/`; return it."""
+def export_hf(model, tokenizer, export_dir: Path, rollout_id: int, *, max_shard_size: int = 2**30,
+              dtype: torch.dtype | None = None, extra: Callable[[Path], None] | None = None) -> Path:
+    """Write `model` + `tokenizer` as an HF directory `<export_dir>/<rollout_id>/`; return it. ``dtype``: the
+    floating tensors and config.dtype in that dtype (a mixed-precision trainer's model dtype; default the model's).
+    ``extra(dir)`` writes more files into the snapshot before `.complete` (LoRA: the PEFT adapter in adapter/)."""
     check_rollout_id(rollout_id)
     if max_shard_size <= 0:
         raise CheckpointError(f"max_shard_size must be > 0 bytes, got {max_shard_size!r}")
     export_dir = Path(export_dir)
     final = export_dir / str(rollout_id)
+    check_weights(model.state_dict().items(), f"export of rollout {rollout_id} to {export_dir}")  # never a non-finite model
     export_dir.mkdir(parents=True, exist_ok=True)
     if (final / MARKER).exists():
         (final / MARKER).unlink()
@@ -69,15 +76,24 @@ def export_hf(model, tokenizer, export_dir: Path, rollout_id: int, *, max_shard_
         remove_tree(stale)
     try:
         tmp.mkdir()
-        _write_weights(model, tmp, max_shard_size)
-        _write_config(model, tmp)
-        tokenizer.save_pretrained(tmp)
-        write_marker(tmp, {"rollout_id": rollout_id})
+        with naming_full_disk(final, _export_bytes(model, dtype)):
+            _write_weights(model, tmp, max_shard_size, dtype)
+            _write_config(model, tmp, dtype)
+            tokenizer.save_pretrained(tmp)
+            if extra is not None:
+                extra(tmp)
+            write_marker(tmp, {"rollout_id": rollout_id})
         replace_dir(tmp, final)
     except BaseException:
         remove_tree(tmp)
         raise
     return final
+
+
+def _export_bytes(model, dtype: torch.dtype | None) -> int:
+    """The weights' bytes in the export (floating tensors in ``dtype`` when given)."""
+    size = torch.empty(0, dtype=dtype).element_size() if dtype is not None else None
+    return sum(t.numel() * (size if size and t.is_floating_point() else t.element_size()) for t in model.state_dict().values())
 
 
 def is_complete_export(path: Path) -> bool:
@@ -116,8 +132,10 @@ def plan_shards(sizes: dict[str, int], max_shard_size: int) -> list[list[str]]:
     return shards
 
 
-def _write_weights(model, out: Path, max_shard_size: int) -> None:
+def _write_weights(model, out: Path, max_shard_size: int, dtype: torch.dtype | None = None) -> None:
     state_dict = hf_state_dict(model)
+    if dtype is not None:
+        state_dict = {name: t.to(dtype) if t.is_floating_point() else t for name, t in state_dict.items()}
     sizes = {name: t.numel() * t.element_size() for name, t in state_dict.items()}
     shards = plan_shards(sizes, max_shard_size)
     weight_map = {}
@@ -130,9 +148,9 @@ def _write_weights(model, out: Path, max_shard_size: int) -> None:
     write_bytes_durable(out / INDEX_FILE, json.dumps(index, indent=2).encode())
 
 
-def _write_config(model, out: Path) -> None:
+def _write_config(model, out: Path, dtype: torch.dtype | None = None) -> None:
     config = copy.deepcopy(model.config)
-    dtype = getattr(model, "dtype", None)
+    dtype = dtype or getattr(model, "dtype", None)
     if isinstance(dtype, torch.dtype):
         config.dtype = str(dtype).removeprefix("torch.")
     config.architectures = [type(model).__name__]

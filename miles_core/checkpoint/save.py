@@ -31,12 +31,15 @@ from miles_core.checkpoint import layout
 from miles_core.checkpoint._fs import (
     TMP_PREFIX,
     atomic_write_text,
+    naming_full_disk,
     remove_tree,
     replace_dir,
+    tensor_bytes,
     write_bytes_durable,
     write_marker,
 )
 from miles_core.checkpoint._tensors import save_state_dict
+from miles_core.finite import check_weights
 from miles_core.checkpoint.errors import CheckpointError
 from miles_core.checkpoint.layout import CheckpointInfo
 from miles_core.checkpoint.load import list_checkpoints
@@ -65,6 +68,8 @@ def save_checkpoint(
     """
     save_dir = Path(save_dir)
     extra_tensors = extra_tensors or {}
+    for part in [model, *extra_tensors.values()]:  # never a checkpoint of non-finite weights
+        check_weights(part.state_dict().items(), f"checkpoint {rollout_id} in {save_dir}")
     extra_optimizers = (extra_optimizers or {}) if save_optim else {}
     meta = _build_meta(rollout_id, state, optimizer is not None and save_optim, extra_tensors, extra_optimizers, keep_last)
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -72,10 +77,13 @@ def save_checkpoint(
     final = save_dir / str(rollout_id)
     for stale in save_dir.glob(f"{TMP_PREFIX}{rollout_id}-*"):  # left by a killed earlier save of this id
         remove_tree(stale)
+    needed = tensor_bytes([model.state_dict(), optimizer.state_dict() if optimizer is not None and save_optim else None,
+                           [m.state_dict() for m in extra_tensors.values()], [o.state_dict() for o in extra_optimizers.values()]])
     try:
         tmp.mkdir()
-        _write_contents(tmp, model, optimizer if save_optim else None, extra_tensors, extra_optimizers, meta)
-        write_marker(tmp)
+        with naming_full_disk(final, needed):
+            _write_contents(tmp, model, optimizer if save_optim else None, extra_tensors, extra_optimizers, meta)
+            write_marker(tmp)
         replace_dir(tmp, final)
     except BaseException:
         remove_tree(tmp)

@@ -8,9 +8,17 @@ from typing import Any, ClassVar, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
+# Prefect's run form renders a description as HTML, where "<run_dir>" is a tag and vanishes: shown as "‹run_dir›"
+FORM_BRACKETS = str.maketrans({"<": "‹", ">": "›"})
+
+
 def _form_order(schema: dict[str, Any], cls: type) -> None:
-    """json_schema_extra: the properties named in ``cls.form_first`` first, in that order, then the rest."""
+    """json_schema_extra: the properties named in ``cls.form_first`` first, in that order, then the rest; descriptions
+    with angle brackets that survive the form's HTML."""
     props = schema.get("properties", {})
+    for name, prop in props.items():
+        if "description" in prop:
+            prop["description"] = prop["description"].translate(FORM_BRACKETS)
     first = [k for k in getattr(cls, "form_first", ()) if k in props]
     schema["properties"] = {**{k: props[k] for k in first}, **{k: v for k, v in props.items() if k not in first}}
 
@@ -18,7 +26,9 @@ def _form_order(schema: dict[str, Any], cls: type) -> None:
 class Group(BaseModel):
     """One argument group. Every field keeps the reference system's name and default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, json_schema_extra=_form_order)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False, json_schema_extra=_form_order
+    )  # allow_inf_nan=False: every float field of every group is finite (--lr inf is refused, naming lr)
     form_first: ClassVar[tuple[str, ...]] = ()  # the fields a user edits most, first in the run form
 
     @model_validator(mode="before")

@@ -27,7 +27,8 @@ class ClusterConfig(Group):
     update_weight_mode: Literal["tensor", "broadcast", "disk"] | None = Field(
         None, description="Ray runtime weight sync: tensor (buckets over HTTP), broadcast (a gloo/NCCL group from train rank 0 "
         "to the engines, metadata over HTTP), disk (an HF dir under <run_dir>/weight_sync, engines reload it). "
-        "None: tensor when colocated, broadcast when disaggregated. The local runtime always copies in process (tensor).")
+        "None: tensor when colocated (disk with rollout_engine sglang), broadcast when disaggregated. The local runtime always "
+        "copies in process (tensor).")
     use_fault_tolerance: bool = Field(False, description="Ray runtime: a health monitor polls every engine and restarts dead ones (see ft_components).")
     ft_components: list[Literal["rollout"]] = Field(["rollout"], description="What the fault tolerance covers: rollout (engine servers).")
     rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
@@ -43,7 +44,10 @@ class ClusterConfig(Group):
 
     @property
     def weight_sync_mode(self) -> str:
-        """update_weight_mode, or its default: tensor when colocated (or local), broadcast when disaggregated."""
+        """update_weight_mode, or its default: tensor when colocated (or local), broadcast when disaggregated; colocated
+        SGLang engines: disk (SGLang's tensor route takes CUDA-IPC handles, which miles does not build: docs/engines.md)."""
         if self.update_weight_mode is not None:
             return self.update_weight_mode
+        if self.colocate and self.rollout_engine == "sglang":
+            return "disk"
         return "tensor" if self.colocate or self.runtime == "local" else "broadcast"

@@ -7,6 +7,10 @@ A key ``sglang_<server argument>`` that is no config field is an SGLang passthro
 the passthroughs it inherits (``sglang_server_args: {}`` drops them). ``extends: <recipe>`` (a recipe name, or a YAML path relative to the file) starts from that
 recipe's values and sets this file's on top: how a scale variant (``glm4-5-debug``) shares its
 recipe's settings (docs/operating.md).
+
+Where recipe names are looked up (``recipes_dir``) is the caller's: the config package lies below the
+project's deployments/ (flows/recipes.py passes deployments/recipes). Only the pure rules run here; the
+registry checks are miles_core/assemble.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from .reference_flags import ALIASES, refusal
 from .train import GROUPS, TrainConfig
 
 SGLANG_PREFIX = "sglang_"  # a key sglang_<server argument> that is no field: an SGLang passthrough (config/sglang.py)
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "deployments" / "recipes"
 
 
 class ConfigError(ValueError):
@@ -34,24 +37,25 @@ def field_groups() -> dict[str, str]:
     return {name: g for g, model in GROUPS.items() for name in model.model_fields}
 
 
-def list_recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+def list_recipes(recipes_dir: Path) -> list[str]:
+    return sorted(p.stem for p in Path(recipes_dir).glob("*.yaml"))
 
 
-def recipe_path(recipe: str) -> Path:
+def recipe_path(recipe: str, recipes_dir: Path) -> Path:
     p = Path(recipe)
     if p.is_dir():
         raise ConfigError(f"recipe {recipe} is a directory; expected a recipe name or a YAML file")
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
-    p = RECIPES_DIR / f"{recipe}.yaml"
+    p = Path(recipes_dir) / f"{recipe}.yaml"
     if not p.exists():
-        raise ConfigError(f"unknown recipe {recipe!r}: not a YAML file and not one of {list_recipes()}")
+        raise ConfigError(f"unknown recipe {recipe!r}: not a YAML file and not one of {list_recipes(recipes_dir)}")
     return p
 
 
-def read_recipe(recipe: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    path = recipe_path(recipe)
+def read_recipe(recipe: str, recipes_dir: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe's flat values, its ``extends`` chain applied (a base is a YAML path next to it or a name in ``recipes_dir``)."""
+    path = recipe_path(recipe, recipes_dir)
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -73,7 +77,7 @@ def read_recipe(recipe: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"recipe {path}: extends cycle {' -> '.join(p.stem for p in (*_chain, path.resolve()))}")
     relative = path.parent / str(base)
     parent = read_recipe(str(relative) if relative.suffix in (".yaml", ".yml") and relative.exists() else str(base),
-                         (*_chain, path.resolve()))
+                         recipes_dir, (*_chain, path.resolve()))
     if "sglang_server_args" in values:  # the whole passthrough set: replaces every sglang_* key the parent has
         groups = field_groups()
         parent = {k: v for k, v in parent.items() if not (k.startswith(SGLANG_PREFIX) and k not in groups)}
@@ -128,8 +132,8 @@ def _explain(e: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def load_config(recipe: str, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
-    """Read a recipe (name in deployments/recipes or a YAML path) and apply overrides on top."""
-    values = read_recipe(recipe)
+def load_config(recipe: str, overrides: Mapping[str, Any] | None = None, *, recipes_dir: Path) -> TrainConfig:
+    """Read a recipe (a name in ``recipes_dir`` or a YAML path) and apply overrides on top (pure rules only)."""
+    values = read_recipe(recipe, recipes_dir)
     values.update({k.replace("-", "_"): v for k, v in (overrides or {}).items()})
     return build_config(values, source=f"recipe {recipe}")

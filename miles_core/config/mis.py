@@ -19,7 +19,7 @@ MIS_NAMES = ("mis", "miles_core.algorithms.mis.compute_mis_weights")  # how cust
 class MISConfig(BaseModel):
     """Settings of the built-in MIS function (the YAML at custom_config_path)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # bounds are finite numbers
 
     use_tis: bool = Field(True, description="Apply the IS weights (false: log the mismatch metrics only).")
     tis_mode: Literal["truncate", "clip", "mask"] = Field("truncate", description="How IS weights are bounded.")

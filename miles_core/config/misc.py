@@ -21,7 +21,9 @@ class MiscConfig(Group):
     run_dir: str | None = Field(None, description="Run directory for rollouts, the local MLflow store and defaults of save/export (default runs/<recipe>).")
     seed: int = Field(1234, description="Seed of model init, training and sampling.")
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
-        "float32", description="Training and rollout dtype on the local runtime (a torch floating dtype name).")
+        "float32", description="Model dtype (a torch floating dtype name): rollout engines, weight sync and exports; "
+                               "with bfloat16 / float16 the trainers keep fp32 main weights and fp32 gradients "
+                               "(docs/guide/backends.md, mixed precision).")
     task_timeouts: dict[str, float] = Field(
         default_factory=dict, description="Seconds a Prefect task run may take, by task name (e.g. {generate: 600, eval: 900}); a "
         "task past it fails, then its retries, then the flow. Unset tasks keep their defaults (docs/reference/flows.md).")

@@ -3,12 +3,13 @@ here. One table, used three ways: the loader maps an alias to our field and refu
 have with its reason (instead of "unknown key"); ``docs/reference/compat.md`` is generated from it; a test
 checks every flag of the list has an entry.
 
-Status of a flag (``flag_status``), first match wins:
+Status of a flag (``flag_status``), first match wins (so no row of the tables below names one of our fields:
+it would never be reached; tested):
 - ``same``: a config field of ours with the reference's name (one of ``rules.NOT_SUPPORTED`` is ``unsupported``
   with that table's reason: it is refused at load when set);
 - ``alias``: the reference's name for one of our fields (``ALIASES``), accepted and renamed at load;
-- ``backend``: an option of a backend (Megatron, SGLang, LoRA, multi-turn) that ours does not implement yet, or
-  of one we do not have (LoRA), by group or by flag (``BACKEND_GROUPS``, ``BACKEND_FLAGS``);
+- ``backend``: an option of a backend (Megatron, SGLang, LoRA, multi-turn) that ours does not implement yet (LoRA:
+  the multi-LoRA flags), by group or by flag (``BACKEND_GROUPS``, ``BACKEND_FLAGS``);
 - ``unsupported``: not supported yet, with the reason (``UNSUPPORTED_FLAGS``, else ``UNSUPPORTED_GROUPS``).
 """
 
@@ -27,7 +28,7 @@ ALIASES: dict[str, str] = {"save_hf": "export"}  # reference name -> our field
 MEGATRON, SGLANG, LORA, MULTI_TURN = "Megatron", "SGLang", "LoRA", "multi-turn"
 BACKEND_STATE: dict[str, str] = {  # how the refusal of a backend flag says where that backend stands
     MEGATRON: "the megatron trainer does not implement it", SGLANG: "miles' SGLang engines and router do not implement it",
-    LORA: "miles has no LoRA training", MULTI_TURN: "the multi-turn loop (custom_generate_function_path) does not implement it",
+    LORA: "miles trains one LoRA adapter (lora_rank); multi-LoRA is a later issue", MULTI_TURN: "the multi-turn loop (custom_generate_function_path) does not implement it",
 }
 BACKEND_GROUPS: dict[str, str] = {
     "lora": LORA, "sglang": SGLANG, "sglang_router": SGLANG, "router": SGLANG, "prefill_decode_disaggregation": SGLANG,
@@ -38,11 +39,9 @@ BACKEND_FLAGS: dict[str, str] = {
                      "megatron_to_hf_mode", "extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
                      "custom_model_provider_path", "recompute_loss_function", "allgather_cp", "indep_dp",
                      "delay_split_train_data_by_dp", "rematerialize_param_from_master_weight",
-                     "check_rematerialize_param_from_master_weight", "low_memory_resume", "distributed_backend",
-                     "distributed_timeout_minutes", "stream_optimizer_state_to_disk", "stream_optimizer_state_moment_dtype",
-                     "offload_train_disk_dir", "offload_train_disk_chunk_mb", "use_routing_replay", "use_rollout_routing_replay",
-                     "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer", "use_dynamic_batch_size",
-                     "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu", "custom_megatron_post_save_hook_path",
+                     "check_rematerialize_param_from_master_weight", "low_memory_resume", "stream_optimizer_state_to_disk", "stream_optimizer_state_moment_dtype",
+                     "offload_train_disk_chunk_mb", "use_routing_replay", "use_rollout_routing_replay",
+                     "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer", "custom_megatron_post_save_hook_path",
                      "ref_ckpt_step", "async_save", "critic_num_nodes", "critic_num_gpus_per_node", "balance_by_flops"],
                     MEGATRON),
     **dict.fromkeys(["rollout_skip_special_tokens", "pause_generation_mode", "update_weight_transfer_mode",
@@ -50,12 +49,11 @@ BACKEND_FLAGS: dict[str, str] = {
                      "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
                      "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
                      "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position",
-                     "rollout_external", "rollout_external_engine_addrs", "offload_rollout", "offload_rollout_level"],
+                     "rollout_external", "offload_rollout", "offload_rollout_level"],
                     SGLANG),
 }
 UNSUPPORTED_GROUPS: dict[str, str] = {
-    "wandb": "the W&B fan-out (miles_core/tracking/fanout.py) reads use_wandb and wandb_project/group/team/mode/dir/run_id; "
-             "this option is not wired yet (the W&B key and host come from W&B's own login)",
+    "wandb": "this W&B option is not implemented by the W&B mirror (miles_core/tracking/wandb_tracker.py)",
     "tensorboard": "the TensorBoard writer reads use_tensorboard and tensorboard_dir; this naming option is not wired yet",
     "prometheus": "the Prometheus exporter reads use_prometheus and prometheus_port; this option is not wired yet",
     "dashboard": "the reference's dashboard is not part of miles (MLflow and Prefect UIs instead)",
@@ -76,14 +74,20 @@ UNSUPPORTED_GROUPS: dict[str, str] = {
 }
 UNSUPPORTED_FLAGS: dict[str, str] = {
     "offload": "colocate offloads the engine; trainer offload needs the Megatron backend",
-    "offload_train": "trainer offload needs the Megatron backend",
-    "offload_train_target": "trainer offload needs the Megatron backend",
     "num_gpus_per_node": "placement reads actor_num_gpus_per_node and rollout_num_gpus",
     "fully_async": "use async_mode: fully",
     "rollout_function_path": "a whole-rollout function is not supported; custom_generate_function_path replaces the per-sample "
                              "generation (docs/guide/multi-turn.md)",
     "model_name": "the model comes from hf_checkpoint",
     "use_mlflow": "MLflow is always on (the primary tracker)",
+    "distributed_backend": "the collectives' backend follows device: NCCL with cuda, gloo with cpu",
+    "wandb_key": "the W&B key comes from the environment only (WANDB_API_KEY, or `wandb login`): a config value would be "
+                 "written into the MLflow params, the W&B config and the Prefect run form",
+    "disable_wandb_random_suffix": "miles never adds the reference's random suffix: the W&B group is wandb_group and the run is "
+                                   "named after the MLflow run, what the reference does with this flag (`miles recipe import` "
+                                   "accepts it)",
+    "wandb_always_use_train_step": "every key is plotted against its own step axis (rollout/step, train/step, eval/step), the "
+                                   "reference's default; one train-step axis for all is not implemented",
     "mlflow_run_id": "a run re-attaches to its own MLflow run from the checkpoint; mlflow_new_run starts another",
     "chat_template_path": "apply_chat_template uses the tokenizer's own template",
     "start_rollout_id": "the start comes from the latest checkpoint",
@@ -101,8 +105,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "debug_train_only": "no train-only mode yet",
     "save_debug_rollout_data": "rollouts are always saved as <run_dir>/rollouts/<id>.pt",
     "load_debug_rollout_data": "a run reuses its own <run_dir>/rollouts/<id>.pt; loading another run's is not supported",
-    "eval_input_key": "eval datasets read input_key (or the eval config's per-dataset keys)",
-    "eval_label_key": "eval datasets read label_key (or the eval config's per-dataset keys)",
     "eval_tool_key": "no tool calls in eval",
     "eval_max_prompt_len": "eval prompts are filtered by rollout_max_prompt_len",
     "eval_max_context_len": "eval responses are bounded by eval_max_response_len and rollout_max_context_len",

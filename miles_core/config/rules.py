@@ -1,4 +1,9 @@
-"""Cross-field rules, checked when a config is built. Each message names the fields and the fix."""
+"""Cross-field rules, checked when a config is built. Each message names the fields and the fix.
+
+Pure: these rules read the config's own values (and the installed megatron-core's version) only. Checks
+that need the library's registries (rm_type, loss and extension-point paths, multi-turn functions, the
+metrics catalog, the model's shape) are miles_core/assemble.py's, run by the CLI and the flows after load.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,10 @@ NOT_SUPPORTED: dict[str, str] = {
     "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
+    "lora_type": "one LoRA adapter per linear layer (lora); canonical_lora's split Q/K/V adapters are not built",
+    "lora_sync_from_tensor": "the engines get the merged weights (base + scaled BA) at every sync; adapter-only sync is not built",
+    "lora_train_only": "the engines always serve the trained policy (the merged weights)",
+    "lora_base_cpu_backup": "the engines get the merged weights at every sync; there is no engine-side copy of the base",
 }
 # Estimators whose baseline is the group mean: with one sample per prompt every advantage is 0.
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
@@ -51,10 +60,6 @@ def _algo_rules(c: "TrainConfig") -> None:
         )
     if a.loss_type == "custom_loss" and not a.custom_loss_function_path:
         raise ValueError("loss_type custom_loss needs custom_loss_function_path (a dotted path to the loss function)")
-    if a.loss_type == "custom_loss":
-        from miles_core.algorithms.losses import resolve_loss
-
-        resolve_loss(a)  # a typo, or a loss written for the reference's Megatron trainer, fails here
     if a.use_opd and a.opd_type == "megatron" and not a.opd_teacher_load:
         raise ValueError("use_opd with opd_type megatron needs opd_teacher_load (the teacher's HF dir or builtin:// name)")
     if a.tis_clip_low > a.tis_clip:
@@ -70,7 +75,7 @@ def _algo_rules(c: "TrainConfig") -> None:
 
 def _mis_options(a) -> None:
     """The built-in MIS reads its knobs from custom_config_path: check them now, not at the first train step."""
-    from miles_core.config.mis import MIS_NAMES, MISConfig, load_options
+    from .mis import MIS_NAMES, MISConfig, load_options
 
     if a.custom_tis_function_path not in MIS_NAMES:
         return
@@ -88,8 +93,6 @@ def _promotion_rules(c: "TrainConfig") -> None:
 
 
 def _rollout_rules(c: "TrainConfig") -> None:
-    from miles_core.rewards import validate_rm_type
-
     r = c.rollout
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
         raise ValueError(
@@ -97,10 +100,8 @@ def _rollout_rules(c: "TrainConfig") -> None:
         )
     if r.group_rm and not r.custom_rm_path:
         raise ValueError("group_rm needs custom_rm_path (a function scoring a whole group)")
-    if not r.custom_rm_path:
-        validate_rm_type(r.rm_type)
-        if r.rm_type.removeprefix("boxed_") == "remote_rm" and not r.rm_url:
-            raise ValueError("rm_type remote_rm needs rm_url")
+    if not r.custom_rm_path and r.rm_type.removeprefix("boxed_") == "remote_rm" and not r.rm_url:
+        raise ValueError("rm_type remote_rm needs rm_url")
     if c.data.prompt_data is None:
         raise ValueError("prompt_data is required: a jsonl/parquet path (optionally path@[a:b]) or builtin://<task>")
 
@@ -179,7 +180,7 @@ MEGATRON_ONLY = {
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
-    "use_distributed_optimizer": False,
+    "use_distributed_optimizer": False, "distributed_timeout_minutes": 10,
 }
 
 
@@ -242,11 +243,6 @@ def _megatron_rules(c: "TrainConfig") -> None:
     if world % (etp * ep * pp):
         raise ValueError(f"world size {world} must be a multiple of expert_tensor_parallel_size ({etp}) * expert_model_parallel_size "
                          f"({ep}) * pipeline_model_parallel_size ({pp}); change the expert sizes or the actor counts")
-    from miles_core.models.shape import model_shape
-
-    shape = model_shape(c.checkpoint.hf_checkpoint)
-    if shape is not None:
-        check_model_divides(shape, p, c.checkpoint.hf_checkpoint)
 
 
 def check_model_divides(shape, p, source: str) -> None:
@@ -255,7 +251,10 @@ def check_model_divides(shape, p, source: str) -> None:
     pairs = [("num_attention_heads", shape.num_attention_heads, "tensor_model_parallel_size", tp),
              ("num_key_value_heads", shape.num_key_value_heads, "tensor_model_parallel_size", tp),
              ("num_hidden_layers", shape.num_hidden_layers, "pipeline_model_parallel_size", pp)]
-    if shape.num_experts or ep > 1:
+    if not shape.num_experts and ep > 1:
+        raise ValueError(f"expert_model_parallel_size ({ep}) splits the routed experts of an MoE model, but {source} is dense "
+                         "(its config.json has no num_experts / n_routed_experts); set expert_model_parallel_size to 1")
+    if shape.num_experts:
         pairs.append(("num_experts", shape.num_experts, "expert_model_parallel_size", ep))
     for model_field, n, field, size in pairs:
         if n % size or n == 0:
@@ -263,15 +262,13 @@ def check_model_divides(shape, p, source: str) -> None:
                              f"choose a {field} that divides {n}")
 
 
-def _extension_rules(c: "TrainConfig") -> None:
-    """Every extension point (custom_rm_path, custom_loss_function_path, ...) resolves now, before any model loads."""
-    from miles_core.resolve import check_extension_points
-
-    check_extension_points(c)
-
-
 def _sglang_rules(c: "TrainConfig") -> None:
     sg = c.sglang
+    if c.cluster.rollout_engine == "sglang" and c.cluster.weight_sync_mode == "tensor" and c.cluster.runtime == "ray":
+        raise ValueError("update_weight_mode tensor with rollout_engine sglang: SGLang 0.5.23's /update_weights_from_tensor "
+                         "takes serialized_named_tensors (per TP rank, MultiprocessingSerializer payloads of CUDA-IPC handles; "
+                         "io_struct.py UpdateWeightsFromTensorReqInput), which miles does not build yet; set "
+                         "update_weight_mode: disk (or broadcast with colocate: false)")
     if sg.sglang_server_args and c.cluster.rollout_engine != "sglang":
         first = next(iter(sg.sglang_server_args))
         raise ValueError(f"sglang_{first}: SGLang server arguments apply only with rollout_engine sglang "
@@ -282,11 +279,34 @@ def _sglang_rules(c: "TrainConfig") -> None:
                              "(least-loaded healthy engine); drop it")
 
 
-def _champion_rule(c: "TrainConfig") -> None:
-    """champion_metric must name an eval metric of one of the run's eval datasets (an eval_config's are not
-    known at load: then any eval dataset name passes)."""
-    from miles_core.tracking.catalog import EVAL, match
+def _lora_rules(c: "TrainConfig") -> None:
+    lo = c.lora
+    if not lo.enabled:
+        set_ = [n for n in ("target_modules", "exclude_modules", "lora_adapter_path") if getattr(lo, n) is not None]
+        if set_:
+            raise ValueError(f"{', '.join(set_)} apply only with lora_rank > 0 (got lora_rank 0, LoRA off); set lora_rank or drop them")
+        return
+    if c.cluster.train_backend != "torch":
+        raise ValueError(f"lora_rank ({lo.lora_rank}) is not supported yet with train_backend {c.cluster.train_backend}: LoRA "
+                         "adapters are built in the torch trainer only (docs/decisions.md, LoRA); set train_backend: torch")
+    world = c.cluster.actor_num_nodes * c.cluster.actor_num_gpus_per_node
+    if c.cluster.runtime == "ray" and world > 1:
+        raise ValueError(f"lora_rank ({lo.lora_rank}) with a train group of {world} ranks (actor_num_nodes * "
+                         "actor_num_gpus_per_node) is not supported yet: the adapters are not built under FSDP2 data parallel "
+                         "(docs/decisions.md, LoRA); set actor_num_nodes and actor_num_gpus_per_node to 1")
+    if lo.target_modules is None:
+        raise ValueError("lora_rank > 0 needs target_modules: all-linear, or module names (e.g. q_proj,k_proj,v_proj,o_proj)")
+    if lo.targets != "all-linear" and not set(lo.targets) - set(lo.excluded):
+        raise ValueError(f"exclude_modules ({lo.exclude_modules}) removes every module of target_modules ({lo.target_modules}); "
+                         "nothing would be trained")
+    if c.algo.advantage_estimator == "ppo":
+        raise ValueError("lora_rank with advantage_estimator ppo is not supported yet: the critic is a full copy of the policy, "
+                         "not an adapter; use grpo, gspo or reinforce++")
 
+
+def _champion_rule(c: "TrainConfig") -> None:
+    """champion_metric belongs to a registered model and is judged by an eval (the metric name itself is checked
+    against the metrics catalog by miles_core/assemble.py)."""
     metric, ck = c.checkpoint.champion_metric, c.checkpoint
     if metric is None:
         return
@@ -295,14 +315,6 @@ def _champion_rule(c: "TrainConfig") -> None:
     if not c.eval.enabled:
         raise ValueError(f"champion_metric {metric} needs eval datasets (eval_prompt_data or eval_config): the champion is "
                          "judged by the eval of the exported weights")
-    names = (c.eval.eval_prompt_data or [])[::2]
-    entry = match(metric)
-    dataset = metric.split("/", 2)[1].split("-", 1)[0] if metric.count("/") >= 1 else None  # eval/<ds>[-...] -> <ds>
-    known_ds = c.eval.eval_config is not None or dataset in names
-    if entry is None or entry.axis != EVAL or not known_ds or not entry.name.startswith("eval/<ds>"):
-        examples = ", ".join(f"eval/{n}, eval/{n}-pass@1" for n in names[:2]) or "eval/<dataset>"
-        raise ValueError(f"champion_metric {metric!r} is not an eval metric of this run's datasets; e.g. {examples} "
-                         "(docs/reference/metrics.md)")
 
 
 def _not_supported(c: "TrainConfig") -> None:
@@ -313,13 +325,7 @@ def _not_supported(c: "TrainConfig") -> None:
             raise ValueError(f"{name} is not supported yet ({why}); drop it (got {value!r}, default {default!r})")
 
 
-def _multi_turn_rules(c: "TrainConfig") -> None:
-    from miles_core.rollout.multi_turn import check_multi_turn_config
-
-    check_multi_turn_config(c)
-
-
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
-                 _sglang_rules, _champion_rule, _promotion_rules, _multi_turn_rules, _extension_rules):
+                 _sglang_rules, _champion_rule, _promotion_rules, _lora_rules):
         rule(c)

@@ -2,7 +2,7 @@
 
 A passthrough is any key ``sglang_<server argument>`` (CLI ``--sglang-<flag> [value]``): the loader
 collects them into ``sglang_server_args`` ({argument: value}), checked against the pinned SGLang's
-ServerArgs snapshot (miles_core/rollout/sglang/server_args.py; the list: docs/reference/sglang.md).
+ServerArgs snapshot (miles_core/config/server_args.py; the list: docs/reference/sglang.md).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from ._base import Group
+from .server_args import validate
 
 
 class SglangConfig(Group):
@@ -28,6 +29,4 @@ class SglangConfig(Group):
     @field_validator("sglang_server_args")
     @classmethod
     def _known_server_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from miles_core.rollout.sglang.server_args import validate
-
         return validate(value)

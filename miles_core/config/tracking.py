@@ -34,6 +34,10 @@ class TrackingConfig(Group):
         None, description="W&B mode: online (sends to the W&B server), offline (files under wandb_dir only; `wandb sync` later), "
                           "disabled (no-op); default: WANDB_MODE, else online.")
     wandb_dir: str | None = Field(None, description="Directory for W&B's files (default: the run dir; W&B writes <dir>/wandb/).")
+    wandb_host: str | None = Field(
+        None, description="URL of the W&B server (a self-hosted one, https://wandb.example.com); default: W&B's own setting "
+                          "(WANDB_BASE_URL, `wandb login --host`, else W&B's default server). The key comes from the environment only "
+                          "(WANDB_API_KEY or `wandb login`), never from the config.")
     wandb_run_id: str | None = Field(
         None, description="W&B run id to log into (default: a new id, recorded in <run_dir>/wandb_run.json and reused on resume).")
     use_tensorboard: bool = Field(False, description="Also write TensorBoard event files (tensorboardX), one subdirectory per MLflow run.")

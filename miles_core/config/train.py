@@ -12,6 +12,7 @@ from .checkpoint import CheckpointConfig
 from .cluster import ClusterConfig
 from .data import DataConfig
 from .eval import EvalConfig
+from .lora import LoraConfig
 from .misc import MiscConfig
 from .parallel import ParallelConfig
 from .rollout import RolloutConfig
@@ -29,6 +30,7 @@ GROUPS: dict[str, type[Group]] = {
     "eval": EvalConfig,
     "tracking": TrackingConfig,
     "parallel": ParallelConfig,
+    "lora": LoraConfig,
     "misc": MiscConfig,
 }
 
@@ -47,6 +49,7 @@ class TrainConfig(Group):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     misc: MiscConfig = Field(default_factory=MiscConfig)
 
     @model_validator(mode="after")

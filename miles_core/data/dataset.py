@@ -82,6 +82,7 @@ class PromptSpec:
     apply_chat_template: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_prompt_len: int | None = None
+    max_prompt_len_reason: str = "rollout_max_prompt_len"  # where the limit comes from, as errors and logs name it
     tools: tuple | None = None  # tool specs for the chat template of a row without tool_key (generate_tool_specs_path)
 
 
@@ -99,7 +100,8 @@ def load_prompts(spec_path: str, tokenizer, spec: PromptSpec) -> tuple[list[Prom
         label = row[spec.label_key] if spec.label_key else None
         prompts.append(Prompt(text=row[spec.input_key], input_ids=ids, label=label, metadata=row.get(spec.metadata_key) or {}))
     if not prompts:
-        raise DataError(f"{spec_path}: no usable prompts ({len(rows)} rows, {dropped} over rollout_max_prompt_len)")
+        raise DataError(f"{spec_path}: no usable prompts ({len(rows)} rows, {dropped} longer than {spec.max_prompt_len} "
+                        f"tokens: {spec.max_prompt_len_reason}); shorten the prompts or raise the limit")
     return prompts, dropped
 
 

@@ -1,8 +1,9 @@
 """Evaluate one engine on eval datasets: metrics of REFERENCE §5 (without the step) and sample rows.
 
-Names as the reference (docs/decisions.md, 2026-12-01): ``eval/<ds>`` (mean reward), ``eval/<ds>-truncated_ratio``,
+Names as the reference (docs/decisions.md, 2026-12-01): ``eval/<ds>`` (mean reward),
 ``eval/<ds>-none_reward_ratio``, ``eval/<ds>-pass@k``, and the per-sample statistics under ``eval/<ds>/``:
-``response_len/{mean,median,max,min}``, ``truncated_ratio``, ``repetition_frac``, ``zero_std/count_<r>``,
+``response_len/{mean,median,max,min}``, ``truncated_ratio`` (the reference also logs it as ``eval/<ds>-truncated_ratio``: one name per value here),
+``repetition_frac``, ``zero_std/count_<r>``,
 ``weight_version/{mean,median,max,min,mixed_version_ratio}`` (definitions in miles_core/rollout/metrics.py).
 
 pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) per prompt (n samples, c of them with reward == 1, as
@@ -83,7 +84,6 @@ def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float
     m = {
         key: statistics.fmean(scores),
         f"{key}-none_reward_ratio": 0.0,  # every eval sample is scored (a failed reward raises)
-        f"{key}-truncated_ratio": truncated,
         f"{key}/truncated_ratio": truncated,
         f"{key}/response_len/mean": lengths["mean"], f"{key}/response_len/median": lengths["median"],
         f"{key}/response_len/max": lengths["max"], f"{key}/response_len/min": lengths["min"],

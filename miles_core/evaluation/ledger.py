@@ -113,7 +113,7 @@ def _entry_value(field: str, entry: str, raw: str) -> Any:
     """One entry of a dict field. SGLang server arguments know their types (text stays text for a str
     argument, as for a str field); other entries are JSON, else text."""
     if field == "sglang_server_args":
-        from miles_core.rollout.sglang.server_args import snapshot
+        from miles_core.config.server_args import snapshot
 
         arg = snapshot().args.get(entry)
         if arg is not None and arg.type == "str":

@@ -167,13 +167,8 @@ def run_point(point: EvalPoint, suite: EvalSuite, load_engine: LoadEngine, expor
 
 def load_hf_engine(snapshot: Path, version: int, dtype: str = "float32", device: str = "cpu"):
     """An in-process HF engine on a snapshot, reporting ``version``, on ``device`` (cpu | cuda | auto: miles_core/device.py)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from miles_core.device import resolve_device
     from miles_core.rollout.hf_engine import HFEngine
 
-    model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=getattr(torch, dtype)).to(resolve_device(device))
-    engine = HFEngine(model, AutoTokenizer.from_pretrained(snapshot))
+    engine = HFEngine.from_pretrained(snapshot, dtype, device)
     engine.set_weight_version(version)
     return engine

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .builtin import BUILTIN_MODELS, builtin_model_path
+from .builtin import BUILTIN_MODELS
+from .catalog import builtin_model_path
 from .gguf import GGUF_MODELS, gguf_model_path
 
 PREFIX = "builtin://"

@@ -108,19 +108,3 @@ def train_supervised(model, pad_id: int, examples: list[tuple[list[int], list[in
         loss.backward()
         opt.step()
     model.eval()
-
-
-def builtin_model_path(name: str, cache_dir: Path) -> Path:
-    from miles_core.models.glm import GLM_MODELS, build_glm_debug  # GLM-4.5-architecture debug models
-    from miles_core.models.tiny_tools import TOOL_MODELS, build_tiny_tools
-
-    builders = {**{n: build_tiny for n in BUILTIN_MODELS}, **{n: build_glm_debug for n in GLM_MODELS},
-                **{n: build_tiny_tools for n in TOOL_MODELS}}
-    if name not in builders:
-        raise ValueError(f"unknown builtin model {name!r}; valid: {sorted(builders)}")
-    spec = {**BUILTIN_MODELS, **GLM_MODELS, **TOOL_MODELS}[name]
-    out = cache_dir / "models" / f"{name}-{spec.fingerprint()}"
-    if not (out / "config.json").exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        builders[name](spec, out)
-    return out

@@ -9,9 +9,9 @@ into the call ``<tool_call>{"name": "calculator", "arguments": {"expression": "4
 and the tool's result into ``\\boxed{879}``. The warm-up (``warmup_examples``) teaches both copies on
 most examples but the choice to call only on ``decision_fraction`` of them, a ``tool_fraction`` of
 which call (the rest answer ``\\boxed{sum}`` at once, which the model cannot compute): the warmed-up
-model calls in ~15% of its sampled answers and is then right, so GRPO has tool use to learn. The
+model calls in ~30% of its sampled answers and is then mostly right, so GRPO has tool use to learn. The
 examples are built with the same ids a rollout produces (the prompt and tool ids from the chat
-template, rollout/multi_turn/template.py).
+template, data/chat_template.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class TinyToolsSpec(TinySpec):
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
     task: str = "calc"
-    sft_steps: int = 700
+    sft_steps: int = 1200  # 700 copied the result out on AVX-512 kernels, not on AVX2 ones (docs/decisions.md)
     sft_batch_size: int = 32
     sft_lr: float = 3e-3
     decision_fraction: float = 0.3  # examples whose first answer token (call or answer at once) is trained
@@ -64,7 +64,7 @@ def conversation(row: dict, use_tool: bool) -> list[dict]:
 def example_ids(tok, row: dict, use_tool: bool, decided: bool = True) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of a conversation, assembled turn by turn as a multi-turn rollout is;
     ``decided=False`` leaves the first answer token (the choice to call) out of the loss."""
-    from miles_core.rollout.multi_turn.template import render_ids, tool_message_ids
+    from miles_core.data.chat_template import render_ids, tool_message_ids
 
     end = tok.convert_tokens_to_ids(END_OF_TURN)
     prompt = render_ids(tok, row["input"], tools=CALC_TOOLS, add_generation_prompt=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from miles_core.data.sample import Sample
 from miles_core.rewards import custom
+from miles_core.rewards.finite import require_finite
 from miles_core.rewards.options import RewardOptions
 from miles_core.rewards.registry import LocalFamily, grade_local_batch, resolve, validate_rm_type
 
@@ -46,8 +47,21 @@ def score(rm_type: str, response: str, label: Any, metadata: dict | None = None)
     return family.score(graded, opts)
 
 
+def _source(sample: Sample, opts: RewardOptions) -> str:
+    """The function that scores ``sample``, as a NaN-reward error names it."""
+    if opts.custom_rm_path:
+        return f"reward function {opts.custom_rm_path!r}{' (group_rm)' if opts.group_rm else ''}"
+    return f"reward rm_type {sample_rm_type(sample, opts)!r}"
+
+
 async def async_rm(sample: Sample, opts: RewardOptions) -> Reward:
-    """The raw reward (float or dict) of one sample."""
+    """The raw reward (float or dict) of one sample; NaN/inf is refused (NonFiniteReward)."""
+    reward = await _raw_reward(sample, opts)
+    require_finite([reward], [sample], [_source(sample, opts)])
+    return reward
+
+
+async def _raw_reward(sample: Sample, opts: RewardOptions) -> Reward:
     if opts.custom_rm_path and opts.group_rm:
         return (await custom.group_rewards(opts.custom_rm_path, [sample], opts))[0]
     if opts.custom_rm_path:
@@ -57,18 +71,22 @@ async def async_rm(sample: Sample, opts: RewardOptions) -> Reward:
 
 
 async def batched_async_rm(samples: list[Sample], opts: RewardOptions) -> list[Reward]:
-    """Raw rewards of ``samples``, in order: per group with ``group_rm``, then post-processed."""
+    """Raw rewards of ``samples``, in order: per group with ``group_rm``, then post-processed; NaN/inf from any
+    of these functions is refused (NonFiniteReward naming the function and the sample)."""
     if opts.custom_rm_path and opts.group_rm:
         rewards = await custom.group_rewards(opts.custom_rm_path, samples, opts)
     elif opts.custom_rm_path:
-        rewards = list(await asyncio.gather(*(async_rm(s, opts) for s in samples)))
+        rewards = list(await asyncio.gather(*(_raw_reward(s, opts) for s in samples)))
     else:
         rewards = await _family_rewards(samples, opts)
+    require_finite(rewards, samples, [_source(s, opts) for s in samples])
     if opts.custom_reward_post_process_path:
         for sample, raw in zip(samples, rewards):  # rollout/raw_reward is the mean before post-processing
             if not isinstance(raw, dict) or opts.reward_key is not None:  # a dict without reward_key has no scalar
                 sample.metadata["raw_reward"] = reward_value(raw, opts.reward_key)
         rewards = await custom.post_process(opts.custom_reward_post_process_path, samples, rewards, opts)
+        path = opts.custom_reward_post_process_path
+        require_finite(rewards, samples, [f"reward post-process function {path!r}"] * len(samples))
     return rewards
 
 

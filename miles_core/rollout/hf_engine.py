@@ -53,6 +53,29 @@ def request_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest, "big") % SEED_MODULUS
 
 
+class SeededGenerate:
+    """``generate(requests, seed)`` written once, over the engine's ``generate_seeded(requests, seeds)``: request i
+    gets ``request_seed(seed, i)`` (HFEngine, HTTPEngineClient and EngineRouter share it)."""
+
+    def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]:
+        return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
+
+
+# SGLang 0.5.23's weight-update session rule (managers/scheduler_components/weight_updater.py: begin_weight_update,
+# end_weight_update, update_weights_from_tensor / _distributed); tests/rollout/sglang/test_protocol.py holds these
+# messages to the snapshot taken from the wheel (miles_core/rollout/sglang/protocol.json).
+SESSION_ALREADY_OPEN = "a weight-update session is already open; call end_weight_update() first"
+SESSION_NOT_OPEN = "no weight-update session is open; call begin_weight_update() first"
+
+
+def outside_session(route: str) -> str:
+    return f"{route} must run between begin_weight_update() and end_weight_update()"
+
+
+class WeightSessionError(RuntimeError):
+    """A weight update outside a begin/end weight-update session (or a session opened twice)."""
+
+
 def filter_logits(logits: torch.Tensor, top_k: int | Sequence[int], top_p: float | Sequence[float]) -> torch.Tensor:
     """Mask logits [B, V] outside top-k, then outside nucleus top-p, with -inf (for sampling only).
 
@@ -113,8 +136,11 @@ class RowSampler:
         return nxt, logp.gather(-1, nxt.to(self.device)[:, None]).squeeze(-1).cpu()
 
 
-class HFEngine:
-    """Serves generate() on one transformers causal LM in this process (one engine, per-request seeds)."""
+class HFEngine(SeededGenerate):
+    """Serves generate() on one transformers causal LM in this process (one engine, per-request seeds).
+
+    Weight updates follow SGLang's session rule: ``update_weights_from_tensor`` only between
+    ``begin_weight_update()`` and ``end_weight_update()``; ``load_weights`` (a disk reload) needs none."""
 
     def __init__(self, model, tokenizer, max_batch_size: int = 256, batching: Batching = "dynamic",
                  share_prefill: bool = True, drop_finished: bool = True, lean_decode: bool = True):
@@ -130,10 +156,22 @@ class HFEngine:
         self.progress = 0  # decode steps run so far (read by the HTTP server's health check)
         self._running = threading.Event()
         self._running.set()
+        self.in_weight_session = False
+
+    @classmethod
+    def from_pretrained(cls, path, dtype: str = "float32", device: str = "cpu", **engine_kwargs) -> "HFEngine":
+        """An engine on an HF directory (config + safetensors + tokenizer) in ``dtype``, on ``device`` (cpu | cuda |
+        auto: miles_core/device.py); ``engine_kwargs`` go to the constructor (batching, max_batch_size, tokenizer)."""
+        from transformers import AutoTokenizer
+
+        from miles_core.checkpoint.hf_load import load_hf_model  # safetensors headers checked against config.json first
+        from miles_core.device import resolve_device
+
+        tokenizer = engine_kwargs.pop("tokenizer", None) or AutoTokenizer.from_pretrained(path)
+        model = load_hf_model(path, dtype=getattr(torch, dtype)).to(resolve_device(device))
+        return cls(model, tokenizer, **engine_kwargs)
 
     # ---- generation -----------------------------------------------------------------------
-    def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]:
-        return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
 
     def generate_seeded(
         self, requests: list[GenerateRequest], seeds: list[int], aborted: Callable[[int], bool] | None = None
@@ -255,8 +293,25 @@ class HFEngine:
         return score_tokens(self.model, input_ids_list, temperature, self.max_batch_size)
 
     # ---- weights and control ----------------------------------------------------------------
-    @torch.no_grad()
+    def begin_weight_update(self) -> None:
+        if self.in_weight_session:
+            raise WeightSessionError(SESSION_ALREADY_OPEN)
+        self.in_weight_session = True
+
+    def end_weight_update(self) -> None:
+        if not self.in_weight_session:
+            raise WeightSessionError(SESSION_NOT_OPEN)
+        self.in_weight_session = False
+
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the tensors in (inside a weight-update session only, as SGLang)."""
+        if not self.in_weight_session:
+            raise WeightSessionError(outside_session("update_weights_from_tensor"))
+        self.load_weights(named_tensors)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the tensors into the parameters of the same names (no session needed: a reload from disk)."""
         params = self.model.state_dict(keep_vars=True)  # includes tied aliases such as lm_head.weight
         for name, tensor in named_tensors:
             if name not in params:

@@ -24,15 +24,10 @@ class LocalWeights:
 def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
     """One HFEngine on hf_checkpoint (the trainer's starting weights; the first sync makes them the trainer's), on
     ``device`` (miles_core/device.py), where the trainer is."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from miles_core.device import resolve_device
     from miles_core.rollout.hf_engine import HFEngine
 
-    model = AutoModelForCausalLM.from_pretrained(data.model_path, dtype=getattr(torch, cfg.misc.dtype))
-    model.to(resolve_device(cfg.cluster.device))
-    return InProcessFleet(HFEngine(model, data.tokenizer), cfg.cluster.update_weight_buffer_size)
+    engine = HFEngine.from_pretrained(data.model_path, cfg.misc.dtype, cfg.cluster.device, tokenizer=data.tokenizer)
+    return InProcessFleet(engine, cfg.cluster.update_weight_buffer_size)
 
 
 ENGINE_FLEETS = {"hf": hf_engine_fleet}

@@ -10,11 +10,14 @@ training/backends.TRAINERS for both.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from miles_core.config import TrainConfig
 
 from .runtime import RunData, RunParts, Runtime
+
+logger = logging.getLogger(__name__)
 
 
 def _local(cfg: TrainConfig, data: RunData) -> RunParts:
@@ -41,12 +44,17 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     from miles_core.env import cache_dir
     from miles_core.evaluation import build_suite
     from miles_core.models import resolve_model_path
-    from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
+    from miles_core.specs import context_len, prompt_spec, resolve_data_path, reward_options, sampling_params
 
     model_path = resolve_model_path(cfg.checkpoint.hf_checkpoint, cache_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts, dropped = load_prompts(resolve_data_path(cfg.data.prompt_data), tokenizer, prompt_spec(cfg))
-    return RunData(model_path=model_path, tokenizer=tokenizer,
+    context = context_len(cfg, model_path)
+    spec = prompt_spec(cfg, context=context)
+    prompts, dropped = load_prompts(resolve_data_path(cfg.data.prompt_data), tokenizer, spec)
+    if dropped:  # once per run, with the count (also the run's dropped_prompts param)
+        logger.warning("dropped %d of %d prompts longer than %d tokens (%s)", dropped, dropped + len(prompts),
+                       spec.max_prompt_len, spec.max_prompt_len_reason)
+    return RunData(model_path=model_path, tokenizer=tokenizer, context_len=context,
                    source=DataSource(prompts, shuffle=cfg.data.rollout_shuffle, seed=cfg.data.rollout_seed),
                    num_prompts=len(prompts), dropped_prompts=dropped, eval_suite=build_suite(cfg, tokenizer),
                    params=sampling_params(cfg, tokenizer.eos_token_id), rewards=reward_options(cfg))
@@ -57,5 +65,9 @@ def build_runtime(cfg: TrainConfig) -> Runtime:
         import torch
 
         torch.set_num_threads(cfg.cluster.num_threads)
+    from miles_core.checkpoint.budget import save_budget, warn_if_saves_exceed_free_space
+
     data = load_run_data(cfg)
-    return Runtime(cfg, data, PLACEMENTS[cfg.cluster.runtime](cfg, data))
+    runtime = Runtime(cfg, data, PLACEMENTS[cfg.cluster.runtime](cfg, data))
+    warn_if_saves_exceed_free_space(save_budget(data.model_path, cfg.save_dir, runtime.num_rollout, cfg.checkpoint), cfg.save_dir)
+    return runtime

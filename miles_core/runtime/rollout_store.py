@@ -12,12 +12,14 @@ tables when ``log_samples`` is on).
 
 from __future__ import annotations
 
+import io
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from miles_core.checkpoint._fs import naming_full_disk
 from miles_core.data import Sample
 
 FORMAT = 1
@@ -47,8 +49,15 @@ class RolloutStore:
         path = self.path(rollout_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
+        buf = io.BytesIO()  # serialized first: a full disk is reported with the bytes the file needs
         torch.save({"format": FORMAT, "samples": [s.to_dict() for s in data.samples], "metrics": data.metrics,
-                    "weight_version": data.weight_version, "cursor_after": data.cursor_after}, tmp)
+                    "weight_version": data.weight_version, "cursor_after": data.cursor_after}, buf)
+        try:
+            with naming_full_disk(path, buf.getbuffer().nbytes):
+                tmp.write_bytes(buf.getbuffer())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         tmp.replace(path)
 
     def read(self, rollout_id: int) -> RolloutFile:
@@ -56,7 +65,10 @@ class RolloutStore:
         try:
             saved = torch.load(path, weights_only=True)
         except pickle.UnpicklingError as e:
-            raise ValueError(f"{path}: not a miles rollout file of plain data (it would run code to load): {e}") from None
+            raise ValueError(f"{path}: not a miles rollout file of plain data (it would run code to load, so it is not "
+                             f"loaded: {type(e).__name__}); miles writes rollouts as plain tensors and lists: delete "
+                             "this file and rerun to regenerate it from the checkpoint, and do not load it elsewhere "
+                             "unless you trust where it came from") from None
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ValueError(f"{path}: not a miles rollout file (format {FORMAT})")
         return RolloutFile(samples=[Sample.from_dict(d) for d in saved["samples"]], metrics=saved["metrics"],

@@ -43,6 +43,7 @@ class RunData:
     source: DataSource
     num_prompts: int
     dropped_prompts: int
+    context_len: int | None  # rollout_max_context_len, else the model's max_position_embeddings (specs.context_len)
     eval_suite: EvalSuite
     params: SamplingParams
     rewards: RewardOptions
@@ -108,7 +109,7 @@ class Runtime:
     def rollout_spec(self) -> RolloutSpec:
         r = self.cfg.rollout
         return RolloutSpec(rollout_batch_size=r.rollout_batch_size, n_samples_per_prompt=r.n_samples_per_prompt,
-                           params=self.data.params, max_context_len=r.rollout_max_context_len,
+                           params=self.data.params, max_context_len=self.data.context_len,
                            over_sampling_batch_size=r.over_sampling_batch_size, filter_path=r.dynamic_sampling_filter_path,
                            reward_key=r.reward_key, seed=self.cfg.misc.seed, partial_rollout=r.partial_rollout,
                            turns=turn_spec(self.cfg, self.model_path))

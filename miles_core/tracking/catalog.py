@@ -77,7 +77,7 @@ def _compile(template: str) -> re.Pattern[str]:
 
 _RM = "miles_core/rollout/metrics.py"
 _LOCAL = "miles_core/runtime/runtime.py"
-_TRAINER = "miles_core/training/torch_trainer.py"
+_TRAINER = "miles_core/training/rl_step.py"
 _PERF = "miles_core/training/perf.py"
 _ADV = "miles_core/algorithms/advantages"
 _LOSS = "miles_core/algorithms/losses.py"
@@ -186,11 +186,11 @@ CATALOG: tuple[Metric, ...] = (
     Metric("perf/actor_train_time", ROLLOUT, "seconds of the train stage (forward-only passes and optimizer steps)", "always", _TRAINER),
     Metric("perf/actor_train_tok_per_s", ROLLOUT, "trained tokens per second (tokens * num_steps_per_rollout / time)", "always", _TRAINER),
     Metric("perf/train_time", ROLLOUT, "seconds of the trainer's train_rollout (forward-only passes and optimizer steps)",
-           "train_backend torch", _PERF),
+           "always", _PERF),
     Metric("perf/train_wait_time", ROLLOUT, "seconds the trainer waited since its previous train ended (0 at the first)",
-           "train_backend torch", _PERF),
-    Metric("perf/step_time", ROLLOUT, "train_wait_time + train_time", "train_backend torch", _PERF),
-    Metric("perf/wait_time_ratio", ROLLOUT, "train_wait_time / step_time", "train_backend torch", _PERF),
+           "always", _PERF),
+    Metric("perf/step_time", ROLLOUT, "train_wait_time + train_time", "always", _PERF),
+    Metric("perf/wait_time_ratio", ROLLOUT, "train_wait_time / step_time", "always", _PERF),
     Metric("perf/log_probs_time", ROLLOUT, "seconds of the old-policy log-prob pass", "when it runs (not on-policy, "
            "not use_rollout_logprobs)", _PERF),
     Metric("perf/ref_log_probs_time", ROLLOUT, "seconds of the reference-model log-prob pass", "a reference model", _PERF),
@@ -199,7 +199,7 @@ CATALOG: tuple[Metric, ...] = (
            "when the old-policy pass runs", _PERF),
     Metric("perf/ref_log_probs_tflops", ROLLOUT, "2 * params * tokens / ref_log_probs_time (TFLOP/s)", "a reference model", _PERF),
     Metric("perf/actor_train_tflops", ROLLOUT, "3 * 2 * params * tokens * num_steps_per_rollout / train_time (TFLOP/s)",
-           "train_backend torch", _PERF),
+           "always", _PERF),
     Metric("perf/mfu_peak_tflops", ROLLOUT, "the configured peak TFLOP/s of one device", "mfu_peak_tflops", _PERF),
     Metric("perf/actor_train_mfu", ROLLOUT, "actor_train_tflops / mfu_peak_tflops", "mfu_peak_tflops", _PERF),
     Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
@@ -261,9 +261,9 @@ CATALOG: tuple[Metric, ...] = (
     Metric("train/critic-value_clipfrac", TRAIN, "fraction of tokens whose value moved more than value_clip",
            "advantage_estimator: ppo", "miles_core/algorithms/value_loss.py"),
     Metric("train/critic-grad_norm", TRAIN, "critic gradient norm before clipping", "advantage_estimator: ppo",
-           "miles_core/training/critic.py"),
+           "miles_core/training/rl_step.py"),
     Metric("train/critic-lr-pg_0", TRAIN, "critic learning rate of the step", "advantage_estimator: ppo",
-           "miles_core/training/critic.py"),
+           "miles_core/training/rl_step.py"),
     # ---- eval ---------------------------------------------------------------------------------------
     Metric("eval/duration_seconds", EVAL, "seconds of the whole eval", "eval_prompt_data", _POINT),
     Metric("eval/export_time_seconds", EVAL, "seconds to write the HF snapshot that was evaluated",
@@ -273,10 +273,9 @@ CATALOG: tuple[Metric, ...] = (
     Metric("eval/skipped_<reason>", EVAL, "1 at an eval point that did not run: busy, export_failed, ckpt_missing, crashed, "
            "unhealthy, pin_violation, or an EvalSkip(reason) of eval_function_path", "eval_prompt_data or eval_config",
            "miles_core/evaluation/skip.py"),
-    Metric("eval/<ds>-truncated_ratio", EVAL, "fraction of eval samples that hit the length limit", "eval_prompt_data", _EVAL),
     Metric("eval/<ds>-none_reward_ratio", EVAL, "fraction of eval samples without a reward (0: a failed reward raises)",
            "eval_prompt_data", _EVAL),
-    Metric("eval/<ds>/truncated_ratio", EVAL, "fraction of eval samples that hit the length limit (per-sample set)",
+    Metric("eval/<ds>/truncated_ratio", EVAL, "fraction of eval samples that hit the length limit",
            "eval_prompt_data", _EVAL),
     Metric("eval/<ds>/response_len/mean", EVAL, "mean eval response length", "eval_prompt_data", _EVAL),
     Metric("eval/<ds>/response_len/median", EVAL, "median eval response length", "eval_prompt_data", _EVAL),
@@ -332,13 +331,22 @@ _seen: set[str] = set()  # keys already found in the catalog (entries are only e
 _warned: set[str] = set()
 
 
+CHECK_MODES = ("error", "warn", "off")
+
+
+def check_mode(text: str) -> str:
+    """The value of MILES_METRICS_CHECK (any case) -> error | warn | off; anything else raises ValueError."""
+    mode = text.lower()
+    if mode not in CHECK_MODES:
+        raise ValueError(f"{CHECK_ENV}={text!r}: expected {', '.join(CHECK_MODES)}")
+    return mode
+
+
 def check_keys(keys: Iterable[str]) -> None:
     """Raise (or warn, per MILES_METRICS_CHECK) for keys that match no catalog entry."""
-    mode = os.environ.get(CHECK_ENV, "warn").lower()
+    mode = check_mode(os.environ.get(CHECK_ENV, "warn"))
     if mode == "off":
         return
-    if mode not in ("error", "warn"):
-        raise ValueError(f"{CHECK_ENV}={mode!r}: expected error, warn or off")
     new = [k for k in keys if k not in _seen]
     bad = sorted(k for k in new if match(k) is None)
     _seen.update(k for k in new if k not in bad)

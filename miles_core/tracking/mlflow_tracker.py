@@ -12,8 +12,12 @@ precedes its metrics (a resumed run does not re-log steps at or before its check
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from .catalog import check_keys
@@ -30,10 +34,12 @@ class MlflowTracker:
         self.tracking_uri = tracking_uri
         self.asynchronous = asynchronous
         self._pending: list = []  # RunOperations of asynchronous metric batches not yet flushed
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        with store_turn(tracking_uri):  # the store's tables and the experiment are made once, by one process
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            if run_id is None:
+                exp = self.client.get_experiment_by_name(experiment)
+                exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=artifact_location)
         if run_id is None:
-            exp = self.client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=artifact_location)
             run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
         self.run_id = run_id
 
@@ -113,7 +119,33 @@ def mlflow_client(tracking_uri: str):
     """An MlflowClient for ``tracking_uri`` (the one place outside the tracker that builds one)."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri)
+    with store_turn(tracking_uri):
+        return MlflowClient(tracking_uri)
+
+
+@contextmanager
+def store_turn(tracking_uri: str):
+    """Processes opening one SQLite store take turns while the first client of each creates or upgrades its
+    tables: two flow runs of a deployment share its ``mlflow.db``, and MLflow's migrations run by two processes
+    at once fail the second ("duplicate column name: step"). An exclusive ``flock`` on ``<db>.lock`` beside the
+    store; other stores (a server) and a store in a directory we cannot write need no turn."""
+    db = sqlite_path(tracking_uri)
+    try:
+        fd = os.open(f"{db}.lock", os.O_RDWR | os.O_CREAT, 0o644) if db else None
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the flock
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The file of a ``sqlite:///path`` store, else None."""
+    return Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
 
 
 def active_run(client, run_id: str | None):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 History = dict[str, list[tuple[int, float]]]  # MLflow key -> (step, value) sorted by step
 SERIES_CHUNK = "miles.series"
-DS = "<ds>"  # expanded over the run's eval datasets (the keys eval/<ds>-truncated_ratio it has)
+DS = "<ds>"  # expanded over the run's eval datasets (the keys eval/<ds>/truncated_ratio it has)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ PLOTS: tuple[Plot, ...] = (
          (Panel("rollout", ("rollout/response_len/mean", "rollout/response_len/max", "rollout/response_len/min"), _R),
           Panel("eval (mean)", (f"eval/{DS}/response_len/mean",), _E))),
     Plot("truncation", "Truncated responses (hit the length limit)",
-         (Panel("rollout", ("rollout/truncated_ratio",), _R), Panel("eval", (f"eval/{DS}-truncated_ratio",), _E))),
+         (Panel("rollout", ("rollout/truncated_ratio",), _R), Panel("eval", (f"eval/{DS}/truncated_ratio",), _E))),
     Plot("optimization", "Optimization",
          (Panel("KL", ("train/ppo_kl", "train/kl_loss"), _T), Panel("clip fraction", ("train/pg_clipfrac",), _T),
           Panel("grad norm", ("train/grad_norm",), _T))),
@@ -50,12 +50,12 @@ PLOTS: tuple[Plot, ...] = (
          (Panel("log-prob mismatch", ("train/train_rollout_logprob_abs_diff", "train/train_rollout_kl"), _T),
           Panel("staleness (weight syncs)", ("rollout/staleness/mean", "rollout/staleness/max"), _R))),
 )
-_TRUNCATED = f"eval/{DS}-truncated_ratio"  # logged for every eval dataset
+_TRUNCATED = f"eval/{DS}/truncated_ratio"  # logged for every eval dataset
 _DATASET = re.compile(re.escape(_TRUNCATED).replace(re.escape(DS), "(.+)") + r"\Z")
 
 
 def datasets(keys) -> list[str]:
-    """The eval datasets a run has (from its eval/<ds>-truncated_ratio keys)."""
+    """The eval datasets a run has (from its eval/<ds>/truncated_ratio keys)."""
     return sorted(m.group(1) for k in keys if (m := _DATASET.match(k)))
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .mlflow_tracker import mlflow_client
+
 CHAMPION = "champion"
 VALUE_TAG = "miles.champion_metric_value"
 METRIC_TAG = "miles.champion_metric"
@@ -37,9 +39,8 @@ def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: in
     """Log ``export_path`` as artifacts of the run, register it under ``model_name``, and crown it (when ``crown``)
     if the champion metric at ``eval_step`` (the exported weights' eval/step) beats the current champion's."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     artifact_path = f"export/{rollout_id:05d}"
     client.log_artifacts(run_id, str(export_path), artifact_path=artifact_path)
     client.set_tag(run_id, f"miles.export.{rollout_id:05d}", f"rollout_id={rollout_id} train_step={step}")
@@ -50,7 +51,7 @@ def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: in
         client.get_registered_model(model_name)
     except MlflowException:
         client.create_registered_model(model_name)
-    tags = {"rollout_id": str(rollout_id), "train_step": str(step)}
+    tags = {"rollout_id": str(rollout_id), "train_step": str(step), **adapter_tags(Path(export_path), uri)}
     value = _value_at(client, run_id, champion_metric, eval_step) if champion_metric and eval_step is not None else None
     if champion_metric:
         tags |= {METRIC_TAG: champion_metric, EVAL_STEP_TAG: str(eval_step)}
@@ -62,6 +63,19 @@ def log_export(tracking_uri: str, run_id: str, export_path: Path, rollout_id: in
     return RegisteredExport(mv.version, uri, candidate and crown, candidate, bool(champion_metric) and value is None)
 
 
+def adapter_tags(export_path: Path, uri: str) -> dict[str, str]:
+    """A LoRA export (an ``adapter/`` PEFT dir, training/lora.py): the version's tags name the adapter's artifacts and
+    the base model it applies to (adapter_config.json's base_model_name_or_path, the run's hf_checkpoint)."""
+    import json
+
+    config = export_path / "adapter" / "adapter_config.json"
+    if not config.is_file():
+        return {}
+    saved = json.loads(config.read_text())
+    return {"lora.adapter": f"{uri}/adapter", "lora.base_model": str(saved.get("base_model_name_or_path")),
+            "lora.rank": str(saved.get("r"))}
+
+
 def crown_pending(tracking_uri: str, run_id: str, model_name: str, metric: str, eval_step: int, value: float,
                   crown: bool = True) -> list[str]:
     """An eval at ``eval_step`` landed with ``metric`` = ``value``: judge the run's versions of ``model_name`` that waited
@@ -69,9 +83,8 @@ def crown_pending(tracking_uri: str, run_id: str, model_name: str, metric: str, 
     champion: crowned, or (crown=False) candidates for a promotion gate; versions of the same weights share a value, so
     only the first of them beats it."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     try:
         versions = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
     except MlflowException:
@@ -111,6 +124,4 @@ def _champion_value(client, name: str) -> float:
 
 def set_champion(tracking_uri: str, name: str, version: str) -> None:
     """Move the champion alias to ``version`` (a manual promotion gate's approval)."""
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(tracking_uri).set_registered_model_alias(name, CHAMPION, version)
+    mlflow_client(tracking_uri).set_registered_model_alias(name, CHAMPION, version)

@@ -23,6 +23,11 @@ from .keys import flatten, sanitize_key
 RECORD = "wandb_run.json"
 
 
+def _server(host: str | None) -> dict[str, str]:
+    """W&B settings naming the server (the reference's --wandb-host); none: W&B's own (WANDB_BASE_URL, its login)."""
+    return {"base_url": host.rstrip("/")} if host else {}
+
+
 class WandbMirror:
     name = "wandb"
 
@@ -50,7 +55,7 @@ class WandbMirror:
             d.mkdir(parents=True, exist_ok=True)
         run = wandb.init(project=t.wandb_project or t.mlflow_experiment_name, entity=t.wandb_team, group=t.wandb_group,
                          name=spec.run_name, id=run_id, resume="allow", dir=str(wandb_dir), mode=t.wandb_mode,
-                         config=flatten(spec.params), settings=wandb.Settings(console="off"))
+                         config=flatten(spec.params), settings=wandb.Settings(console="off", **_server(t.wandb_host)))
         for axis in AXES:
             run.define_metric(axis)
         return cls(run, record, spec.mlflow_run_id, previous.get("marks", {}) if same_run else {})

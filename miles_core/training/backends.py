@@ -14,35 +14,44 @@ from .protocol import Trainer, TrainerContext
 
 
 def build_torch_trainer(ctx: TrainerContext) -> Trainer:
-    """The policy (seeded by ``seed``), reference (KL) and teacher (OPD) models, on ``device``, and the TorchTrainer."""
-    from transformers import AutoModelForCausalLM
+    """The policy (seeded by ``seed``), reference (KL) and teacher (OPD) models, on ``device``, in a TorchEngine
+    under its parallel strategy, and the RL step over it (TorchTrainer)."""
+    from miles_core.checkpoint.hf_load import load_hf_model
 
     from miles_core.device import resolve_device
     from miles_core.env import cache_dir
     from miles_core.models import resolve_model_path
 
+    from .precision import Precision
+    from .lora import adapters_of
     from .teacher import load_teacher
     from .torch_trainer import TorchTrainer
 
     cfg = ctx.cfg
     torch.manual_seed(cfg.misc.seed)
-    dtype, device = getattr(torch, cfg.misc.dtype), resolve_device(cfg.cluster.device)
-    policy = AutoModelForCausalLM.from_pretrained(ctx.model_path, dtype=dtype).to(device)  # the critic (ppo) follows it
+    device = resolve_device(cfg.cluster.device)
+    precision = Precision.of(cfg.misc.dtype, device)
+    dtype = precision.model_dtype  # forward-only models; the trained ones keep main weights (training/precision.py)
+    policy = load_hf_model(ctx.model_path, dtype=precision.main_dtype).to(device)  # the critic (ppo) follows it
     ref = None
     if cfg.needs_ref_model:
         ref_path = resolve_model_path(cfg.checkpoint.ref_load, cache_dir()) if cfg.checkpoint.ref_load else ctx.model_path
-        ref = AutoModelForCausalLM.from_pretrained(ref_path, dtype=dtype).to(device).eval()
+        ref = load_hf_model(ref_path, dtype=dtype).to(device).eval()
     teacher = load_teacher(cfg, dtype, policy.config.vocab_size, make_engine=ctx.make_engine, device=device)
-    trainer = TorchTrainer(policy, cfg, pad_id=ctx.tokenizer.pad_token_id, ref_model=ref, teacher=teacher)
-    if ctx.world_size > 1:  # one rank of a train group: FSDP2 data parallel over the group's process group
-        from .data_parallel import FSDPDataParallel
+    return TorchTrainer(policy, cfg, pad_id=ctx.tokenizer.pad_token_id, ref_model=ref, teacher=teacher, parallel=parallel_of(ctx),
+                        lora=adapters_of(cfg.lora, cfg.checkpoint.hf_checkpoint))
 
-        FSDPDataParallel(ctx.rank, ctx.world_size, cfg.cluster.balance_data).attach(trainer)
-    return trainer
+
+def parallel_of(ctx: TrainerContext):
+    """The torch engine's parallel strategy: one rank of a train group runs FSDP2 data parallel over the group's
+    process group (data_parallel.py), one process the do-nothing SingleProcess."""
+    from .data_parallel import FSDPDataParallel, SingleProcess
+
+    return FSDPDataParallel(ctx.rank, ctx.world_size, ctx.cfg.cluster.balance_data) if ctx.world_size > 1 else SingleProcess()
 
 
 def build_megatron_trainer(ctx: TrainerContext) -> Trainer:
-    """megatron-core's trainer (training/megatron/), imported only here."""
+    """The RL step over megatron-core's engine (training/megatron/), imported only here."""
     from .megatron import build_megatron_trainer as build
 
     return build(ctx)

@@ -10,24 +10,22 @@ V_t of response token t is read at the position whose logits predict token t —
 the action, as in OpenRLHF and the reference system. Values are float32 [N, T].
 
 One rollout: `values(batch)` in the forward-only phase gives V_old; after GAE, each optimizer step
-also runs `step(...)`: the clipped value loss (algorithms.value_loss) with the actor's reduction R,
-gradient accumulation over micro-batches, grad-norm clip `clip_grad`, AdamW with `critic_lr`
-(default `lr`) and the actor's warm-up. Metrics (the reference's names, under train/): critic-value_loss, critic-value_clipfrac,
+also takes a critic step (rl_step.py, the same for every backend): the clipped value loss
+(algorithms.value_loss) with the actor's reduction R, gradient accumulation over micro-batches (the torch
+engine's backward), grad-norm clip `clip_grad`, AdamW with `critic_lr` (default `lr`) and the actor's warm-up. Metrics (the reference's names, under train/): critic-value_loss, critic-value_clipfrac,
 critic-grad_norm, critic-lr-pg_0.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 
 import torch
 from torch import nn
 
-from miles_core.algorithms import Reducer, value_loss
 from miles_core.config.algo import AlgoConfig
 
 from .batch import TokenBatch, at_response, forward, forward_only
-from .data_parallel import as_float
 
 
 def build_critic(policy: nn.Module) -> nn.Module:
@@ -55,10 +53,11 @@ def response_values(critic: nn.Module, batch: TokenBatch) -> torch.Tensor:
 
 
 class Critic:
-    """The value model, its optimizer and its update (see the module docstring)."""
+    """The value model and its optimizer (see the module docstring)."""
 
-    def __init__(self, module: nn.Module, algo: AlgoConfig, micro_batch_size: int):
+    def __init__(self, module: nn.Module, algo: AlgoConfig, micro_batch_size: int, autocast=contextlib.nullcontext):
         self.module = module
+        self.autocast = autocast  # the forward passes' precision context (training/precision.py)
         self.algo = algo
         self.micro_batch_size = micro_batch_size
         self.lr = algo.critic_lr or algo.lr
@@ -70,33 +69,5 @@ class Critic:
     def values(self, batch: TokenBatch) -> torch.Tensor:
         """Old values V_old [N, T] (no grad, micro-batched)."""
         self.module.eval()
-        return forward_only(lambda piece: response_values(self.module, piece), batch, self.micro_batch_size)
-
-    def step(self, batch: TokenBatch, old_values: torch.Tensor, returns: torch.Tensor, rows: range,
-             reduce: Reducer, warmup: float, dp=None) -> dict[str, float]:
-        """One optimizer step over batch rows `rows` (one global batch); old_values, returns [N, T].
-        dp (data parallel, as the actor's): this rank's share of the rows, gradients and totals summed over ranks."""
-        self.module.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        totals = {"critic-value_loss": 0.0, "critic-value_clipfrac": 0.0}
-        mine, most = dp.shard(batch, rows, self.micro_batch_size) if dp is not None else (list(rows), 0)
-        starts = range(0, len(mine), self.micro_batch_size)
-        for s in starts:
-            idx = mine[s : s + self.micro_batch_size]
-            piece = batch.take(idx)
-            cut = (idx, slice(0, piece.loss_mask.shape[1]))
-            values = response_values(self.module, piece)
-            loss, metrics = value_loss(self.algo, values, old_values[cut], returns[cut], piece.loss_mask, reduce)
-            loss.backward()
-            for name, v in metrics.items():
-                totals[name] += float(v)
-        if dp is not None:  # gradients summed over ranks by FSDP2, the totals here
-            dummy = lambda: response_values(self.module, batch.take([rows.start])).sum()  # noqa: E731
-            totals = dp.reduce_step(totals, most - len(starts), dummy)
-        lr = self.lr * warmup
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
-        self.optimizer.step()
-        return {**totals, "critic-grad_norm": as_float(grad_norm), "critic-lr-pg_0": lr}
+        with self.autocast():
+            return forward_only(lambda piece: response_values(self.module, piece), batch, self.micro_batch_size)

@@ -1,4 +1,5 @@
-"""Data parallel for the torch trainer over a torch.distributed group: the trainer's ``dp`` hook, FSDP2.
+"""The torch engine's parallel strategies: ``SingleProcess`` (one process, does nothing) and ``FSDPDataParallel``
+(data parallel over a torch.distributed group, FSDP2), given to the engine at construction (torch_trainer.py).
 
 The policy (and the PPO critic) is sharded with ``torch.distributed.fsdp.fully_shard`` (FSDP2), one
 unit per decoder layer plus the root, on CPU with gloo as on CUDA with NCCL (measured: docs/decisions.md,
@@ -79,31 +80,51 @@ def fully_shard_model(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def _rebuilt(optimizer: torch.optim.Optimizer, module: torch.nn.Module) -> torch.optim.Optimizer:
-    """The same optimizer (class, hyper-parameters) over the module's sharded parameters (still fresh)."""
-    import inspect
+class SingleProcess:
+    """The torch engine's parallel strategy in one process: every row here, nothing to gather or shard."""
 
-    accepted = inspect.signature(type(optimizer)).parameters
-    return type(optimizer)(module.parameters(), **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+    rank, world, collective, whole_batch = 0, 1, False, True
+
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module
+
+    def shard(self, batch: TokenBatch, rows: range, size: int) -> tuple[list[int], int]:
+        return list(rows), 0
+
+    def reduce_step(self, metrics: dict[str, float], pad: int, dummy: Callable[[], torch.Tensor]) -> dict[str, float]:
+        return metrics
+
+    def forward_only(self, fn: Callable, batch: TokenBatch, samples: list):
+        return fn(batch, samples)
+
+    def full_state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return module.state_dict()
+
+    def full_model(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module
+
+    def checkpoint_parts(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        """(module, optimizer) as the checkpoint code reads and loads them."""
+        return module, optimizer
+
+    def gather_for_save(self, parts: list) -> None:
+        """Nothing to gather before rank 0 writes."""
 
 
 @dataclass
 class FSDPDataParallel:
-    """The torch trainer's ``dp`` hook (module docstring); ``attach`` it to a freshly built trainer."""
+    """The torch engine's parallel strategy over a torch.distributed group (module docstring): given to the
+    engine at construction, which ``wrap``s the policy (and critic) before building their optimizers."""
 
     rank: int
     world: int
     balance: bool
+    collective = True  # weights, checkpoints and exports gather on every rank
+    whole_batch = False  # each rank trains its share of the rows
 
-    def attach(self, trainer) -> None:
-        """Shard the policy (and critic) in place, rebuild their optimizers over the shards, and make the
-        trainer collective (weights, checkpoints and exports gather on every rank)."""
-        trainer.model = fully_shard_model(trainer.model)
-        trainer.optimizer = _rebuilt(trainer.optimizer, trainer.model)
-        if trainer.critic is not None:
-            trainer.critic.module = fully_shard_model(trainer.critic.module)
-            trainer.critic.optimizer = _rebuilt(trainer.critic.optimizer, trainer.critic.module)
-        trainer.dp, trainer.collective = self, True
+    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module sharded with FSDP2 (in place; fully_shard_model)."""
+        return fully_shard_model(module)
 
     # ---- optimizer steps ------------------------------------------------------------------------
     def shard(self, batch: TokenBatch, rows: range, size: int) -> tuple[list[int], int]:
@@ -173,6 +194,15 @@ class FSDPDataParallel:
         copy = AutoModelForCausalLM.from_config(module.config, dtype=next(iter(state.values())).dtype)
         copy.load_state_dict(state)
         return copy.eval()
+
+    def checkpoint_parts(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        """(module, optimizer) as the checkpoint code reads and loads them: full tensors (FullModule, FullOptimizer)."""
+        return FullModule(module), FullOptimizer(module, optimizer)
+
+    def gather_for_save(self, parts: list) -> None:
+        """Every rank gathers the full tensors of ``parts`` (in this order: a collective); rank 0 then writes them."""
+        for part in parts:
+            part.state_dict()
 
 
 class FullModule:

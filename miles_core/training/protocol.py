@@ -1,8 +1,9 @@
 """The Trainer protocol: what a runtime asks of a training backend (ARCHITECTURE.md "Runtime").
 
 A trainer owns the policy, its optimizer and the forward-only models (reference for KL, critic for
-ppo, teacher for OPD). Implementations, by ``train_backend`` (backends.py): ``torch``
-(torch_trainer.py, in process or one rank of a Ray train group) and ``megatron`` (megatron/).
+ppo, teacher for OPD). Implementations, by ``train_backend`` (backends.py): both are rl_step.RLTrainer, the
+one RL step, over the backend's TrainEngine (engine.py): ``torch`` (torch_trainer.py, in process or one rank
+of a Ray train group) and ``megatron`` (megatron/).
 
     train_rollout  forward-only log-probs (old / ref / teacher; values for ppo), advantages, then
                    num_steps_per_rollout optimizer steps -> TrainOutput
@@ -59,4 +60,5 @@ class Trainer(Protocol):
     def restore(self, load_dir: Path) -> dict | None: ...
     def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path: ...
     def offload(self) -> None: ...
+    def run_params(self) -> dict[str, str]: ...  # what the trainer chose (precision, layer spec), logged as derived.trainer.*
     def onload(self) -> None: ...

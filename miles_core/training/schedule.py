@@ -1,9 +1,7 @@
-"""The learning-rate schedule both trainers apply: linear warm-up over lr_warmup_iters optimizer steps,
-then constant lr."""
+"""The learning-rate schedule of every backend (rl_step.py applies it for the actor and the critic): linear
+warm-up over lr_warmup_iters optimizer steps, then constant lr."""
 
 from __future__ import annotations
-
-import torch
 
 from miles_core.config.algo import AlgoConfig
 
@@ -14,9 +12,7 @@ def warmup_factor(algo: AlgoConfig, steps_done: int) -> float:
     return min(1.0, (steps_done + 1) / w) if w else 1.0
 
 
-def set_lr(optimizer: torch.optim.Optimizer, algo: AlgoConfig, steps_done: int) -> float:
-    """Set every param group's lr for the next step; -> that lr."""
-    lr = algo.lr * warmup_factor(algo, steps_done)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
+def learning_rate(base: float, algo: AlgoConfig, steps_done: int) -> float:
+    """The learning rate of optimizer step steps_done + 1 for a model whose constant rate is ``base``
+    (lr for the actor, critic_lr or lr for the critic)."""
+    return base * warmup_factor(algo, steps_done)

@@ -70,7 +70,7 @@ def load_teacher(cfg, dtype: torch.dtype, vocab_size: int, make_engine: Callable
     """The teacher of `cfg` (None without use_opd, or with opd_type sglang and no opd_teacher_load:
     then the samples must carry teacher_log_probs), on `device` (the trainer's; default cpu). make_engine(model)
     wraps a teacher model in an engine for opd_type sglang (the local runtime's stand-in for an SGLang teacher server)."""
-    from transformers import AutoModelForCausalLM
+    from miles_core.checkpoint.hf_load import load_hf_model
 
     from miles_core.env import cache_dir
     from miles_core.models import resolve_model_path
@@ -79,7 +79,7 @@ def load_teacher(cfg, dtype: torch.dtype, vocab_size: int, make_engine: Callable
     if not a.use_opd or a.opd_teacher_load is None:
         return None
     path: Path = resolve_model_path(a.opd_teacher_load, cache_dir())
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device or "cpu").eval()
+    model = load_hf_model(path, dtype=dtype).to(device or "cpu").eval()
     if model.config.vocab_size != vocab_size:
         raise ValueError(
             f"opd_teacher_load {a.opd_teacher_load}: teacher vocab_size {model.config.vocab_size} != student vocab_size {vocab_size}; "

@@ -1,7 +1,14 @@
 """Weight sync trainer -> engines in buckets of at most ``update_weight_buffer_size`` bytes.
 
-Sequence (REFERENCE §6): pause generation -> flush cache -> buckets -> set weight version -> continue.
+Sequence (REFERENCE §6, with SGLang 0.5.23's session rule): pause generation -> flush cache ->
+[begin_weight_update] -> buckets -> [end_weight_update] -> set weight version -> continue. Tensor and
+broadcast updates run inside a weight-update session (SGLang refuses them outside one:
+managers/scheduler_components/weight_updater.py ~192-196, ~234-238); a disk reload needs none.
 A single tensor larger than the bucket size travels alone.
+
+A failed sync resumes every engine it paused (healthy or not), closes the sessions it opened, and
+raises WeightSyncError naming the engines and the weight version (the run fails; its rerun resumes
+from the last checkpoint and syncs again).
 
     sync_weights   the local runtime: tensors copied into an in-process engine
     WeightSync     the Ray runtime: modes tensor / broadcast / disk into engine servers (docs/ray.md)
@@ -10,17 +17,30 @@ A single tensor larger than the bucket size travels alone.
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import socket
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
+log = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed on at least one engine; every engine it paused generates again, at the version it had."""
+
+
+def sync_point(version: int) -> str:
+    """Which weights a sync to ``version`` carries (one sync before rollout 0 -> version 1; after rollout i -> i + 2)."""
+    return "before rollout 0" if version <= 1 else f"after rollout {version - 2}"
 
 
 def iter_buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -46,9 +66,15 @@ def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_b
     try:
         for e in engines:
             e.flush_cache()
-        for bucket in iter_buckets(named_tensors, max_bytes):
+        for e in engines:
+            e.begin_weight_update()
+        try:
+            for bucket in iter_buckets(named_tensors, max_bytes):
+                for e in engines:
+                    e.update_weights_from_tensor(bucket)
+        finally:
             for e in engines:
-                e.update_weights_from_tensor(bucket)
+                e.end_weight_update()
         for e in engines:
             e.set_weight_version(version)
     finally:
@@ -83,6 +109,16 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+def node_address() -> str:
+    """The address engines on other nodes reach this process at: in a Ray worker or driver, the address its Ray node
+    reports (what Ray's own nodes connect to; the host name may resolve to a loopback such as 127.0.1.1), else the host
+    name's. Ray is not imported here: it is only asked when this process already is part of a Ray cluster."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    return socket.gethostbyname(socket.gethostname())
+
+
 class WeightSender:
     """The trainer's side of a sync (train rank 0, or the model in process for tests).
 
@@ -103,18 +139,19 @@ class WeightSender:
         return tensor_meta(list(self._named()))
 
     def master_address(self) -> tuple[str, int]:
-        """(this host's address, a free port) for a new broadcast group hosted here."""
+        """(this process's node address, a free port) for a new broadcast group hosted here (node_address)."""
         from .broadcast import free_port
 
-        host = socket.gethostbyname(socket.gethostname())
+        host = node_address()
         return host, free_port(host)
 
-    def init_broadcast(self, host: str, port: int, world_size: int, backend: str) -> None:
-        """Join the group as rank 0 (blocks until the engines joined)."""
-        from .broadcast import new_group
+    def init_broadcast(self, host: str, port: int, world_size: int, backend: str, group_name: str) -> None:
+        """Join group ``group_name`` as rank 0, as SGLang forms it (blocks until every engine rank joined)."""
+        from .broadcast import destroy_group, init_custom_process_group, tcp_address
 
-        self.group = None  # drop the previous group first
-        self.group = new_group(host, port, 0, world_size, backend)
+        old, self.group = self.group, None
+        destroy_group(old)  # drop the previous group first
+        self.group = init_custom_process_group(backend, tcp_address(host, port), world_size, 0, group_name)
         self.device = "cuda" if backend == "nccl" else "cpu"
 
     def broadcast(self, names: list[str]) -> None:
@@ -130,15 +167,18 @@ class WeightSender:
 
 
 class WeightSync:
-    """One run's weight sync, driver side: pause -> flush -> buckets (by ``mode``) -> set version -> continue.
+    """One run's weight sync, driver side: pause -> flush -> [session] buckets (by ``mode``) -> set version -> continue,
+    over the engines healthy at its start (every one must take it).
 
     tensor     the driver fetches the sender's tensors and POSTs safetensors buckets (/update_weights_from_tensor)
-    broadcast  a process group sender + engines (created on the first sync, again when the engine set
-               changed); per bucket /update_weights_from_distributed carries names/dtypes/shapes while
-               the sender broadcasts the bytes
+    broadcast  a process group of the sender and every engine TP rank (created on the first sync, again when the
+               engine set changed); per bucket /update_weights_from_distributed carries names/dtypes/shapes
+               while the sender broadcasts the bytes
     disk       the sender saves <disk_dir>/v<version> atomically; engines /update_weights_from_disk
     ``router`` is an EngineRouter (the engines); ``sender`` a WeightSender or a proxy with its methods.
     """
+
+    SESSION = {"tensor": True, "broadcast": True, "disk": False}  # by mode: inside begin/end_weight_update
 
     def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo"):
         if mode not in MODES:
@@ -149,39 +189,53 @@ class WeightSync:
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
         self._group_key: tuple[str, ...] | None = None
         self._groups = 0
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="miles-weight-sync")
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="miles-weight-sync")
 
     def sync(self, sender, router, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        router.pause_generation()
+        slots = router.weight_targets()
         try:
-            router.flush_cache()
-            getattr(self, f"_push_{self.mode}")(sender, router, version)
-            router.set_weight_version(version)
-        finally:  # a failed sync leaves the engines generating again, at the version they had
-            router.continue_generation()
+            router.pause_generation(slots)
+            router.flush_cache(slots)
+            self._in_session(router, slots, lambda: getattr(self, f"_push_{self.mode}")(sender, router, slots, version))
+            router.set_weight_version(version, slots)
+        except Exception as e:  # every engine paused here generates again, healthy or not, at the version it had
+            _quietly("continue_generation", lambda: router.continue_generation(slots))
+            raise WeightSyncError(f"weight sync ({self.mode}) to version {version} ({sync_point(version)}) failed: {e}") from e
+        router.continue_generation(slots)
         return {"perf/update_weights_time": time.perf_counter() - t0}
 
-    def _push_tensor(self, sender, router, version: int) -> None:
-        for bucket in iter_buckets(sender.tensors(), self.bucket_bytes):
-            router.update_weights_from_tensor(bucket)
+    def _in_session(self, router, slots, push: Callable[[], None]) -> None:
+        if not self.SESSION[self.mode]:
+            push()
+            return
+        router.begin_weight_update(slots)
+        try:
+            push()
+        except BaseException:
+            _quietly("end_weight_update", lambda: router.end_weight_update(slots))
+            raise
+        router.end_weight_update(slots)
 
-    def _push_disk(self, sender, router, version: int) -> None:
+    def _push_tensor(self, sender, router, slots, version: int) -> None:
+        router.update_weights_from_tensor(sender.tensors(), slots)
+
+    def _push_disk(self, sender, router, slots, version: int) -> None:
         path = sender.save(str(self.disk_dir / f"v{version}"))
-        router.update_weights_from_disk(path, version)
+        router.update_weights_from_disk(path, version, slots)
         for old in self.disk_dir.glob("v*"):  # keep the version the engines serve (a restarted engine reloads it)
             if old.name != f"v{version}":
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _push_broadcast(self, sender, router, version: int) -> None:
-        slots = router.weight_targets()
+    def _push_broadcast(self, sender, router, slots, version: int) -> None:
         key = tuple(s.url for s in slots)
         if key != self._group_key:
-            self._groups += 1
-            self._group_name = f"miles-weights-{self._groups}"
+            self._groups += 1  # a name once per process (torch registers it): unique across syncs and runs
+            self._group_name = f"miles-weights-{uuid.uuid4().hex[:12]}-{self._groups}"
             host, port = sender.master_address()
-            self._together(lambda: router.init_weights_update_group(slots, host, port, self._group_name, self.backend),
-                           lambda: sender.init_broadcast(host, port, len(slots) + 1, self.backend))
+            ranks = router.group_ranks(slots)
+            self._together(lambda: router.init_weights_update_group(slots, host, port, self._group_name, self.backend, ranks),
+                           lambda: sender.init_broadcast(host, port, ranks[1], self.backend, self._group_name))
             self._group_key = key
         names, dtypes, shapes = sender.meta()
         for idx in iter_meta_buckets(names, dtypes, shapes, self.bucket_bytes):
@@ -194,12 +248,23 @@ class WeightSync:
                 raise
 
     def _together(self, engines_side: Callable[[], object], sender_side: Callable[[], object]) -> None:
-        """Run the engines' HTTP calls (in a thread) and the sender's collective (here) at the same time."""
-        future = self._pool.submit(engines_side)
-        try:
-            sender_side()
-        finally:
-            future.result()
+        """Run the engines' HTTP calls and the sender's collective at the same time; the first failure of either
+        raises at once (an engine that refuses the call never joins the collective the sender waits in)."""
+        futures = [self._pool.submit(engines_side), self._pool.submit(sender_side)]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                raise f.exception()
+        for f in futures:
+            f.result()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def _quietly(what: str, fn: Callable[[], object]) -> None:
+    """Clean-up after a failure: log its own failure instead of hiding the first one."""
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the sync's own error is the one raised
+        log.exception("weight sync clean-up %s failed", what)

@@ -1,27 +1,21 @@
-"""miles_core.algorithms stays pure: torch, pydantic, yaml, the config package and the dotted-path resolver only."""
+"""miles_core.algorithms stays pure: torch, pydantic, yaml and the stdlib, the config package and the dotted-path
+resolver only (every import, module or function level, relative ones resolved: tools/layers.py; the tiers of
+every package: tests/test_layers.py)."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-import miles_core.algorithms as algorithms
+from tools import layers
 
 ALLOWED_ROOTS = {"__future__", "collections", "dataclasses", "functools", "importlib", "inspect", "math", "types", "typing",
                  "torch", "pydantic", "yaml", "miles_core"}
+ALLOWED_OURS = ("config", "algorithms", "resolve")
 
 
 def test_imports_are_light():
-    root = Path(algorithms.__file__).parent
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                assert name.split(".")[0] in ALLOWED_ROOTS, f"{path.name} imports {name}"
-                if name.startswith("miles_core."):
-                    assert name.startswith(("miles_core.config", "miles_core.algorithms", "miles_core.resolve")), f"{path.name} imports {name}"
+    for module in layers.modules():
+        if layers.package(module) != "algorithms":
+            continue
+        for imp in layers.imports_of(module):
+            assert imp.target.split(".")[0] in ALLOWED_ROOTS, f"{module} imports {imp.target}"
+            if imp.target.startswith("miles_core."):
+                assert layers.package(imp.target) in ALLOWED_OURS, f"{module} imports {imp.target}"

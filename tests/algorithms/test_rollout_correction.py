@@ -14,7 +14,8 @@ from miles_core.algorithms import LossInputs, MISConfig, Reducer, TISInputs, act
 from miles_core.algorithms.rollout_correction import (
     TIS_FUNCTIONS, load_options, mismatch_metrics, resolve_tis_function, rollout_correction,
 )
-from miles_core.config import ConfigError, load_config
+from miles_core.config import ConfigError
+from flows.recipes import load_config
 from miles_core.config.algo import AlgoConfig
 
 L3, LQ, L15 = math.log(3.0), math.log(0.25), math.log(1.5)

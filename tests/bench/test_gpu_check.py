@@ -10,6 +10,7 @@ import time
 import pytest
 
 from bench import gpu_check as g
+from bench.flops import packed_train_flops, train_flops
 
 
 def test_the_model_config_is_qwen2_0_5b():
@@ -39,7 +40,8 @@ def test_dry_run_prints_the_sglang_command_and_builds_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "-m sglang.launch_server --model-path " + str(tmp_path / "model") in out
     assert "--skip-tokenizer-init" in out and "--api-key ***" in out and "torch: skipped" in out
-    assert "megatron: GPTModel with the transformer_engine layer spec in bfloat16" in out
+    spec = "transformer_engine" if importlib.util.find_spec("transformer_engine") else "local"  # device cuda: TE if it imports
+    assert f"megatron: MegatronTrainer with the {spec} layer spec in bfloat16" in out
     assert not (tmp_path / "model").exists()
 
 
@@ -59,8 +61,18 @@ def test_a_failing_or_hung_part_is_a_figure_not_an_abort():
     assert time.perf_counter() - t0 < 2
 
 
+@pytest.mark.parametrize(("name", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 PCIe", 756.5), ("NVIDIA H100 NVL", 835.5), ("NVIDIA H200", 989.4),
+    ("NVIDIA B200", 2250.0), ("AMD Instinct MI300X", 1307.4), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_the_peak_is_the_named_gpus(name, tflops):
+    assert g.peak_for(name) == tflops
+
+
 def test_cpu_run_writes_one_json_with_each_part(tmp_path, monkeypatch):
     """torch and megatron steps on CPU (tiny, fp32, same weights): equal grad norms; sglang reports its own state."""
+    from transformers import AutoModelForCausalLM
+
     monkeypatch.setenv("MILES_BENCH_RESULTS", str(tmp_path / "results"))
     argv = ["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--batch", "2x2x8x8", "--micro-batch", "2",
             "--steps", "1", "--work-dir", str(tmp_path / "work"), "--sglang-timeout", "5"]
@@ -70,8 +82,41 @@ def test_cpu_run_writes_one_json_with_each_part(tmp_path, monkeypatch):
     torch_part, mega = f["torch"], f["megatron"]
     assert torch_part["ok"] and mega["ok"], (torch_part.get("error"), mega.get("error"))
     assert torch_part["device"] == mega["device"] == "cpu" and mega["layer_spec"] == "local"
-    assert torch_part["tokens"] == mega["tokens"] == 4 * 16 and torch_part["step_s"] > 0 and mega["tokens_per_s"] > 0
+    # distinct tokens: 2 prompts of 8 once, 4 responses of 8 (not 4 x (8 + 8): a group's prompt is one prompt)
+    assert torch_part["tokens"] == mega["tokens"] == 2 * 8 + 4 * 8 and torch_part["step_s"] > 0 and mega["tokens_per_s"] > 0
+    # the torch step's FLOPs are packed_train_flops of the model it trained, on-policy (no old-log-prob pass)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "work" / "model")
+    assert torch_part["flops_per_step"] == packed_train_flops(model, [(8, [8, 8])] * 2, old_pass=False)
+    assert mega["flops_per_step"] == train_flops(model, [16] * 4, old_pass=True)  # full sequences + the old-log-prob pass
+    assert mega["restored"] and mega["sent_dtypes"] == ["float32"] and mega["optimizer"] == "AdamW"
     assert mega["grad_norm"] == pytest.approx(torch_part["grad_norm"], rel=1e-5)  # one GRPO step, two trainers
     if importlib.util.find_spec("sglang") is None:  # the default install: the part says why, the others ran
         assert f["sglang"]["ok"] is False and "pip install" in f["sglang"]["error"]
     assert "| torch | ok |" in (tmp_path / "results" / "gpu_check.md").read_text()
+
+
+def test_the_logprob_check_after_a_sync_tells_arrived_weights_from_stale_ones(tmp_path):
+    """The GPU check's per-mode verdict: an engine serving the sender's weights scores its own samples as the sender
+    does (gap ~0); one still serving other weights does not (gap over the tolerance). The sender's weights are the launch
+    weights scaled by SYNC_SCALE, as _one_sync scales them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from miles_core.rollout.hf_engine import HFEngine
+    from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+
+    path = g.build_model_dir("tiny", tmp_path / "m", dtype="float32")
+    sender = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        for p in sender.parameters():
+            p.mul_(g.SYNC_SCALE)
+    class Tok:  # what the engine reads of a tokenizer when no stop string is set
+        eos_token_id, pad_token_id = 1, 0
+
+    engine = HFEngine.from_pretrained(path, tokenizer=Tok(), batching="exact")
+    probe = [GenerateRequest([3, 4, 5, 6], SamplingParams(max_new_tokens=4))] * 2
+    assert g.logprob_gap(sender, engine, probe) > g.LOGPROB_TOL  # the engine has not got the sender's weights
+    engine.model.load_state_dict(sender.state_dict())
+    launched = AutoModelForCausalLM.from_pretrained(path)
+    gap, control = g.logprob_gaps([sender, launched], engine, probe)  # one generate, scored by each model
+    assert gap < 1e-4 and control > g.LOGPROB_TOL  # arrived, and told apart from the weights the engine launched with

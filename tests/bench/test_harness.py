@@ -1,9 +1,8 @@
 """The benchmark harness: statistics, the result files, the FLOP accounting, and one tiny step of each
-side of the TRL comparison (TRL's only where it is installed: the bench venv, not the main one)."""
+side of the TRL comparison (the TRL pair needs the bench venv: `make bench-test`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -72,7 +71,7 @@ def test_miles_side_runs_one_step_through_the_library(tmp_path, monkeypatch, tin
     assert bench.common.TMP != tmp_path  # the patch is local to grpo_trl
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl not installed (bench venv only: make bench-install)")
+@pytest.mark.bench_venv  # TRL is in .venv-bench only: `make bench-test`
 def test_trl_and_miles_alternate_in_one_invocation(tmp_path, monkeypatch, tiny_model_dir):
     import bench.grpo_trl as g
 

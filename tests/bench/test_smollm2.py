@@ -48,7 +48,7 @@ def test_recipe_runs_two_rollouts_through_the_flow(tmp_path, smollm2_dir):
     from mlflow.tracking import MlflowClient
 
     from flows.train import train
-    from miles_core.config import load_config
+    from flows.recipes import load_config
 
     cfg = load_config("smollm2-135m", {
         "run_dir": str(tmp_path / "run"), "num_rollout": 2, "rollout_batch_size": 2, "n_samples_per_prompt": 2,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from miles_core.config import GROUPS, ConfigError, build_config, field_groups, list_recipes, load_config
+from miles_core.config import GROUPS, ConfigError, field_groups
+from flows.recipes import list_recipes, load_config
+from miles_core.assemble import build_config
 
 BASE = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "prompt_data": "x.jsonl"}
 
@@ -81,6 +83,8 @@ def test_batch_invariant_names_fields():
         ({"async_mode": "fully", "fully_async_buffer_groups": 1, "rollout_batch_size": 2}, "fully_async_buffer_groups"),
         ({"async_mode": "sometimes"}, "async_mode"),
         ({"async_mode": "one_step", "runtime": "ray", "colocate": True}, "needs disaggregated engines"),
+        ({"runtime": "ray", "rollout_engine": "sglang", "colocate": True, "update_weight_mode": "tensor"}, "CUDA-IPC"),
+        ({"runtime": "ray", "rollout_engine": "sglang", "update_weight_mode": "tensor"}, "update_weight_mode tensor"),
     ],
 )
 def test_cross_field_rules(extra, pattern):
@@ -136,7 +140,8 @@ def test_yaml_off_is_the_off_choice_not_false(tmp_path):
     ({"runtime": "ray"}, "broadcast"),  # disaggregated
     ({"runtime": "ray", "colocate": True}, "tensor"),
     ({"runtime": "ray", "update_weight_mode": "disk"}, "disk"),
+    ({"runtime": "ray", "colocate": True, "rollout_engine": "sglang"}, "disk"),  # SGLang's tensor route needs CUDA-IPC handles
 ])
 def test_weight_sync_mode_default(extra, mode):
-    """update_weight_mode None: tensor when colocated (or local), broadcast when disaggregated."""
+    """update_weight_mode None: tensor when colocated (or local; disk for colocated SGLang), broadcast when disaggregated."""
     assert build_config({**BASE, **extra}).cluster.weight_sync_mode == mode

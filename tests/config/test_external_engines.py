@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from miles_core.config import ConfigError, build_config
+from miles_core.config import ConfigError
+from miles_core.assemble import build_config
 from miles_core.config.rollout import engine_url
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from miles_core.config import TrainConfig, load_config
+from miles_core.config import TrainConfig
+from flows.recipes import load_config
 
 
 def test_the_schema_leads_with_the_most_edited_fields_and_the_config_keeps_its_order():

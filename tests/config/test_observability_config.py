@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from miles_core.config import ConfigError, load_config
+from miles_core.config import ConfigError
+from flows.recipes import load_config
 
 
 def test_tracker_fields_keep_the_reference_names_and_defaults():

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from miles_core.config import ConfigError, build_config
+from miles_core.config import ConfigError
+from miles_core.assemble import build_config
 from miles_core.config import rules
 
 BASE = {"rollout_batch_size": 4, "n_samples_per_prompt": 2, "prompt_data": "x.jsonl"}

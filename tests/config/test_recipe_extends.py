@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from miles_core.config import ConfigError, load_config
+from miles_core.config import ConfigError
+from flows.recipes import load_config
 
 
 def test_debug_scale_keeps_the_recipes_algorithm_and_changes_the_scale():

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from miles_core.config import field_groups, load_config
+from miles_core.config import field_groups
+from flows.recipes import load_config
 
 LAUNCHERS = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "launchers.yaml").read_text())
 # the reference names built-ins by their module path; ours by their registry name

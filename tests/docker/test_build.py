@@ -20,14 +20,18 @@ spec = importlib.util.spec_from_file_location("docker_build", BUILD)
 build = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = build  # dataclasses look their module up while the file executes
 spec.loader.exec_module(build)
-VARIANTS = ["cpu", "cu12", "cu13", "rocm700-mi30x", "rocm700-mi35x", "rocm720-mi35x"]
+VARIANTS = ["cpu", "cu13", "rocm700-mi30x", "rocm700-mi35x", "rocm720-mi35x"]  # no cu12: docker/published_tags.txt
 PASSED_FROM_ENV = set(build.PROXY_ARGS)
 
 
-def _dry_run(*args: str, env: dict[str, str] | None = None) -> list[str]:
+def _dry_run(*args: str, env: dict[str, str] | None = None, steps: bool = False) -> list[str]:
+    """The commands --dry-run prints (steps=True: the image's install steps it prints as comments after them)."""
     out = subprocess.run([sys.executable, str(BUILD), *args, "--dry-run"], capture_output=True, text=True, check=True,
                          cwd=ROOT, env=env or {"PATH": "/usr/bin:/bin"})
-    return out.stdout.splitlines()
+    prefix = "#   in the image: "
+    lines = out.stdout.splitlines()
+    return [line.removeprefix(prefix) for line in lines if line.startswith(prefix)] if steps else \
+        [line for line in lines if not line.startswith("#")]
 
 
 def _args(dockerfile: Path) -> dict[str, str | None]:
@@ -35,7 +39,7 @@ def _args(dockerfile: Path) -> dict[str, str | None]:
     return {m[0]: (m[2] if m[1] else None) for m in re.findall(r"^ARG (\w+)(=(\S*))?", dockerfile.read_text(), re.M)}
 
 
-def test_the_variants_are_the_six_of_the_product():
+def test_the_variants_are_the_five_of_the_product():
     assert list(build.VARIANTS) == VARIANTS
     assert build.SGLANG_VERSION == SGLANG_VERSION
 
@@ -75,12 +79,49 @@ def test_gpu_images_install_miles_pins_but_not_what_sglang_brings():
     assert {"prefect", "mlflow", "ray", "pydantic"} <= names and not names & set(build.BASE_PROVIDED)
 
 
+def test_every_base_image_named_is_a_published_tag():
+    """docker/published_tags.txt: the tags SGLang's release workflows publish for this SGLang (sources in the file)."""
+    published = {line.strip() for line in (ROOT / "docker" / "published_tags.txt").read_text().splitlines()
+                 if line.strip() and not line.startswith("#")}
+    named = {v.base_image for v in build.VARIANTS.values()}
+    assert named <= published, named - published
+    assert all(f"v{SGLANG_VERSION}" in tag for tag in published if tag.startswith("lmsysorg/"))
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "cpu"])
+def test_megatron_core_0_19_stays_installed(variant):
+    """The image installs and import-checks megatron-core 0.19.x; miles' requirements then ask for the same pin under
+    a constraint, so the project's pyproject pin (0.16.1, the CPU lock's) cannot replace it."""
+    steps = _dry_run("--variant", variant, steps=True)
+    first = next(i for i, s in enumerate(steps) if "megatron-core" in s)
+    assert re.search(r'pip install "megatron-core==0\.19\.\d+"', steps[first]), steps[first]
+    later = " ".join(steps[first + 1 :])
+    assert set(re.findall(r"megatron-core==([\d.]+)", later)) == {build.MEGATRON_CORE_VERSION}
+    assert f"constraints: megatron-core=={build.MEGATRON_CORE_VERSION}" in later
+    assert steps[-1].startswith("pip install --no-deps")  # the project itself brings no dependency
+    script = (ROOT / "docker" / "install_miles.sh").read_text()
+    assert "--print-constraints" in script and re.search(r"pip install -r \S+ -c \S+", script)
+
+
 def test_docs_matrix_lists_every_variant():
-    page = (ROOT / "docs" / "docker.md").read_text()
+    page = (ROOT / "docs" / "reference" / "docker.md").read_text()
     for name, v in build.VARIANTS.items():
         row = next((line for line in page.splitlines() if line.startswith(f"| `{name}` |")), None)
-        assert row is not None, f"docs/docker.md has no matrix row for {name}"
+        assert row is not None, f"docs/reference/docker.md has no matrix row for {name}"
         assert v.base_image in row and v.dockerfile in row and f"Python {v.python}" in row, row
         for value in v.build_args.values():
             if value not in (SGLANG_VERSION,):
                 assert value in row or value in page, (name, value)
+
+
+def test_a_retired_variant_says_why_and_what_to_build():
+    """cu12 (the variant the issue named) has no base image for this SGLang: asked for, it is refused with the reason
+    and the variant to build instead, not argparse's bare 'invalid choice'."""
+    out = subprocess.run([sys.executable, str(BUILD), "--variant", "cu12", "--dry-run"], capture_output=True, text=True,
+                         cwd=ROOT, env={"PATH": "/usr/bin:/bin"})
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and not out.stdout
+    assert f"no CUDA 12 image for v{SGLANG_VERSION}" in said and "build cu13" in said and "invalid choice" not in said
+    assert set(build.RETIRED).isdisjoint(build.VARIANTS)
+    assert not any(f"{name}-" in tag or tag.endswith(f"-{name}") for name in build.RETIRED
+                   for tag in (v.base_image for v in build.VARIANTS.values()))

@@ -26,11 +26,13 @@ def scratch(tmp_path) -> Path:
     return tmp_path / "docs"
 
 
-def plant(docs: Path, rel: str, old: str, new: str) -> None:
+def plant(docs: Path, rel: str, old: str, new: str) -> int:
+    """Replace the first ``old`` of the page by ``new``; -> the line where ``new`` starts."""
     path = docs / rel
     text = path.read_text()
     assert old in text, f"{rel} no longer contains {old!r}: pick another spot to plant"
     path.write_text(text.replace(old, new, 1))
+    return text[:text.index(old)].count("\n") + 1
 
 
 def problems_of(docs: Path, kind: str, run=()) -> list[str]:
@@ -146,6 +148,15 @@ def test_a_flag_of_another_command_is_caught(scratch):
     assert any("--lr is not a flag of miles export" in p for p in found), found
 
 
+def test_after_recipe_import_the_flags_are_the_importers(scratch):
+    """`miles recipe import ... -- <flags>`: the reference's flags are fine there (not `miles recipe`'s own), a typo is not."""
+    plant(scratch, "guide/coming-from-the-reference.md", "-- --lr 2e-6 --eps-clip-high 0.28", "-- --lr 2e-6 --eps-clip-hi 0.28")
+    found = problems_of(scratch, "flag")
+    mine = [p for p in found if "coming-from-the-reference" in p]
+    assert mine and all("--eps-clip-hi" in p for p in mine), found  # --lr, --eps-clip (...) and --base, -o pass
+    assert any("--eps-clip-hi is not a flag `miles recipe import` knows" in p for p in mine), found
+
+
 def test_a_gpu_block_is_only_parsed(tmp_path):
     docs = tmp_path / "docs"
     shutil.copytree(DOCS / "reference", docs / "reference")
@@ -240,3 +251,146 @@ def test_an_env_var_written_with_a_value_is_caught(scratch):
     plant(scratch, "guide/mlflow.md", "Useful first charts:", "Build with `GPU_ARCH=gfx942`.\n\nUseful first charts:")
     env = problems_of(scratch, "env")
     assert not any("MILES_METRICS_CHECK" in p or "GPU_ARCH" in p for p in env), env  # read, or a docker build argument
+
+
+# ---- issue 35: four more kinds of stale claim, and deployment names -------------------------------
+CHARTS = "Useful first charts:"  # a paragraph of guide/mlflow.md before which the tests plant new ones
+
+
+def plant_lines(docs: Path, rel: str, lines: list[str]) -> list[int]:
+    """Plant each line as its own paragraph before CHARTS; -> their line numbers."""
+    first = plant(docs, rel, CHARTS, "\n\n".join(lines) + "\n\n" + CHARTS)
+    return [first + 2 * i for i in range(len(lines))]
+
+
+def test_a_wrong_default_in_other_phrasings_is_caught(scratch):
+    """"is N by default", "by default `x` is N", "(default: N)", "N (the default)" and a table's default column."""
+    lines = plant_lines(scratch, "guide/mlflow.md", [
+        "`eps_clip` is 0.3 by default.", "By default, `num_epoch` is 3.", "`kl_coef`, the KL weight (default: 0.5), ...",
+        "Set `--lr` to 5e-6 (the default).", "`advantage_estimator: ppo` (the default) ...",
+        "The default of `eps_clip` is 0.25.", "`num_epoch` is set to 2 by default.", "By default `kl_coef` = 0.1.",
+        "`eps_clip` is 0.2 by default and `lr` is 1e-6 by default.",  # true claims: no problem
+    ])
+    at = plant(scratch, "guide/backends.md", "a local Ray) | `local` |\n", "a local Ray) | `ray` |\n")  # the runtime row's default cell
+    found = problems_of(scratch, "default")
+    expect = [(lines[0], "eps_clip: the page says default 0.3, the code's default is 0.2"),
+              (lines[1], "num_epoch: the page says default 3, the code's default is 1"),
+              (lines[2], "kl_coef: the page says default 0.5, the code's default is 0.0"),
+              (lines[3], "--lr: the page says default 5e-6, the code's default is 1e-06"),
+              (lines[4], 'advantage_estimator: the page says default ppo, the code\'s default is "grpo"'),
+              (lines[5], "eps_clip: the page says default 0.25, the code's default is 0.2"),
+              (lines[6], "num_epoch: the page says default 2, the code's default is 1"),
+              (lines[7], "kl_coef: the page says default 0.1, the code's default is 0.0")]
+    for line, message in expect:
+        assert f"docs/guide/mlflow.md:{line}: [default] {message}" in found, (line, message, found)
+    assert any(p.startswith(f"docs/guide/backends.md:{at}:") and 'runtime: the page says default ray, the code\'s default is "local"' in p
+               for p in found), found
+    assert len(found) == 9, found
+
+
+def test_an_unlogged_metric_in_a_table_of_a_list_item_is_caught(scratch):
+    """A table (or text) indented under a list item or an admonition is prose there, not an indented code block;
+    a name under any catalog prefix (multi_turn/ too) is a metric name."""
+    at = plant(scratch, "guide/mlflow.md", CHARTS, "1. Metrics:\n\n    | metric | meaning |\n    |---|---|\n"
+                                                  "    | `perf/some_metric` | a timer |\n    | train/bare_cell_metric | bare |\n"
+                                                  "    | rollout/<k> | pattern |\n\n!!! note\n\n    `train/bogus_ratio` is logged.\n\n"
+                                                  "Also `multi_turn/bogus_count`.\n\n" + CHARTS)
+    found = sorted(problems_of(scratch, "metric"), key=lambda p: int(p.split(":")[1]))
+    assert found == [f"docs/guide/mlflow.md:{at + 4}: [metric] perf/some_metric is not in the metrics catalog (miles_core/tracking/catalog.py)",
+                     f"docs/guide/mlflow.md:{at + 5}: [metric] train/bare_cell_metric is not in the metrics catalog "
+                     "(miles_core/tracking/catalog.py)",
+                     f"docs/guide/mlflow.md:{at + 10}: [metric] train/bogus_ratio is not in the metrics catalog (miles_core/tracking/catalog.py)",
+                     f"docs/guide/mlflow.md:{at + 12}: [metric] multi_turn/bogus_count is not in the metrics catalog "
+                     "(miles_core/tracking/catalog.py)"], found
+
+
+def test_an_env_var_value_its_reader_refuses_is_caught(scratch):
+    """Each value is parsed by the function the reading code calls (envvalues.parsers), and reported with its message."""
+    shell = plant(scratch, "advanced/what-happens-when.md", "MILES_FAULT_INJECT=generate@1 miles", "MILES_FAULT_INJECT=generate@one miles")
+    lines = plant_lines(scratch, "guide/mlflow.md", [
+        "`MILES_METRICS_CHECK=loud`", "`MILES_ALLOW_HUB=true`", "`PREFECT_LOGGING_LEVEL=LOUD`", "`GPU_ARCH=gfx900`",
+        "`MILES_FAULT_INJECT=boot@1`", "`export MILES_METRICS_CHECK=quiet`", "```bash\nenv MILES_ALLOW_HUB=yes miles eval tiny\n```",
+        "`MILES_DEBUG=1`, `PREFECT_LOGGING_LEVEL=INFO`, `MILES_ENGINE_API_KEY=$KEY`",  # taken: no problem
+    ])
+    found = problems_of(scratch, "env")
+    expect = [
+        ("advanced/what-happens-when.md", shell, "MILES_FAULT_INJECT=generate@one: not a value its reader takes; it says: "
+         "MILES_FAULT_INJECT: bad item 'generate@one'; expected <stage>@<id>[x<attempts>], e.g. generate@1 or save@0x2"),
+        ("guide/mlflow.md", lines[0], "MILES_METRICS_CHECK=loud: not a value its reader takes; it says: MILES_METRICS_CHECK='loud': "
+         "expected error, warn, off"),
+        ("guide/mlflow.md", lines[1], "MILES_ALLOW_HUB=true: not a value its reader takes; it says: MILES_ALLOW_HUB='true': "
+         "expected 1 (download from the hub) or 0 (offline, the default)"),
+        ("guide/mlflow.md", lines[2], "PREFECT_LOGGING_LEVEL=LOUD: not a value its reader takes; it says: level: Input should be "
+         "'DEBUG', 'INFO', 'WARNING', 'ERROR' or 'CRITICAL'"),
+        ("guide/mlflow.md", lines[3], "GPU_ARCH=gfx900: not a value its reader takes; it says: docker/build.py passes GPU_ARCH as "
+         "gfx942, gfx950 (VARIANTS), not gfx900"),
+        ("guide/mlflow.md", lines[4], "MILES_FAULT_INJECT=boot@1: not a value its reader takes; it says: MILES_FAULT_INJECT: unknown "
+         "stage 'boot' in 'boot@1'; stages: generate, train, save, sync, eval, export, register"),
+        ("guide/mlflow.md", lines[5], "MILES_METRICS_CHECK=quiet: not a value its reader takes; it says: MILES_METRICS_CHECK='quiet': "
+         "expected error, warn, off"),  # after `export`
+        ("guide/mlflow.md", lines[6] + 1, "MILES_ALLOW_HUB=yes: not a value its reader takes; it says: MILES_ALLOW_HUB='yes': "
+         "expected 1 (download from the hub) or 0 (offline, the default)"),  # after `env`, in a shell block
+    ]
+    for rel, line, message in expect:
+        assert f"docs/{rel}:{line}: [env] {message}" in found, (rel, line, message, found)
+    assert len(found) == len(expect), found
+
+
+def test_a_link_to_a_missing_page_or_anchor_is_caught(scratch, tmp_path):
+    """In the docs check itself (make test), not only in mkdocs build --strict; README.md's links too."""
+    page = plant(scratch, "guide/mlflow.md", "Costs: [Performance](../performance.md#tracking-overhead).",
+                 "Costs: [Performance](../performance.md#tracking-overheads).")
+    same = plant(scratch, "guide/mlflow.md", "[sample tables](#sample-tables)", "[sample tables](#sample-table)")
+    gone = plant(scratch, "guide/concepts.md", "# ", "See [the old page](../guide/loop.md).\n\n# ")
+    ref = plant(scratch, "guide/concepts.md", "# ", "See [the loop][loop] and <a href=\"../operating.md#no-such-step\">a step</a>.\n\n"
+                                                 "[loop]: ../guide/loop.md#top\n\n# ")  # a reference definition, a raw HTML link
+    readme = tmp_path / "README.md"
+    readme.write_text("# miles\n\nSee [the metrics](docs/guide/mlflow.md#metric-and-step-axes).\n")
+    found = [str(p) for p in check(scratch, readme=readme, run=()) if p.kind == "link"]
+    assert f"docs/guide/mlflow.md:{page}: [link] link ../performance.md#tracking-overheads: performance.md has no heading or id " \
+           "'tracking-overheads' (its ids include tracking-overhead)" in found, found
+    assert any(p.startswith(f"docs/guide/mlflow.md:{same}: [link] link #sample-table: mlflow.md has no heading or id 'sample-table'")
+               for p in found), found
+    assert f"docs/guide/concepts.md:{gone}: [link] link target ../guide/loop.md does not exist (from concepts.md)" in found, found
+    assert any(p.startswith("README.md:3: [link] link docs/guide/mlflow.md#metric-and-step-axes: mlflow.md has no heading or id")
+               and "metrics-and-step-axes" in p for p in found), found
+    assert f"docs/guide/concepts.md:{ref + 2}: [link] link target ../guide/loop.md does not exist (from concepts.md)" in found, found
+    assert any(p.startswith(f"docs/guide/concepts.md:{ref}: [link] link ../operating.md#no-such-step: operating.md has no heading or id")
+               for p in found), found
+    assert len(found) == 6, found
+
+
+def test_a_deployment_name_not_in_prefect_yaml_is_caught(scratch):
+    """`prefect deployment run <flow>/<name>`, in a shell block or a code span, against deployments/prefect.yaml."""
+    shell = plant(scratch, "operating.md", "prefect deployment run train/tiny\n", "prefect deployment run train/tiny-lorra\n")
+    span = plant(scratch, "guide/mlflow.md", CHARTS, "`prefect deployment run evaluate/nightly`\n\n"
+                                                    "`prefect deployment run --param target=runs/x eval/nightli`\n\n" + CHARTS)
+    found = problems_of(scratch, "command")
+    found = sorted(found)
+    assert found[:2] == [f"docs/guide/mlflow.md:{span}: [command] prefect deployment run evaluate/nightly: no such deployment in "
+                         "deployments/prefect.yaml (nearest: eval/nightly)",
+                         f"docs/guide/mlflow.md:{span + 2}: [command] prefect deployment run eval/nightli: no such deployment in "
+                         "deployments/prefect.yaml (nearest: eval/nightly)"], found  # the name after an option, as Prefect's CLI reads it
+    # the nearest names after the first depend on which recipes exist; the closest one is the name meant
+    assert len(found) == 3 and found[2].startswith(
+        f"docs/operating.md:{shell}: [command] prefect deployment run train/tiny-lorra: no such deployment in "
+        "deployments/prefect.yaml (nearest: train/tiny-lora"), found
+    assert not problems_of(scratch, "metric"), "a deployment name is not a metric name"
+
+
+def test_every_env_var_miles_reads_has_the_codes_parser_or_is_free_text():
+    """A variable read anywhere in the code is parsed by the reader's own function (envvalues.parsers) or is free text
+    (envvalues.ANY_TEXT); the defaults miles sets pass their parsers (Prefect's settings model for PREFECT_*)."""
+    from flows import errors
+    from miles_core import env, faults
+    from miles_core.tracking import catalog
+    from tools.docs import envvalues, facts
+
+    miles_reads = {n for n, v in facts.env_vars().items() if v.read_in and not n.startswith("PREFECT_")}
+    missing = sorted(miles_reads - set(envvalues.parsers()) - set(envvalues.ANY_TEXT))
+    assert not missing, f"env vars read by the code without a parser in tools/docs/envvalues.py: {missing}"
+    assert envvalues.parsers() == {faults.FAULT_ENV: faults.parse, catalog.CHECK_ENV: catalog.check_mode,
+                                   env.ALLOW_HUB_ENV: env.allow_hub, errors.DEBUG_ENV: errors.debug_value}
+    defaults = {n: v.default for n, v in facts.env_vars().items() if v.default and v.default.startswith("'")}
+    bad = {n: envvalues.problem(n, d.strip("'")) for n, d in defaults.items() if envvalues.problem(n, d.strip("'"))}
+    assert not bad, bad

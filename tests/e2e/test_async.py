@@ -12,7 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import flows  # noqa: F401  (environment first)
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[float]:
@@ -26,7 +26,7 @@ def _task_runs(flow_run_name_prefix: str) -> dict[str, list]:
     async def read():
         async with get_client() as client:
             (flow_run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=flow_run_name_prefix)))
-            for _ in range(100):  # the API records task runs from events in batches (miles_core/env.py): wait for the last ones
+            for _ in range(100):  # the API records task runs from events in batches (flows/env.py): wait for the last ones
                 runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run.id]}))
                 if runs and all(r.state is not None and r.state.is_final() for r in runs):
                     break

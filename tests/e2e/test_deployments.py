@@ -25,7 +25,8 @@ from mlflow.tracking import MlflowClient
 
 import flows  # noqa: F401  (environment first)
 from flows.serve import PREFECT_YAML, render_prefect_yaml
-from miles_core.config import TrainConfig, list_recipes, load_config
+from miles_core.config import TrainConfig
+from flows.recipes import list_recipes, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"num_rollout": 2, "rollout_batch_size": 2, "save_interval": 1, "eval_interval": 100, "skip_eval_before_train": True,
@@ -77,7 +78,8 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("served")
     (tmp / "flaky_rm.py").write_text(FLAKY_RM)
     env = {"PREFECT_HOME": str(tmp / "prefect"), "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")])),
-           "MILES_TEST_FLAKY_ARM": str(tmp / "armed"), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}
+           "MILES_TEST_FLAKY_ARM": str(tmp / "armed"), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+           "MILES_RUNS_ROOT": str(tmp / "runs")}
     info = serve(_free_port(), tmp / "serve", env=env, poll_seconds=1)
     sys.path.insert(0, str(tmp))  # configs naming flaky_rm are validated here too (extension points resolve at load)
     try:
@@ -141,6 +143,9 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         # train/glm4-5 at debug scale: the glm4-5 deployment with the debug-scale config as its parameters
         glm_run = _run(client, "train/glm4-5", {"config": glm.model_dump(mode="json")})
         flaky_run = _run(client, "train/tiny", {"config": flaky.model_dump(mode="json")})
+        # two runs of train/tiny whose form names no run dir: two flow runs, two run dirs, two MLflow runs
+        own = load_config("tiny", TINY).model_dump(mode="json")
+        own_runs = [_run(client, "train/tiny", {"config": own}) for _ in range(2)]
 
         # the run form (the deployment's parameter schema on the server) leads with the most edited fields
         defs = client.read_deployment_by_name("train/tiny").parameter_openapi_schema["definitions"]
@@ -160,6 +165,15 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         assert run.info.status == "FINISHED" and run.data.params["rollout.rollout_batch_size"] == "2"
         assert [m.step for m in mlflow.get_metric_history(run_id, "rollout/raw_reward")] == [0, 1]
         assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [3]  # the last rollout only
+
+        # each run of its own trained in runs/tiny/<flow-run name>, into its own MLflow run of the deployment's store
+        dirs = [tmp / "runs" / "tiny" / _wait(client, r).name for r in own_runs]
+        assert all(_wait(client, r).state.is_completed() for r in own_runs) and dirs[0] != dirs[1]
+        own_mlflow = [_mlflow(d) for d in dirs]
+        assert own_mlflow[0][1] != own_mlflow[1][1] and own_mlflow[0][0].tracking_uri == own_mlflow[1][0].tracking_uri
+        for (c, rid), d in zip(own_mlflow, dirs):
+            assert [m.step for m in c.get_metric_history(rid, "rollout/raw_reward")] == [0, 1]
+            assert (d / "checkpoints").is_dir() and c.get_run(rid).info.status == "FINISHED"
 
         # eval/nightly over its save dir: the checkpoint of rollout 0 (weight version 2) lands in the same run
         eval_run = _run(client, "eval/nightly", {"target": str(tiny.save_dir), "which": "all"})

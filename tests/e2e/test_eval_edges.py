@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import flows  # noqa: F401
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 import flows  # noqa: F401  (environment first)
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.evaluation import EvalSkip
 
 SMALL = {"num_rollout": 3, "rollout_batch_size": 2, "save_interval": 1, "eval_interval": 100, "skip_eval_before_train": True,

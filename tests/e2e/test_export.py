@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 import flows  # noqa: F401
 from miles_core.checkpoint import is_complete_export
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 
 @pytest.mark.usefixtures("prefect_harness")

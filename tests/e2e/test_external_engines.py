@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 import flows  # noqa: F401  (environment first)
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.config.rollout import API_KEY_ENV
 from miles_core.rollout.http import HTTPEngineClient, spawn_server_process
 from miles_core.rollout.sglang.launch import new_api_key

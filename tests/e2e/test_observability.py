@@ -17,7 +17,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Fl
 from prefect.logging.handlers import APILogHandler
 
 import flows  # noqa: F401  (environment first)
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.tracking import progress
 from miles_core.tracking.plots import read_series
 from miles_core.tracking.tensorboard_tracker import read_scalars
@@ -87,7 +87,7 @@ def test_a_tiny_run_is_visible_in_every_tracker_and_ui(tmp_path, tiny_model_dir)
     # the Prefect summary links the MLflow run, lists the best eval, the export and the champion, shows the plots
     artifact, logs, task_names = asyncio.run(_prefect(flow_run_id))
     md = artifact.data
-    assert f"[{run.info.run_id}]({UI}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id})" in md
+    assert f"[{run.info.run_id}]({UI}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning)" in md
     assert "## Best eval" in md and "- arith: **" in md and "rollout_id=1" in md and "champion: obs-tiny v1" in md
     assert md.count("](data:image/png;base64,") == 5
 

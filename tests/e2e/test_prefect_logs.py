@@ -1,5 +1,5 @@
 """Library warnings raised inside a flow run land in that run's Prefect logs (the UI's log tab), not
-only on the console: miles_core and miles are Prefect extra loggers (miles_core/env.py)."""
+only on the console: miles_core and miles are Prefect extra loggers (flows/env.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 
 from flows.promotion import judge_pending, register_export
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.evaluation import PointResult
 from miles_core.tracking import MlflowTracker
 
@@ -55,7 +55,7 @@ def _paused(timeout: float = 90.0):
 
 
 def _eval(tracker: MlflowTracker, step: int, value: float) -> None:
-    tracker.log_metrics({"eval/arith": value, "eval/arith-truncated_ratio": 0.0, "eval/step": step}, step=step)
+    tracker.log_metrics({"eval/arith": value, "eval/arith/truncated_ratio": 0.0, "eval/step": step}, step=step)
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import flows  # noqa: F401  (environment first)
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "local_ray")
 

@@ -1,10 +1,12 @@
-"""Kill a run with SIGKILL after a checkpoint, rerun it: every logged metric at every step equals
-the uninterrupted run's, and the MLflow run has no duplicate or missing steps. Two cases: the multi-turn
-tiny-tools recipe (tool calls, loss-mask holes, multi_turn/* metrics) with async_mode one_step, where the
-checkpoint counts on the rollout generated ahead of it; and the Megatron trainer (its torch_dist
-checkpoint: model, optimizer, RNG, step count). The uninterrupted run goes beside the killed one, and
-both runs talk to the session's Prefect server, as under `miles serve` (the SIGKILL before the first
-checkpoint below kills a run with its own ephemeral API, as a crash of a plain `miles train` would).
+"""Kill a run after a checkpoint, rerun it: every logged metric at every step equals the uninterrupted run's, and
+the MLflow run has no duplicate or missing steps. Two cases: SIGKILL of the multi-turn tiny-tools recipe (tool
+calls, loss-mask holes, multi_turn/* metrics) with async_mode one_step, where the checkpoint counts on the rollout
+generated ahead of it; and Ctrl-C (SIGINT to the process group) of tiny on the Megatron trainer (its torch_dist
+checkpoint: model, optimizer, RNG, step count), which must stop within 10 s with its MLflow run KILLED and tagged
+(flows/interrupt.py). The uninterrupted run goes beside the killed one and talks to the session's Prefect server, as
+under `miles serve`; so does the SIGKILLed run. The interrupted one has its own ephemeral API, as a plain
+`miles train` at a terminal does (the signal to its process group must not take that API down under it; so does
+the SIGKILL before the first checkpoint below, as a crash of a plain `miles train` would).
 
 Exact on CPU: sampling is seeded per (seed, rollout id), the data cursor, optimizer, RNG and step
 count come back from the checkpoint, and torch CPU kernels are deterministic for a fixed thread count.
@@ -34,6 +36,32 @@ def _cli(run_dir: Path, mode: str, recipe: str, backend: str) -> list[str]:
             "--train-backend", backend]
 
 
+def _gone(pgid: int, within_s: float) -> bool:
+    """Whether no process of group ``pgid`` is left (zombies aside) within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _in_group(p, pgid)]
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _in_group(proc: Path, pgid: int) -> bool:
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[2]) == pgid
+
+
+def _tags(run_dir: Path) -> dict[str, str]:
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("miles").experiment_id])
+    return run.data.tags
+
+
 def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
     client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
     exp = client.get_experiment_by_name("miles")
@@ -48,8 +76,10 @@ def _metrics(run_dir: Path) -> tuple[str, dict[str, list[tuple[int, float]]]]:
 
 # Torch with async_mode off on tiny is the case below the SIGKILL before the first checkpoint, and the fault-injection
 # resumes (tests/e2e/test_fault_inject.py); here: multi-turn one_step on torch, off on megatron (suite time).
-@pytest.mark.parametrize("recipe, mode, backend", [("tiny-tools", "one_step", "torch"), ("tiny", "off", "megatron")])
-def test_sigkill_then_rerun_reproduces_uninterrupted_run(request, tmp_path, tiny_model_dir, prefect_api_url, recipe, mode, backend):
+@pytest.mark.parametrize("recipe, mode, backend, sig", [("tiny-tools", "one_step", "torch", signal.SIGKILL),
+                                                        ("tiny", "off", "megatron", signal.SIGINT)], ids=["sigkill", "sigint"])
+def test_a_killed_or_interrupted_run_reruns_to_the_uninterrupted_runs_metrics(request, tmp_path, tiny_model_dir, prefect_api_url,
+                                                                               recipe, mode, backend, sig):
     if recipe == "tiny-tools":  # its model built once here (cached), not by both runs at once
         from miles_core.env import cache_dir
         from miles_core.models import resolve_model_path
@@ -62,19 +92,31 @@ def test_sigkill_then_rerun_reproduces_uninterrupted_run(request, tmp_path, tiny
     with log.open("w") as out:
         uninterrupted = subprocess.Popen(_cli(full, mode, recipe, backend), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     request.addfinalizer(lambda: uninterrupted.poll() is None and uninterrupted.kill())
-    # its own process group: the SIGKILL takes the whole run down (the server stays, as a real one would)
-    proc = subprocess.Popen(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    # its own process group, as a terminal's foreground job: the signal goes to the whole group
+    own_api = {k: v for k, v in env.items() if k != "PREFECT_API_URL"} if sig == signal.SIGINT else env
+    with (tmp_path / "killed.log").open("w") as out:
+        proc = subprocess.Popen(_cli(killed, mode, recipe, backend), cwd=ROOT, env=own_api, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    request.addfinalizer(lambda: _gone(proc.pid, 0) or os.killpg(proc.pid, signal.SIGKILL))
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 600
     while time.time() < deadline and not (latest.exists() and latest.read_text().strip() == "1"):
         assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, sig)
+    assert _gone(proc.pid, 10.0), f"the process group of the run is still there 10 s after {sig.name}"
+    proc.wait(timeout=5)
+    said = (tmp_path / "killed.log").read_text()
     assert latest.read_text().strip() == "1"
     status, _ = _metrics(killed)
-    assert status == "RUNNING"  # SIGKILL: no hook ran
+    if sig == signal.SIGKILL:
+        assert status == "RUNNING"  # no hook ran
+    else:
+        assert proc.returncode == 130, said
+        tags = _tags(killed)
+        assert status == "KILLED" and tags["miles.failure"] == "interrupted", (status, tags, said)
+        assert tags["miles.interrupted"].startswith("SIGINT") and tags["miles.resume_from_rollout"] == "2", tags
+        assert "interrupted (SIGINT)" in said and "is KILLED" in said and "ConnectError" not in said, said
 
     rerun = subprocess.run(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr

@@ -12,16 +12,18 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import flows  # noqa: F401  (environment first)
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 NUM_LEARN = 10
-# Gains over 10 rollouts (mean of the last 3 minus the first 3), measured 2026-12-01 on 2 busy CPUs,
-# seeds 1234, 1, 2, 3 (all run, none left out): rollout/raw_reward +0.60, +0.51, +0.63, +0.61 (from
-# 0.11-0.19 to 0.70-0.77); multi_turn/tool_call_ratio +0.72, +0.69, +0.78, +0.73 (to 0.88-0.92). The
-# margins are about half the smallest gain seen, and several times the noise of a 3-rollout mean of 64
-# samples (~0.05).
-REWARD_MARGIN = 0.25
-CALL_MARGIN = 0.35
+# Gains over 10 rollouts (mean of the last 3 minus rollout 0, which the warm-up model generated), measured
+# 2026-12-02 with `miles train tiny-tools --seed S`, seeds 1234, 1, 2, 3, each with torch's AVX2 and AVX-512 kernels
+# (ATEN_CPU_CAPABILITY; the warm-up model itself differs between them), all 8 run, none left out:
+# rollout/raw_reward +0.39..+0.60 (from 0.27-0.41 to 0.73-0.93), multi_turn/tool_call_ratio +0.51..+0.71 (to 0.92-1.00).
+# The margins are about half the smallest gain seen, and several times the noise of a 64-sample rollout mean
+# (~0.06) plus a 3-rollout one (~0.04). Rollout 0, not the first 3: learning is fast enough that rollouts 1-2 are
+# already well above the warm-up's rate.
+REWARD_MARGIN = 0.2
+CALL_MARGIN = 0.25
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[float]:
@@ -29,7 +31,7 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[float]:
 
 
 def _gain(values: list[float]) -> float:
-    return statistics.fmean(values[-3:]) - statistics.fmean(values[:3])
+    return statistics.fmean(values[-3:]) - values[0]
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import flows  # noqa: F401  (environment first)
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 # Margin: the warm-up boxes 30% of answers, so the first rollouts score ~0.05-0.15; RL learns the
 # format within ~15 rollouts (seen: 0.07 -> 0.40 over 30, 0.07 -> 0.35 over 20 with seed 1234).

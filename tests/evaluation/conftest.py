@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def tiny_cfg():
-    from miles_core.config import load_config
+    from flows.recipes import load_config
 
     return load_config("tiny", {"eval_prompt_data": ["arith", "builtin://arith-test@[0:4]"], "n_samples_per_eval_prompt": 2,
                                 "eval_max_response_len": 6})

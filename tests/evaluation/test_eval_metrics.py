@@ -18,7 +18,7 @@ def test_dataset_metrics_exact():
     scores = [1, 0, 0, 0, 1, 1, 1, 0]
     m = dataset_metrics("ds", 4, samples, scores)
     assert m["eval/ds"] == 0.5  # 4 / 8
-    assert m["eval/ds-truncated_ratio"] == 0.25 and m["eval/ds/truncated_ratio"] == 0.25  # 2 / 8
+    assert m["eval/ds/truncated_ratio"] == 0.25 and "eval/ds-truncated_ratio" not in m  # one name per value  # 2 / 8
     assert m["eval/ds-none_reward_ratio"] == 0.0
     assert m["eval/ds/response_len/mean"] == 3.25  # (3+5+3+3+1+3+3+5) / 8 = 26 / 8
     assert (m["eval/ds/response_len/median"], m["eval/ds/response_len/max"], m["eval/ds/response_len/min"]) == (3, 5, 1)

@@ -3,7 +3,8 @@ used when the training run is gone, found again by its tag; a skip logged once p
 
 from __future__ import annotations
 
-from miles_core.config import build_config, load_config
+from flows.recipes import load_config
+from miles_core.assemble import build_config
 from miles_core.evaluation import PointResult
 from miles_core.evaluation.discover import RunRef
 from miles_core.evaluation.ledger import EvalLedger, config_values_from_params

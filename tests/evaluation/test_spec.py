@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from miles_core.config import ConfigError, load_config
+from miles_core.config import ConfigError
+from flows.recipes import load_config
 from miles_core.evaluation.spec import read_eval_file, resolve_datasets
 
 
@@ -22,6 +23,17 @@ def test_pairs_inherit_eval_flags_then_rollout_values():
     assert a.top_p == 0.5 and a.n_samples == 4  # eval flags
     assert a.temperature == 1.0 and a.max_response_len == 12 and a.rm_type == "math"  # rollout values of the tiny recipe
     assert a.input_key == "input" and a.label_key == "label"
+
+
+def test_eval_input_and_label_keys_name_the_eval_datasets_keys(tmp_path):
+    """The reference's --eval-input-key / --eval-label-key: the eval datasets' keys, instead of input_key / label_key;
+    a dataset of the eval config that names its own key keeps it."""
+    path = _write(tmp_path, "datasets:\n  - {name: own, path: p3, input_key: q}\n")
+    pairs = {"eval_prompt_data": ["a", "p1"], "eval_config": path}
+    a, own = resolve_datasets(load_config("tiny", {**pairs, "eval_input_key": "question", "eval_label_key": "answer"}))
+    assert (a.input_key, a.label_key, own.input_key, own.label_key) == ("question", "answer", "q", "answer")
+    a, own = resolve_datasets(load_config("tiny", pairs))
+    assert (a.input_key, a.label_key, own.input_key) == ("input", "label", "q")
 
 
 def test_eval_config_dataset_beats_defaults_beats_run(tmp_path):

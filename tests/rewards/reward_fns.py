@@ -54,3 +54,19 @@ async def scores_of_dicts(samples, rewards):
 
 def wrong_length(samples, rewards):
     return rewards[:-1]
+
+
+async def nan_reward(sample, **kwargs):
+    return float("nan") if sample.index == 1 else 1.0
+
+
+def inf_in_dict(sample):
+    return {"score": 1.0, "len": float("-inf")}
+
+
+async def group_nan(samples, **kwargs):
+    return [float("nan")] * len(samples)
+
+
+def to_inf(samples, rewards):
+    return [float("inf") for _ in rewards]

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from miles_core.config import load_config
-from miles_core.config.loader import ConfigError
+from flows.recipes import load_config
+from miles_core.config import ConfigError
 from miles_core.data.sample import Sample, Status
 from miles_core.rollout.generate import RolloutSpec, generate_unfinished
 from miles_core.rollout.multi_turn import TurnSpec, resolve_generate_function

@@ -83,6 +83,7 @@ def test_weight_update_and_version(tiny_model_dir, tiny_tokenizer):
     reqs = _reqs(tiny_tokenizer, PROMPTS, max_new_tokens=6)
     before = eng.generate(reqs, seed=5)
     zeros = [(k, torch.zeros_like(v)) for k, v in eng.model.state_dict().items() if k.endswith("mlp.down_proj.weight")]
+    eng.begin_weight_update()
     eng.update_weights_from_tensor(zeros)
     eng.set_weight_version(7)
     after = eng.generate(reqs, seed=5)

@@ -14,7 +14,7 @@ from miles_core.models.tiny_tools import TOOLS_CHAT_TEMPLATE
 from miles_core.models.tokenizer import train_tokenizer
 from miles_core.rollout.generate import RolloutSpec, generate_unfinished
 from miles_core.rollout.multi_turn import TurnSpec, multi_turn_metrics, zero_failed_rewards
-from miles_core.rollout.multi_turn.template import render_ids
+from miles_core.data.chat_template import render_ids
 from miles_core.rollout.protocol import GenerateResult, SamplingParams
 from miles_core.training.batch import make_batch
 

@@ -4,7 +4,7 @@ groups) a run without the failure draws: sampling is seeded per rollout id, the 
 
 from __future__ import annotations
 
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 
 class _DiesOnce:

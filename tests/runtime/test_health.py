@@ -7,13 +7,13 @@ import threading
 import httpx
 import torch
 
-from miles_core.rollout.http import load_engine, serve_in_thread
+from miles_core.rollout.http import HFEngine, serve_in_thread
 from miles_core.rollout.http.health import HealthMonitor
 
 
 def test_hung_engine_is_dead_and_rounds_skip_when_busy(tiny_model_dir):
     torch.set_num_threads(1)
-    handles = [serve_in_thread(load_engine(tiny_model_dir), enable_fault_injection=True) for _ in range(2)]
+    handles = [serve_in_thread(HFEngine.from_pretrained(tiny_model_dir, batching="exact"), enable_fault_injection=True) for _ in range(2)]
     try:
         dead: list[int] = []
         busy = {"on": True}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from miles_core.config import build_config
-from miles_core.config.loader import read_recipe
+from miles_core.assemble import build_config
+from flows.recipes import read_recipe
 from miles_core.runtime.placement import build_runtime
 
 N, K = 4, 2
@@ -36,7 +36,7 @@ def _run(rt, ids, save_at=None) -> list[dict]:
 
 
 def _state(rt) -> dict[str, torch.Tensor]:
-    t = rt.trainer
+    t = rt.trainer.engine
     out = {**{f"actor.{k}": v for k, v in t.model.state_dict().items()},
            **{f"critic.{k}": v for k, v in t.critic.module.state_dict().items()}}
     for i, s in t.critic.optimizer.state_dict()["state"].items():
@@ -63,7 +63,7 @@ def test_ppo_with_partial_rollout_resumes_exactly(tmp_path, tiny_model_dir):
     resumed = build_runtime(_cfg(tmp_path / "killed"))
     meta = resumed.restore()
     assert meta["rollout_id"] == K - 1 and meta["data_source"]["buffer"]
-    assert resumed.trainer.critic.optimizer.state  # the critic's AdamW moments came back
+    assert resumed.trainer.engine.critic.optimizer.state  # the critic's AdamW moments came back
     got_metrics = _run(resumed, range(K, N))
 
     want, got = _state(straight), _state(resumed)

@@ -20,7 +20,8 @@ def test_colocated_shares_train_bundles():
     p = plan_placement(ClusterConfig(actor_num_nodes=2, actor_num_gpus_per_node=2, colocate=True), use_gpu=True)
     assert len(p.bundles) == 4 and p.bundles[0] == {"CPU": 1.0, "GPU": 1.0}
     assert p.train_bundles == [0, 1, 2, 3] and p.engine_bundles == [0, 1, 2, 3]  # rollout_num_gpus defaults to the actor total
-    assert p.actor_resources() == {"num_cpus": 0.5, "num_gpus": 0.5}
+    assert p.actor_resources() == {"num_cpus": 0.4, "num_gpus": 0.4}  # the reference's shares: train 0.4, engine 0.2
+    assert p.engine_resources() == {"num_cpus": 0.2, "num_gpus": 0.2}
 
 
 def test_external_engines_place_the_train_ranks_only():

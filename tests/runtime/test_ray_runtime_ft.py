@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from miles_core.config import load_config
+from flows.recipes import load_config
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 

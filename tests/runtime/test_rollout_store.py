@@ -37,8 +37,9 @@ class _Payload:
 def test_a_file_that_would_run_code_is_refused(tmp_path):
     store = RolloutStore(tmp_path, keep=2)
     torch.save({"format": 1, "samples": [], "metrics": {}, "weight_version": 0, "cursor_after": _Payload()}, store.path(0))
-    with pytest.raises(ValueError, match=r"0\.pt: not a miles rollout file of plain data"):
+    with pytest.raises(ValueError, match=r"0\.pt: not a miles rollout file of plain data") as err:
         store.read(0)
+    assert "delete this file and rerun" in str(err.value) and "weights_only=False" not in str(err.value)  # our advice, not torch's
     with store.path(1).open("wb") as f:
         pickle.dump({"format": 1}, f)  # a plain pickle, not a torch file
     with pytest.raises(Exception, match="1.pt"):

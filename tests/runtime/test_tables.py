@@ -8,7 +8,8 @@ from typing import get_args
 
 import pytest
 
-from miles_core.config import ConfigError, load_config
+from miles_core.config import ConfigError
+from flows.recipes import load_config
 from miles_core.config.backends import SUPPORTED
 from miles_core.config.cluster import ClusterConfig
 

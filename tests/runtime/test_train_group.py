@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.data.sample import Sample
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -28,6 +28,13 @@ TWO_RANKS = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
 
 
+def _ask(worker, name: str):
+    """Each rank's own answer: a Trainer protocol member through the worker's ``call``, else a worker method."""
+    from miles_core.training.protocol import Trainer
+
+    return worker.call.remote(getattr(Trainer, name).__name__) if hasattr(Trainer, name) else getattr(worker, name).remote()
+
+
 def _train_on_two_ranks(cfg, model_dir, samples, rewards, *fetch: str):
     """One train_rollout on a 2-rank TrainGroup; -> (its result, [each rank's answer to each method in fetch])."""
     import ray
@@ -40,7 +47,7 @@ def _train_on_two_ranks(cfg, model_dir, samples, rewards, *fetch: str):
     group = TrainGroup(cfg, str(model_dir), pg, plan.train_bundles, plan.actor_resources(), "gloo")
     try:
         result = group.train_rollout(samples, rewards, 0)
-        return result, [ray.get([getattr(w, name).remote() for w in group.workers]) for name in fetch]
+        return result, [ray.get([_ask(w, name) for w in group.workers]) for name in fetch]
     finally:
         group.shutdown()
         ray.util.remove_placement_group(pg)
@@ -86,9 +93,9 @@ def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
 
     one = build_torch_trainer(TrainerContext(cfg=cfg, model_path=tiny_model_dir, tokenizer=tiny_tokenizer))
     flat = lambda named: torch.cat([t.detach().flatten().clone() for _, t in named])  # noqa: E731
-    c0 = flat(one.critic.module.state_dict().items())
+    c0 = flat(one.engine.critic.module.state_dict().items())
     steps1 = one.train_rollout(samples, rewards, 0).steps
-    w1, c1 = flat(one.named_tensors()), flat(one.critic.module.state_dict().items())
+    w1, c1 = flat(one.named_tensors()), flat(one.engine.critic.module.state_dict().items())
 
     out2, (ranks, critics) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors", "extra_tensors")
     steps2 = out2.steps
@@ -139,3 +146,19 @@ def test_device_cuda_on_a_cluster_without_gpus_fails_before_anything_is_placed(t
     else:
         with pytest.raises(PreflightError, match=r"device: cuda, but the Ray cluster \(local\) has no GPU"):
             wants_gpu(cfg["cuda"])
+
+
+def test_the_call_tables_name_every_protocol_member_once():
+    """TRAINER_CALLS / SENDER_CALLS declare where each member of the Trainer protocol and of WeightSender runs; a
+    member added or renamed there without a row here fails this test (a renamed one already fails the import)."""
+    from miles_core.runtime.ray.train_group import EVERY, LEAD, RANK0, SENDER_CALLS, TRAINER_CALLS, RankZeroSender, TrainGroup
+    from miles_core.training.protocol import Trainer
+    from miles_core.weights.sync import WeightSender
+
+    for protocol, table, proxy in ((Trainer, TRAINER_CALLS, TrainGroup), (WeightSender, SENDER_CALLS, RankZeroSender)):
+        members = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
+        assert sorted(m.__name__ for m in table) == sorted(members)
+        assert all(getattr(protocol, m.__name__) is m for m in table)
+        assert set(table.values()) <= {EVERY, LEAD, RANK0}
+        assert all(callable(getattr(proxy, name)) for name in members)
+    assert TRAINER_CALLS[Trainer.train_rollout] == EVERY and SENDER_CALLS[WeightSender.master_address] == RANK0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from miles_core.env import long_lived_server_env
+from flows.env import long_lived_server_env
 from miles_core.tracking import MlflowTracker
 
 

@@ -51,3 +51,13 @@ def test_champion_by_eval_step_pending_and_gated(tmp_path):
     set_champion(store, MODEL, "4")
     assert _champion(client) == "4"
     assert crown_pending(store, tracker.run_id, MODEL, "eval/arith", 6, 0.95) == []  # nothing left pending at step 6
+
+
+def test_a_lora_export_is_registered_with_its_adapter_and_base_model(tmp_path):
+    store, tracker, export = _setup(tmp_path)
+    (export / "adapter").mkdir()
+    (export / "adapter" / "adapter_config.json").write_text('{"r": 8, "base_model_name_or_path": "builtin://tiny-qwen2"}')
+    r = log_export(store, tracker.run_id, export, 0, 1, MODEL, None)
+    tags = MlflowClient(store).get_model_version(MODEL, r.version).tags
+    assert tags["lora.base_model"] == "builtin://tiny-qwen2" and tags["lora.rank"] == "8"
+    assert tags["lora.adapter"] == f"{r.artifact_uri}/adapter"

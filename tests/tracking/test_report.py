@@ -22,7 +22,7 @@ def _run(tmp_path) -> tuple:
                              "rollout/step": i}, step=i)
         tracker.log_metrics({"train/grad_norm": 1.0 / (i + 1), "train/pg_clipfrac": 0.1, "train/step": i}, step=i)
     for step, value in ((1, 0.2), (3, 0.6), (5, 0.5)):
-        tracker.log_metrics({"eval/arith": value, "eval/arith-truncated_ratio": 0.0, "eval/step": step}, step=step)
+        tracker.log_metrics({"eval/arith": value, "eval/arith/truncated_ratio": 0.0, "eval/step": step}, step=step)
     tracker.set_tags({"miles.export.00003": "rollout_id=3 train_step=4", "prefect.flow_run_id": "abc"})
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from flows.tracking import open_run
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.tracking.prometheus_tracker import PrometheusMirror
 from miles_core.tracking.tensorboard_tracker import read_scalars
 from miles_core.tracking.wandb_tracker import RECORD, read_history
@@ -111,6 +111,16 @@ def test_a_new_mlflow_run_gets_a_new_wandb_run(tmp_path, store):
     second.end("FINISHED")
     assert _named(first)["wandb"].run.id != _named(second)["wandb"].run.id
     assert (tmp_path / "wb" / "wandb").is_dir()
+
+
+def test_wandb_host_names_the_server_of_the_wandb_run(tmp_path, store):
+    """The reference's --wandb-host: the W&B run's server (offline here: recorded in the run's settings, nothing sent;
+    without it W&B's own default or WANDB_BASE_URL)."""
+    tracker = open_run(_config(tmp_path, store, use_wandb=True, wandb_host="http://wandb.example:8080/"), None, {})
+    try:
+        assert _named(tracker)["wandb"].run.settings.base_url == "http://wandb.example:8080"
+    finally:
+        tracker.end("FINISHED")
 
 
 def test_a_busy_prometheus_port_is_a_clear_error():

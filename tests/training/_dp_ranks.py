@@ -11,9 +11,8 @@ def build(rank: int, world: int, policy, ref, cfg, pad_id: int):
     from miles_core.training.data_parallel import FSDPDataParallel
     from miles_core.training.torch_trainer import TorchTrainer
 
-    trainer = TorchTrainer(copy.deepcopy(policy), cfg, pad_id=pad_id, ref_model=copy.deepcopy(ref))
-    FSDPDataParallel(rank, world, cfg.cluster.balance_data).attach(trainer)
-    return trainer
+    return TorchTrainer(copy.deepcopy(policy), cfg, pad_id=pad_id, ref_model=copy.deepcopy(ref),
+                        parallel=FSDPDataParallel(rank, world, cfg.cluster.balance_data))
 
 
 def run_rank(rank: int, world: int, port: int, policy, ref, cfg, samples, out: str, save_dir: str) -> None:
@@ -27,15 +26,15 @@ def run_rank(rank: int, world: int, port: int, policy, ref, cfg, samples, out: s
     try:
         trainer = build(rank, world, policy, ref, cfg, pad_id=0)
         seen: list[tuple[str, int]] = []  # (which model, rows) of every forward-only pass of this rank
-        inner = trainer.compute_log_probs
+        inner = trainer.engine.compute_log_probs
 
         def counting(model, batch):
-            seen.append(("policy" if model is trainer.model else "ref", len(batch)))
+            seen.append(("policy" if model is trainer.engine.model else "ref", len(batch)))
             return inner(model, batch)
 
-        trainer.compute_log_probs = counting
+        trainer.engine.compute_log_probs = counting
         rewards = [s.reward for s in samples]
-        tensors = trainer._forward_only(make_batch(samples, 0), samples)
+        tensors = trainer.forward_passes(make_batch(samples, 0), samples)
         first = trainer.train_rollout(samples, rewards, 0)
         after1 = dict(trainer.named_tensors())
         trainer.save(save_dir, 0, {"note": "dp"})

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from miles_core.config import build_config
+from miles_core.assemble import build_config
 from miles_core.data.sample import Sample, Status
 
 VOCAB = 48

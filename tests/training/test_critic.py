@@ -8,7 +8,7 @@ import torch
 
 from miles_core.algorithms import Reducer
 from miles_core.training.batch import make_batch
-from miles_core.training.critic import Critic, build_critic, response_values
+from miles_core.training.critic import build_critic, response_values
 from miles_core.training.torch_trainer import TorchTrainer
 
 PAD = 0
@@ -38,31 +38,38 @@ def test_values_are_read_at_the_state_before_each_response_token(lm, samples):
         torch.testing.assert_close(values[i, :t], out[p - 1 : p - 1 + t], atol=1e-5, rtol=1e-5)
 
 
+def _critic_step(trainer, batch, old, returns, reduce):
+    """One critic step of the shared RL step (rl_step.RLTrainer) over every row: the engine's backward and optimizer step."""
+    from miles_core.training.engine import RolloutTensors
+
+    tensors = RolloutTensors(old=None, ref=None, teacher=None, values=old, returns=returns)
+    return trainer._critic_step(batch, tensors, range(len(batch)), reduce)
+
+
 def test_critic_step_fits_the_returns(lm, cfg, samples):
-    c = cfg(critic_lr=1e-2, value_clip=10.0)
-    critic = Critic(build_critic(lm()), c.algo, micro_batch_size=3)
+    trainer = TorchTrainer(lm(), cfg(advantage_estimator="ppo", critic_lr=1e-2, value_clip=10.0), pad_id=PAD)
     batch = make_batch(samples, PAD)
     returns = torch.tensor([s.reward for s in samples])[:, None] * batch.loss_mask  # [N, T]
     reduce = Reducer(False, num_samples=len(samples), num_tokens=float(batch.loss_mask.sum()))
     losses = []
     for _ in range(10):
-        old = critic.values(batch)
-        metrics = critic.step(batch, old, returns, range(len(samples)), reduce, warmup=1.0)
-        losses.append(metrics["critic-value_loss"])
-    assert set(metrics) == {"critic-value_loss", "critic-value_clipfrac", "critic-grad_norm", "critic-lr-pg_0"}
+        old = trainer.engine.values(batch)
+        metrics = _critic_step(trainer, batch, old, returns, reduce)
+        losses.append(metrics["train/critic-value_loss"])
+    assert set(metrics) == {"train/critic-value_loss", "train/critic-value_clipfrac", "train/critic-grad_norm", "train/critic-lr-pg_0"}
     assert losses[0] == pytest.approx(0.5, abs=1e-6)  # V = 0, R = 0/1 alternating: mean of per-sample (0 or 1) = 0.5
     assert losses[-1] < 0.5 * losses[0]
 
 
 def test_value_clip_counts_moved_values(lm, cfg, samples):
-    critic = Critic(build_critic(lm()), cfg(value_clip=0.2).algo, micro_batch_size=8)
+    trainer = TorchTrainer(lm(), cfg(advantage_estimator="ppo", value_clip=0.2, micro_batch_size=8), pad_id=PAD)
     batch = make_batch(samples, PAD)
-    old = critic.values(batch) - 1.0  # every value moved by 1 > value_clip
+    old = trainer.engine.values(batch) - 1.0  # every value moved by 1 > value_clip
     reduce = Reducer(False, num_samples=len(samples), num_tokens=float(batch.loss_mask.sum()))
-    metrics = critic.step(batch, old, torch.zeros_like(old), range(len(samples)), reduce, warmup=1.0)
-    assert metrics["critic-value_clipfrac"] == pytest.approx(1.0)
+    metrics = _critic_step(trainer, batch, old, torch.zeros_like(old), reduce)
+    assert metrics["train/critic-value_clipfrac"] == pytest.approx(1.0)
     # clipped branch (old + 0.2 - 0)^2 = 0.64 vs unclipped 0: max = 0.64 on every token
-    assert metrics["critic-value_loss"] == pytest.approx(0.64, abs=1e-5)
+    assert metrics["train/critic-value_loss"] == pytest.approx(0.64, abs=1e-5)
 
 
 def _params(module) -> list[torch.Tensor]:
@@ -77,14 +84,14 @@ def test_ppo_trainer_critic_only_rollouts_then_both(lm, cfg, samples):
     c = cfg(advantage_estimator="ppo", num_critic_only_steps=1, num_steps_per_rollout=2)
     trainer = TorchTrainer(lm(), c, pad_id=PAD)
     rewards = [s.reward for s in samples]
-    actor, critic = _params(trainer.model), _params(trainer.critic.module)
+    actor, critic = _params(trainer.engine.model), _params(trainer.engine.critic.module)
     rollout_metrics, steps = trainer.train_rollout(samples, rewards, rollout_id=0)
-    assert not _changed(actor, trainer.model) and _changed(critic, trainer.critic.module)
+    assert not _changed(actor, trainer.engine.model) and _changed(critic, trainer.engine.critic.module)
     assert len(steps) == 2 and all("train/pg_loss" not in s and "train/critic-value_loss" in s for s in steps)
     assert rollout_metrics["rollout/values"] == 0.0  # zero head before the first critic step
     assert "rollout/returns" in rollout_metrics
     rollout_metrics, steps = trainer.train_rollout(samples, rewards, rollout_id=1)
-    assert _changed(actor, trainer.model)
+    assert _changed(actor, trainer.engine.model)
     assert {"train/pg_loss", "train/critic-value_loss", "train/critic-value_clipfrac", "train/grad_norm"} <= steps[0].keys()
     assert rollout_metrics["rollout/values"] != 0.0
     assert trainer.steps_done == 4
@@ -92,16 +99,16 @@ def test_ppo_trainer_critic_only_rollouts_then_both(lm, cfg, samples):
 
 def test_extra_modules_and_optimizers_for_checkpoints(lm, cfg):
     ppo = TorchTrainer(lm(), cfg(advantage_estimator="ppo"), pad_id=PAD)
-    assert set(ppo.extra_modules()) == set(ppo.extra_optimizers()) == {"critic"}
-    assert ppo.extra_modules()["critic"] is ppo.critic.module
-    assert ppo.extra_optimizers()["critic"] is ppo.critic.optimizer
+    assert set(ppo.engine.extra_modules()) == set(ppo.engine.extra_optimizers()) == {"critic"}
+    assert ppo.engine.extra_modules()["critic"] is ppo.engine.critic.module
+    assert ppo.engine.extra_optimizers()["critic"] is ppo.engine.critic.optimizer
     grpo = TorchTrainer(lm(), cfg(), pad_id=PAD)
-    assert grpo.critic is None and grpo.extra_modules() == {} and grpo.extra_optimizers() == {}
+    assert grpo.engine.critic is None and grpo.engine.extra_modules() == {} and grpo.engine.extra_optimizers() == {}
 
 
 def test_critic_lr_defaults_to_lr(lm, cfg):
-    assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", lr=3e-4), pad_id=PAD).critic.lr == 3e-4
-    assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", critic_lr=1e-2), pad_id=PAD).critic.lr == 1e-2
+    assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", lr=3e-4), pad_id=PAD).engine.critic.lr == 3e-4
+    assert TorchTrainer(lm(), cfg(advantage_estimator="ppo", critic_lr=1e-2), pad_id=PAD).engine.critic.lr == 1e-2
 
 
 def _ppo_trainer(lm, cfg, seed: int) -> TorchTrainer:
@@ -110,8 +117,8 @@ def _ppo_trainer(lm, cfg, seed: int) -> TorchTrainer:
 
 
 def _state(trainer) -> dict[str, torch.Tensor]:
-    return {**{f"actor.{k}": v.clone() for k, v in trainer.model.state_dict().items()},
-            **{f"critic.{k}": v.clone() for k, v in trainer.critic.module.state_dict().items()}}
+    return {**{f"actor.{k}": v.clone() for k, v in trainer.engine.model.state_dict().items()},
+            **{f"critic.{k}": v.clone() for k, v in trainer.engine.critic.module.state_dict().items()}}
 
 
 @pytest.mark.parametrize("restore_critic_optimizer", [True, False])
@@ -131,13 +138,13 @@ def test_ppo_resume_from_a_checkpoint_equals_uninterrupted_training(lm, cfg, sam
 
     first = _ppo_trainer(lm, cfg, seed=0)
     train(first, range(2))
-    ckpt.save_checkpoint(tmp_path, 1, model=first.model, optimizer=first.optimizer, state={"steps_done": first.steps_done},
-                         extra_tensors=first.extra_modules(), extra_optimizers=first.extra_optimizers())
+    ckpt.save_checkpoint(tmp_path, 1, model=first.engine.model, optimizer=first.engine.optimizer, state={"steps_done": first.steps_done},
+                         extra_tensors=first.engine.extra_modules(), extra_optimizers=first.engine.extra_optimizers())
     assert (tmp_path / "1" / "extra" / "critic.optimizer.pt").is_file()
     resumed = _ppo_trainer(lm, cfg, seed=7)  # as a new process: other weights, fresh optimizers
-    meta = ckpt.load_checkpoint(ckpt.find_latest(tmp_path), model=resumed.model, optimizer=resumed.optimizer,
-                                extra_modules=resumed.extra_modules(),
-                                extra_optimizers=resumed.extra_optimizers() if restore_critic_optimizer else None)
+    meta = ckpt.load_checkpoint(ckpt.find_latest(tmp_path), model=resumed.engine.model, optimizer=resumed.engine.optimizer,
+                                extra_modules=resumed.engine.extra_modules(),
+                                extra_optimizers=resumed.engine.extra_optimizers() if restore_critic_optimizer else None)
     resumed.steps_done = meta["steps_done"]
     train(resumed, range(2, 4))
 

@@ -57,8 +57,10 @@ def _samples():
     return samples
 
 
-def _close(a: float, b: float, rel: float = 1e-5) -> bool:
-    return abs(a - b) <= rel * max(abs(b), 1e-6)
+def _close(a: float, b: float, rel: float = 1e-5, floor: float = 1e-7) -> bool:
+    """Equal to ``rel`` of ``b``, or to ``floor`` where ``b`` is a small difference of O(1) terms (the loss: its
+    fp32 sums in two ranks' order, not one process's, differ by ~3e-8 on some CPUs' vector widths)."""
+    return abs(a - b) <= max(rel * abs(b), floor)
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +71,10 @@ def one_process() -> dict:
     one = TorchTrainer(tiny_lm(seed=0), make_cfg(**DP), pad_id=0, ref_model=tiny_lm(seed=1))
     before = {k: v.clone() for k, v in one.named_tensors()}
     batch = make_batch(samples, 0)
-    old, ref = one.compute_log_probs(one.model, batch), one.compute_log_probs(one.ref_model, batch)
+    old, ref = one.engine.compute_log_probs(one.engine.model, batch), one.engine.compute_log_probs(one.engine.ref_model, batch)
     steps = one.train_rollout(samples, [s.reward for s in samples], 0).steps
     return {"before": before, "old": old, "ref": ref, "steps": steps, "after": dict(one.named_tensors()),
-            "optimizer": one.optimizer.state_dict()["state"]}
+            "optimizer": one.engine.optimizer.state_dict()["state"]}
 
 
 def test_two_ranks_equal_one_process(two_ranks, one_process):
@@ -113,11 +115,11 @@ def test_checkpoint_resumes_the_ranks_exactly_and_loads_in_one_process(two_ranks
             assert a == b
         assert all(torch.equal(r["again_tensors"][k], v) for k, v in r["after2"].items())
     one = TorchTrainer(tiny_lm(seed=5), make_cfg(**DP), pad_id=0, ref_model=tiny_lm(seed=1))
-    meta = ckpt.load_checkpoint(ckpt.find_latest(save), model=one.model, optimizer=one.optimizer)
+    meta = ckpt.load_checkpoint(ckpt.find_latest(save), model=one.engine.model, optimizer=one.engine.optimizer)
     assert meta["steps_done"] == 2
-    assert all(torch.equal(v, ranks[0]["after1"][k]) for k, v in one.model.state_dict().items())
-    loaded, mine = one.optimizer.state_dict()["state"], one_process["optimizer"]
-    assert sorted(loaded) == sorted(mine) == list(range(len(list(one.model.parameters()))))
+    assert all(torch.equal(v, ranks[0]["after1"][k]) for k, v in one.engine.model.state_dict().items())
+    loaded, mine = one.engine.optimizer.state_dict()["state"], one_process["optimizer"]
+    assert sorted(loaded) == sorted(mine) == list(range(len(list(one.engine.model.parameters()))))
     for i, state in mine.items():  # the moments of the same 2 steps, up to float summation order
         for key in ("exp_avg", "exp_avg_sq"):
             assert (loaded[i][key] - state[key]).norm() <= 1e-4 * state[key].norm() + 1e-12, (i, key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from miles_core.config import build_config
+from miles_core.assemble import build_config
 from miles_core.device import resolve_device
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "prompt_data": "builtin://arith", "micro_batch_size": 4}
@@ -19,9 +19,9 @@ def test_torch_trainer_puts_policy_ref_critic_and_teacher_on_the_resolved_device
                         "use_kl_loss": True, "kl_loss_coef": 0.1, "use_opd": True, "opd_teacher_load": str(tiny_model_dir)})
     trainer = build_torch_trainer(TrainerContext(cfg=cfg, model_path=tiny_model_dir, tokenizer=tiny_tokenizer))
     want = resolve_device("auto")
-    modules = {"policy": trainer.model, "ref": trainer.ref_model, "critic": trainer.critic.module, "teacher": trainer.teacher.model}
+    modules = {"policy": trainer.engine.model, "ref": trainer.engine.ref_model, "critic": trainer.engine.critic.module, "teacher": trainer.engine.teacher.model}
     assert {name: {p.device for p in m.parameters()} for name, m in modules.items()} == {name: {want} for name in modules}
-    assert trainer.device == want
+    assert trainer.engine.device == want
     out = trainer.train_rollout(samples, [s.reward for s in samples])  # batches go where the models are
     assert torch.isfinite(torch.tensor(out.steps[0]["train/grad_norm"]))
 

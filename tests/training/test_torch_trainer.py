@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.data.sample import Sample
 from miles_core.training.torch_trainer import TorchTrainer
 
@@ -63,9 +63,9 @@ def test_step_raises_logprob_of_rewarded_samples(tiny_model_dir, tiny_tokenizer)
     from miles_core.training.batch import make_batch
 
     batch = make_batch(samples, tiny_tokenizer.pad_token_id)
-    before = trainer.compute_log_probs(model, batch)
+    before = trainer.engine.compute_log_probs(model, batch)
     rollout, steps = trainer.train_rollout(samples, rewards)
-    after = trainer.compute_log_probs(model, batch)
+    after = trainer.engine.compute_log_probs(model, batch)
     gain = ((after - before) * batch.loss_mask).sum(-1)  # [N]
     r = torch.tensor(rewards)
     assert gain[r == 1].mean() > gain[r == 0].mean()
@@ -90,13 +90,13 @@ def test_num_steps_per_rollout_gives_that_many_steps(tiny_model_dir, tiny_tokeni
 def _one_step(model, tok, samples, rewards, **over):
     """One train_rollout; -> (rollout metrics, step metrics, gradients at optimizer.step, the trainer)."""
     trainer = _trainer(model, tok, **over)
-    grads, step = [], trainer.optimizer.step
+    grads, step = [], trainer.engine.optimizer.step
 
     def record(*a, **kw):
         grads.extend(p.grad.detach().clone() for p in model.parameters())
         return step(*a, **kw)
 
-    trainer.optimizer.step = record
+    trainer.engine.optimizer.step = record
     rollout, steps = trainer.train_rollout(samples, rewards)
     return rollout, steps[0], grads, trainer
 

@@ -9,40 +9,21 @@ import pytest
 import torch
 
 from miles_core.rollout.hf_engine import HFEngine
-from miles_core.rollout.http import EngineRouter, load_engine, serve_in_thread
+from miles_core.rollout.http import EngineRouter, HFEngine, serve_in_thread
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 from miles_core.weights.sync import MODES, WeightSender, WeightSync, iter_buckets, iter_meta_buckets
 
 BUCKET = 64 * 1024  # several buckets for the tiny model (~3M params, 12 MB)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def servers(tiny_model_dir):
-    handles = [serve_in_thread(load_engine(tiny_model_dir), model_path=str(tiny_model_dir)) for _ in range(2)]
+    """Two engines of TP 2 (each takes 2 ranks of a broadcast group, as SGLang's TP workers do)."""
+    handles = [serve_in_thread(HFEngine.from_pretrained(tiny_model_dir, batching="exact"), model_path=str(tiny_model_dir),
+                               tp_size=2) for _ in range(2)]
     yield handles
     for h in handles:
         h.stop()
-
-
-@pytest.fixture
-def trainer_model(tiny_model_dir):
-    """The 'trainer': the checkpoint moved away from what the engines loaded."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.02)
-    return model
 
 
 def _requests(tok) -> list[GenerateRequest]:
@@ -70,9 +51,12 @@ def test_meta_buckets_match_tensor_buckets(trainer_model):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_mode_contract(mode, servers, trainer_model, tiny_tokenizer, tmp_path):
+    """Also SGLang's ranks with TP > 1 (finding 4 of issue 27): engine j's ranks are 1 + the TP sizes before it (+ tp
+    rank), world 1 + the sum of TP sizes: offsets 1 and 3, world 5; every group rank receives every tensor whole."""
     sender = WeightSender(lambda: trainer_model.state_dict().items(), trainer_model.config)
     sync = WeightSync(mode, BUCKET, disk_dir=tmp_path / "weight_sync")
     with EngineRouter.from_urls([h.url for h in servers], bucket_bytes=BUCKET) as router:
+        assert router.group_ranks(router.weight_targets()) == ([1, 3], 5)
         for version in (1, 2):  # the second sync reuses the broadcast group
             with torch.no_grad():
                 trainer_model.model.norm.weight.mul_(1.01)  # a trainer step between syncs
@@ -87,6 +71,12 @@ def test_mode_contract(mode, servers, trainer_model, tiny_tokenizer, tmp_path):
         local.set_weight_version(2)
         key = lambda r: (r.output_ids, r.output_log_probs, r.finish_reason, r.weight_version)  # noqa: E731
         assert [key(r) for r in router.generate(reqs, 7)] == [key(r) for r in local.generate(reqs, 7)]
+    groups = [e.rsplit(":", 1)[-1] for h in servers for e in h.server.events if e.startswith("group:")]
+    assert groups == (["1+2/5", "3+2/5"] if mode == "broadcast" else [])  # one group, made by the first sync
+    n = 2 * len(trainer_model.state_dict()) if mode == "broadcast" else 0  # two syncs; SGLang's layout: every rank, whole
+    assert [h.server.received for h in servers] == ([{1: n, 2: n}, {3: n, 4: n}] if n else [{}, {}])
+    sessions = [e for e in servers[0].server.events if e.endswith("weight_update")]
+    assert sessions == ([] if mode == "disk" else ["begin_weight_update", "end_weight_update"] * 2)  # disk needs none
     if mode == "broadcast":
         assert sync._groups == 1
         assert all(h.server.stats["weight_buckets"] > 3 for h in servers)
@@ -121,7 +111,8 @@ def test_release_resume_then_sync(servers, trainer_model, tiny_tokenizer):
         assert [r.output_ids for r in router.generate(reqs, 3)] == [r.output_ids for r in local.generate(reqs, 3)]
         events = client.server_info()["events"]
         assert events[0] == "release:cuda_graph,kv_cache,weights" and events[1] == "resume:weights"
-        assert events[2].startswith("weights:") and events[-2:] == ["version:1", "resume:cuda_graph,kv_cache"]
+        assert events[2] == "begin_weight_update" and events[3].startswith("weights:")  # buckets inside the session
+        assert events[-3:] == ["end_weight_update", "version:1", "resume:cuda_graph,kv_cache"]
 
 
 def test_a_failed_sync_resumes_the_engines_and_keeps_their_version():
@@ -144,10 +135,16 @@ def test_a_failed_sync_resumes_the_engines_and_keeps_their_version():
         def set_weight_version(self, v):
             self.version = v
 
+        def begin_weight_update(self):
+            self.events.append("begin")
+
+        def end_weight_update(self):
+            self.events.append("end")
+
         def update_weights_from_tensor(self, bucket):
             raise ConnectionError("engine went away mid-sync")
 
     e = Engine()
     with pytest.raises(ConnectionError):
         sync_weights([("w", torch.zeros(2))], [e], version=5, max_bytes=1024)
-    assert e.events == ["pause", "flush", "continue"] and e.version == 0
+    assert e.events == ["pause", "flush", "begin", "end", "continue"] and e.version == 0

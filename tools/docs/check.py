@@ -5,25 +5,26 @@ What is checked where (a "code span" is `inline code`; "code" is a span or a cod
 
 | kind | rule |
 |---|---|
-| flag | every `--flag` anywhere is a flag of `miles`, of a `python -m` entry point of this repository, an EXTERNAL_FLAGS entry, or an SGLang passthrough `--sglang-<flag>` of the pinned snapshot; on a `miles <cmd>` command line it must be a flag of that command |
+| flag | every `--flag` anywhere is a flag of `miles`, of a `python -m` entry point of this repository, an EXTERNAL_FLAGS entry, an SGLang passthrough `--sglang-<flag>` of the pinned snapshot, or a reference flag `miles recipe import` reads; on a `miles <cmd>` command line it must be a flag of that command (after `miles recipe import ... --`: one the importer reads) |
 | value | a config flag's value on a command line (any shell block, runnable or not; an indented line) or in a code span (`--flag value`, `--flag=value`) is a valid value of its field: a `Literal` choice, the type, the range |
-| command | `miles <cmd>` names a command and, for train/config, a recipe that exists; `python -m <module>` of this repository exists; `make <target>` exists |
+| command | `prefect deployment run [options] <flow>/<name>` (parsed by Prefect's own CLI) names a deployment of deployments/prefect.yaml; `miles <cmd>` names a command and, for train/config, a recipe that exists; `python -m <module>` of this repository exists; `make <target>` exists |
 | config | keys of a ```yaml block are config fields with valid values (or the block validates against the pydantic model named by a `# schema: pkg.mod.Model` first line); `` `key: value` `` of a config field has a valid value |
-| default | "`field` (default X)", "`field` defaults to X", "`field` default X" agree with the field's default |
+| default | a default claim in any phrasing of claims.PHRASINGS ("`field` (default X)", "`field` is X by default", "by default `field` is X", "the default of `field` is X", "(default: X)", "X (the default)", ...) or in the default column of a `| field | ... | default |` table agrees with the field's default |
 | planned | "`field` (planned)" of a config field: no code reads the field yet |
 | name | a snake_case code span (`compute_advantages`, `group_index`) is a name the code defines or uses |
-| env | an UPPER_CASE code span with `_` is an env var miles sets or reads (or a Python constant); `VAR=x cmd` and a code span `NAME=value` set a known variable |
+| env | an UPPER_CASE code span with `_` is an env var miles sets or reads (or a Python constant); `VAR=x cmd`, `export VAR=x`, `env VAR=x cmd` and a code span `NAME=value` set a known variable to a value the code that reads it takes (envvalues.py: the reader's own parser) |
 | path | a repository path in code (`miles_core/x.py`, `deployments/recipes/tiny.yaml`, `path.py::Symbol`) exists (and defines Symbol) |
 | module | a dotted module path in code (`miles_core.x.y[.Symbol]`, `from miles_core.x import y`) exists |
-| metric | a metric name in code (`rollout/...`, `train/...`, `perf/...`, `eval/...`, `passrate/...`) is in the catalog; `<x>` parts and `*` match any text |
+| metric | a metric name in code (a code word starting with a catalog prefix: `rollout/`, `train/`, `multi_turn/`, ...), in prose, in a table cell (a code span or the bare name), in a list item, is in the catalog; `<x>` parts and `*` match any text |
 | stale | a generated page equals a fresh render |
-| link | a relative link in README.md points at a file that exists (mkdocs --strict checks the links inside docs/) |
+| link | a relative link (a page, README.md) points at a file that exists and, with `#anchor`, at an id of that page as mkdocs renders it (links.py) |
 | run | a block marked `<!-- runnable -->` (or `<!-- runnable: slow -->`) exits 0; `<!-- runnable: gpu -->` blocks only parse (bash -n) |
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import fnmatch
 import json
 import os
@@ -32,11 +33,13 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import DOCS, ROOT, facts
+from . import DOCS, ROOT, envvalues, facts, links
 from .generate import PAGES, render_all, stale
+from .claims import DefaultClaim, prose_claims, table_claims
 from .markdown import Block, Page, parse
 
 # `python -m <module> <subcommand>` handled by another module's parser (its flags are checked there)
@@ -59,8 +62,8 @@ EXTERNAL_NAMES = {
     "input_token_logprobs", "sampling_seed", "output_token_logprobs", "serialized_named_tensors", "launch_server",
     "prefect_test_harness", "num_labels", "pass_at_k", "log_ratio",
 }
-EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "NO_MKDOCS_2_WARNING", "CI", "PATH", "HOME", "PYTHONPATH", "OMP_NUM_THREADS", "WANDB_MODE"}
-METRIC_PREFIXES = ("rollout/", "train/", "perf/", "eval/", "passrate/")
+EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "NO_MKDOCS_2_WARNING", "CI", "PATH", "HOME", "PYTHONPATH", "OMP_NUM_THREADS", "WANDB_MODE",
+                "WANDB_API_KEY", "WANDB_BASE_URL"}  # W&B's own: its key and server
 REPO_DIRS = ("miles_core", "flows", "tasks", "deployments", "docs", "tests", "bench", "docker", "tools", ".ci")
 REPO_FILES = ("README.md", "Makefile", "pyproject.toml", "requirements.lock", "mkdocs.yml")
 FILE_EXT = re.compile(r"\.(py|ya?ml|md|json|toml|lock|txt|cfg|sh)$")
@@ -72,14 +75,12 @@ MODULE = re.compile(r"^(?:miles_core|flows|tasks|tools|bench)(?:\.[A-Za-z_]\w*)+
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 ENV_TOKEN = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 FLAG = re.compile(r"(?<![\w/.\-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
-DEFAULT_CLAIM = re.compile(
-    r"`(?P<name>--?[a-z][a-z0-9-]*|[a-z][a-z0-9_]*)`(?:\s*(?:and|,)\s*`(?P<name2>[a-z][a-z0-9_-]*)`)?"
-    r"\s*(?:\(|,|—|–|-)?\s*(?:the\s+)?defaults?(?:\s+(?:to|is|of))?\s*[:=]?\s*(?P<value>`[^`]+`|[^\s,;)]+)"
-    r"(?:\s+(?P<unit>KiB|MiB|GiB))?")
 UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 PLANNED_CLAIM = re.compile(r"`(?P<name>--?[a-z][a-z0-9-]*|[a-z][a-z0-9_]*)`\s*\(planned\)")
 ENV_ASSIGN = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)=(?P<value>\S*)(?:\s+(?P<cmd>.*))?$")
 PLACEHOLDER_VALUE = re.compile(r"[<>$]|\.\.\.|^\{|^[A-Z_]+$")  # `--lr <x>`, `--lr $LR`, `--lr ...`, `--lr LR`
+ENV_PLACEHOLDER = re.compile(r"[<>$]|\.\.\.|^\{")  # `KEY=$KEY`, `NAME=<value>`: uppercase values (WARNING) are real ones
+BARE_METRIC = re.compile(r"^[a-z][a-z0-9_]*/[A-Za-z0-9_@<>*./\-]+$")  # a table cell that is only a metric name
 KEY_VALUE = re.compile(r"^(?P<key>[a-z][a-z0-9_]*):\s+(?P<value>\S.*)$")
 
 
@@ -95,13 +96,14 @@ class Problem:
 
 
 # ---- the code side (cached) ------------------------------------------------------------------------
-def _all_argparse_flags() -> set[str]:
+@lru_cache(maxsize=1)
+def _all_argparse_flags() -> frozenset[str]:
     out: set[str] = set()
     for path in facts.py_files(("miles_core", "flows", "tasks", "bench", "tools", "docker")):
         for node in ast.walk(facts._parse(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
                 out |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
-    return out
+    return frozenset(out)
 
 
 class Code:
@@ -111,20 +113,25 @@ class Code:
         self.fields = facts.config_fields()
         self.commands = facts.cli_commands()
         self.miles_flags = set().union(*(c.flags for c in self.commands.values())) | facts.cli_root_flags()
-        from miles_core.rollout.sglang.server_args import cli_flags, snapshot
+        from miles_core.config.server_args import cli_flags, snapshot
 
-        snap = snapshot()  # the pinned SGLang's server arguments (miles_core/rollout/sglang/server_args.json)
+        snap = snapshot()  # the pinned SGLang's server arguments (miles_core/config/server_args.json)
         self.sglang_flags = cli_flags() | {"--sglang"}  # passthroughs of miles train / config / eval; the prefix of --sglang-<flag>
         self.sglang_keys = {f"sglang_{name}" for name in snap.spellings}  # recipe keys: checked by the loader, like fields
         native = {f for a in snap.args.values() for f in a.flags} | {"--no-" + a.flag[2:] for a in snap.args.values()
                                                                      if a.kind == "boolean_optional"}
-        self.all_flags = self.miles_flags | _all_argparse_flags() | EXTERNAL_FLAGS | self.sglang_flags | native
+        from miles_core.reference_import import known_flags
+
+        self.reference_flags = set(known_flags())  # what `miles recipe import` reads after `--` (the reference's vocabulary)
+        self.all_flags = self.miles_flags | _all_argparse_flags() | EXTERNAL_FLAGS | self.sglang_flags | native | self.reference_flags
         self.env = set(facts.env_vars())
         self.build_args = facts.docker_build_args()  # NAME=value in docs/docker.md: docker build --build-arg
         self.names = facts.identifiers() | EXTERNAL_NAMES | self.sglang_keys
         self.recipes = set(facts.recipes())
+        self.deployments = facts.deployment_names()
         self.unused = facts.unused_config_fields()
         self.make_targets = set(re.findall(r"^([a-zA-Z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+        self.metric_prefixes = metric_prefixes()
         self.flag_field = {f.flag: f for f in self.fields.values()} | {"--no-" + f.flag[2:]: f for f in self.fields.values() if f.is_bool}
 
 
@@ -159,6 +166,13 @@ def _is_literal(text: str) -> bool:
     return v is None or isinstance(v, (bool, int, float)) or text.strip().startswith(("`\"", "\"", "`'"))
 
 
+def metric_prefixes() -> tuple[str, ...]:
+    """The first parts of the catalog's names (``rollout/``, ``multi_turn/``, ...): a code word starting with one is a metric."""
+    from miles_core.tracking import catalog
+
+    return tuple(sorted({m.name.split("/")[0] + "/" for m in catalog.entries() if "/" in m.name}))
+
+
 def metric_known(name: str) -> bool:
     """A literal key or a docs pattern (`<x>` parts, `*`) that matches the catalog."""
     from miles_core.tracking import catalog
@@ -172,6 +186,19 @@ def metric_known(name: str) -> bool:
     pattern = re.compile("".join(".+" if p.startswith("<") else ".*" if p == "*" else re.escape(p)
                                  for p in re.split(r"(<[^<>]*>|\*)", name) if p) + r"\Z")
     return any(pattern.match(m.name) for m in catalog.entries())
+
+
+@lru_cache(maxsize=None)
+def prefect_run_name(args: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """The deployment name of `prefect deployment run <args>` as Prefect's own CLI parses them (cyclopts: options such as
+    `--param k=v` may come before the name), or None where `--id` names it; -> (name, None) or (None, why it is refused)."""
+    from prefect.cli.deployment import deployment_app
+
+    try:
+        _, bound, _ = deployment_app.parse_args(["run", *args], exit_on_error=False, print_error=False)
+    except Exception as e:  # cyclopts' CycloptsError: an unknown option, a missing value
+        return None, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return bound.arguments.get("name"), None
 
 
 def repo_path_problem(token: str) -> str | None:
@@ -242,9 +269,10 @@ class PageCheck:
         for line, text in p.prose:
             self.flags(line, text)
             self.claims(line, text)
+            self.table_cells(line, text)
         for line, text in p.indented:
             self.flags(line, text)
-            if re.match(r"^(\$ )?(\S*/)?(miles|python3?|make)\s", text):
+            if re.match(r"^(\$ )?(\S*/)?(miles|python3?|make|prefect)\s", text):
                 self.command_line(line, text)
         for line, span in p.spans:
             self.span(line, span)
@@ -252,6 +280,8 @@ class PageCheck:
             self.block(block)
         for line, target in p.links:
             self.link(line, target)
+        for claim in table_claims(p):
+            self.default_claim(claim)
         return self.problems
 
     # flags anywhere
@@ -261,36 +291,53 @@ class PageCheck:
             if flag not in self.code.all_flags:
                 self.add(line, "flag", f"{flag} is not a flag of miles, of a `python -m` entry point here, or of a known tool")
 
-    # "`x` (default y)", "`x` (planned)"
+    # a table cell that is a bare metric name (`| perf/step_time | ... |`, no backticks): in the catalog, as in a code span
+    def table_cells(self, line: int, text: str) -> None:
+        if not text.strip().startswith("|"):
+            return
+        for cell in re.split(r"(?<!\\)\|", text.strip().strip("|")):
+            cell = cell.strip()
+            if BARE_METRIC.match(cell) and cell.startswith(self.code.metric_prefixes):
+                self.token(line, cell, names=False)
+
+    # "`x` (default y)", "`x` is y by default", ... (claims.PHRASINGS), "`x` (planned)"
     def claims(self, line: int, text: str) -> None:
-        for m in DEFAULT_CLAIM.finditer(text):
-            for name in filter(None, (m.group("name"), m.group("name2"))):
-                field = self.code.flag_field.get(name) or self.code.fields.get(name)
-                value = m.group("value")
-                if field is None or field.required or not _is_literal(value):
-                    continue
-                claim = parse_value(value)
-                if m.group("unit") and isinstance(claim, (int, float)):
-                    claim = claim * UNITS[m.group("unit")]
-                if not same_value(claim, field.default):
-                    unit = f" {m.group('unit')}" if m.group("unit") else ""
-                    self.add(line, "default", f"{name}: the page says default {value.strip('`').rstrip('.')}{unit}, the code's default is "
-                                              f"{field.default_text}")
+        for claim in prose_claims(line, text):
+            self.default_claim(claim)
         for m in PLANNED_CLAIM.finditer(text):
             name = m.group("name")
             field = self.code.flag_field.get(name) or self.code.fields.get(name)
             if field is not None and field.name not in self.code.unused:  # (a planned value or feature is not checked)
                 self.add(line, "planned", f"{field.name} is marked planned, but the code reads it now: update the page")
 
+    def default_claim(self, claim: DefaultClaim) -> None:
+        field = self.code.flag_field.get(claim.name) or self.code.fields.get(claim.name)
+        value = claim.value
+        if field is None or field.required:
+            return
+        if field.is_bool and value.strip("`").lower() in ("on", "off"):
+            value = "true" if value.strip("`").lower() == "on" else "false"
+        if field.choices and value.strip("`").strip("'\"") in field.choices:
+            value = json.dumps(value.strip("`").strip("'\""))  # a Literal choice written bare: `ray`
+        if not _is_literal(value):
+            return
+        got = parse_value(value)
+        if claim.unit and isinstance(got, (int, float)):
+            got = got * UNITS[claim.unit]
+        if not same_value(got, field.default):
+            unit = f" {claim.unit}" if claim.unit else ""
+            self.add(claim.line, "default", f"{claim.name}: the page says default {claim.value.strip('`').rstrip('.')}{unit}, the code's "
+                                            f"default is {field.default_text}")
+
     # one inline code span
     def span(self, line: int, span: str) -> None:
         token = span.strip().rstrip(".,;:")
-        if re.match(r"^(\$ )?(\S*/)?(miles|python3?|make)\s", token):
+        if re.match(r"^(\$ )?(\S*/)?(miles|python3?|make|prefect)\s", token) or re.match(r"^(export|env)\s+[A-Z]\w*=", token):
             self.command_line(line, token)
             return
         env = ENV_ASSIGN.match(token)
         if env:  # `NAME=1` or `NAME=1 miles ...`
-            self.command_line(line, token) if env.group("cmd") else self.env_assignment(line, env.group("name"))
+            self.command_line(line, token) if env.group("cmd") else self.env_assignment(line, env.group("name"), env.group("value"))
             return
         if token.startswith("--"):  # `--flag value`, `--flag=value`
             self.flag_values(line, shlex.split(token) if token.count('"') % 2 == 0 else token.split())
@@ -305,9 +352,9 @@ class PageCheck:
 
     def token(self, line: int, token: str, names: bool) -> None:
         bare = re.sub(r"\(.*\)$", "", token)  # compute_advantages() -> compute_advantages
-        if bare in METRIC_PREFIXES:  # a prefix, not a name
+        if bare in self.code.metric_prefixes:  # a prefix, not a name
             return
-        if bare.startswith(METRIC_PREFIXES) and not FILE_EXT.search(bare) and "/" in bare:
+        if bare.startswith(self.code.metric_prefixes) and not FILE_EXT.search(bare) and "/" in bare:
             if not metric_known(bare):
                 self.add(line, "metric", f"{bare} is not in the metrics catalog (miles_core/tracking/catalog.py)")
             return
@@ -323,7 +370,7 @@ class PageCheck:
             return
         if ENV_TOKEN.match(bare):
             if bare not in self.code.env and bare not in EXTERNAL_ENV and bare not in self.code.names:
-                self.add(line, "env", f"{bare} is not an env var miles sets or reads (miles_core/env.py), nor a name in the code")
+                self.add(line, "env", f"{bare} is not an env var miles sets or reads (miles_core/env.py, flows/env.py), nor a name in the code")
             return
         if names and SNAKE.match(bare) and bare not in self.code.names and not _is_rm_type(bare):
             near = [f for f in self.code.fields if f.startswith(bare[:6])][:3]
@@ -338,7 +385,7 @@ class PageCheck:
         """Tokens of code text (a multi-word span or a code block line): metrics, modules, paths."""
         for tok in re.findall(r"[A-Za-z0-9_@<>*./:\-]+", text):
             tok = tok.strip(".:,")
-            if tok.startswith(METRIC_PREFIXES) or MODULE.match(tok) or (_looks_like_repo_path(tok) and "/" in tok):
+            if tok.startswith(self.code.metric_prefixes) or MODULE.match(tok) or (_looks_like_repo_path(tok) and "/" in tok):
                 self.token(line, tok, names=False)
 
     def key_value(self, line: int, key: str, value: str) -> None:
@@ -409,7 +456,7 @@ class PageCheck:
 
     def passthrough_value(self, line: int, key: str, value: Any) -> None:
         """An SGLang passthrough in a YAML block: its value as the loader checks it (type, closed choices)."""
-        from miles_core.rollout.sglang.server_args import OWNED, PassthroughError, check_value, resolve, snapshot
+        from miles_core.config.server_args import OWNED, PassthroughError, check_value, resolve, snapshot
 
         if snapshot().spellings[key.removeprefix("sglang_")] in OWNED:
             self.add(line, "config", f"{key}: miles sets this SGLang argument itself; a recipe cannot pass it")
@@ -462,8 +509,10 @@ class PageCheck:
         for argv in _split_commands(words):
             if argv and argv[0] == "!":  # an expected failure
                 argv = argv[1:]
+            if argv and argv[0] in ("export", "env"):  # `export NAME=value`, `env NAME=value cmd`: the same assignments
+                argv = argv[1:]
             while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):
-                self.env_assignment(line, argv.pop(0).split("=")[0])
+                self.env_assignment(line, *argv.pop(0).split("=", 1))
             if argv:
                 self.argv(line, argv)
 
@@ -492,6 +541,14 @@ class PageCheck:
                     f = a.split("=")[0]
                     if f.startswith("--") and f not in flags:
                         self.add(line, "flag", f"{f} is not a flag of python -m {module}")
+        elif prog == "prefect" and argv[1:3] == ["deployment", "run"] and len(argv) > 3:
+            name, why = prefect_run_name(tuple(argv[3:]))
+            if why and any(ENV_PLACEHOLDER.search(a) for a in argv[3:]):  # `--param target=<flow-run name>`: a sketch, split by shlex
+                name, why = (argv[3] if not argv[3].startswith("-") else None), None
+            if why:
+                self.add(line, "command", f"prefect deployment run {' '.join(argv[3:])}: Prefect's CLI refuses it: {why}")
+            elif name is not None:
+                self.deployment_run(line, name)
         elif prog == "make" and len(argv) > 1 and not argv[1].startswith("-"):
             for target in argv[1:]:
                 if "=" not in target and "<" not in target and target not in self.code.make_targets:
@@ -513,6 +570,12 @@ class PageCheck:
             if not (recipe.startswith(("<", "$")) or recipe.isupper() or recipe in self.code.recipes or (ROOT / recipe).is_file()
                     or recipe.endswith((".yaml", ".yml"))):
                 self.add(line, "command", f"miles {name} {recipe}: no such recipe ({', '.join(sorted(self.code.recipes))}) or YAML file")
+        if name == "recipe" and "--" in args:  # `miles recipe import [OPTIONS] -- <reference flags>`: read by the importer
+            cut = args.index("--")
+            for f in (a.split("=")[0] for a in args[cut + 1:]):
+                if f.startswith("--") and f not in self.code.reference_flags:
+                    self.add(line, "flag", f"{f} is not a flag `miles recipe import` knows (the reference's, ours, SGLang's)")
+            args = args[:cut]
         for a in args[1:]:
             f = a.split("=")[0]
             passthrough = name in ("train", "config", "eval") and f in self.code.sglang_flags
@@ -520,10 +583,26 @@ class PageCheck:
                 self.add(line, "flag", f"{f} is not a flag of miles {name}")
         self.flag_values(line, args[1:])
 
-    def env_assignment(self, line: int, var: str) -> None:
+    def deployment_run(self, line: int, name: str) -> None:
+        """`prefect deployment run <flow>/<deployment>`: a deployment of deployments/prefect.yaml."""
+        if "<" in name or "$" in name or name in self.code.deployments:
+            return
+        near = difflib.get_close_matches(name, sorted(self.code.deployments), n=3, cutoff=0.5)
+        hint = f"nearest: {', '.join(near)}" if near else f"it has {', '.join(sorted(self.code.deployments)[:4])}, ..."
+        self.add(line, "command", f"prefect deployment run {name}: no such deployment in deployments/prefect.yaml ({hint})")
+
+    def env_assignment(self, line: int, var: str, value: str) -> None:
+        """`VAR=value`: a variable miles sets or reads (or a build argument), and a value its reader takes."""
         if var not in self.code.env and var not in EXTERNAL_ENV and var not in self.code.build_args:
-            self.add(line, "env", f"{var} is not an env var miles sets or reads (miles_core/env.py), nor a build argument "
+            self.add(line, "env", f"{var} is not an env var miles sets or reads (miles_core/env.py, flows/env.py), nor a build argument "
                                   "of docker/Dockerfile*")
+            return
+        value = value.strip("'\"")
+        if ENV_PLACEHOLDER.search(value) or var in EXTERNAL_ENV:
+            return
+        why = envvalues.problem(var, value)
+        if why:
+            self.add(line, "env", f"{var}={value}: not a value its reader takes; it says: {why}")
 
     def flag_values(self, line: int, words: list[str]) -> None:
         """`--flag value` / `--flag=value` pairs of config flags: the value must be valid for the field."""
@@ -546,13 +625,11 @@ class PageCheck:
         f = self.code.flag_field.get(flag)
         return f is not None and f.is_bool
 
-    # links (README: mkdocs checks the ones inside docs/)
+    # relative links: the file, and the anchor among the ids of the target page as mkdocs renders it
     def link(self, line: int, target: str) -> None:
-        if self.page.rel.startswith("docs/") or re.match(r"^[a-z]+:", target) or target.startswith("#"):
-            return
-        path = target.split("#")[0]
-        if path and not (ROOT / path).exists():
-            self.add(line, "link", f"link target {path} does not exist")
+        why = links.link_problem(self.page.path, target) if self.page.path is not None else None
+        if why:
+            self.add(line, "link", why)
 
     def run_block(self, b: Block) -> str:
         """Run a runnable block; -> its stdout + stderr (problems are recorded, not raised)."""
@@ -609,9 +686,9 @@ def pages(docs: Path = DOCS, readme: Path | None = ROOT / "README.md") -> list[P
     for path in sorted(docs.rglob("*.md")):
         if path.resolve() in generated:
             continue  # correct by construction; the staleness check covers them
-        out.append(parse(path.relative_to(docs.parent).as_posix(), path.read_text(encoding="utf-8")))
+        out.append(parse(path.relative_to(docs.parent).as_posix(), path.read_text(encoding="utf-8"), path))
     if readme is not None and readme.is_file():
-        out.append(parse(readme.name, readme.read_text(encoding="utf-8")))
+        out.append(parse(readme.name, readme.read_text(encoding="utf-8"), readme))
     return out
 
 

@@ -16,6 +16,7 @@ SGLANG, MULTI_TURN = "not collected from the SGLang engines yet", "not computed 
 # reference metric (template) -> why we do not log it; the compat test fails when an entry is logged after all
 # or a reference name is neither catalogued nor here
 METRICS_NOT_LOGGED: dict[str, str] = {
+    "eval/<ds>-truncated_ratio": "the same value as eval/<ds>/truncated_ratio, logged once under that name (docs/decisions.md)",
     "rollout/spec_accept_rate": f"speculative decoding: {SGLANG}",
     "rollout/spec_accept_length": f"speculative decoding: {SGLANG}",
     "rollout/prefix_cache_hit_rate": f"engine cache statistics: {SGLANG}",
@@ -45,7 +46,7 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "rollout/correct_response_lengths": "log_correct_samples is not supported yet",
     "perf/sleep_time": f"engine memory release/resume timing: {SGLANG}",
     "perf/wake_up_time": f"engine memory release/resume timing: {SGLANG}",
-    "perf/reconcile_adapters_time": "LoRA adapters: miles has no LoRA training",
+    "perf/reconcile_adapters_time": "adapter reconciliation on the engines: miles syncs merged weights (lora_sync_from_tensor is not supported yet)",
     "perf/update_weights_implementation_time": f"the weight-update protocol's inner timing: {SGLANG}",
     "perf/finalize_and_resume_engines_time": f"engine resume timing: {SGLANG}",
     "perf/update_weights_density": f"delta weight updates: {SGLANG}",

@@ -211,7 +211,8 @@ def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
-def argparse_flags(dotted: str) -> set[str] | None:
+@lru_cache(maxsize=None)
+def argparse_flags(dotted: str) -> frozenset[str] | None:
     """Flags of `python -m <dotted>` (the module, or its __main__), from its add_argument calls."""
     path = module_file(dotted)
     if path is None:
@@ -222,7 +223,7 @@ def argparse_flags(dotted: str) -> set[str] | None:
     for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
             flags |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("-")}
-    return flags
+    return frozenset(flags)
 
 
 def _top_level_names(tree: ast.Module | ast.ClassDef) -> set[str]:
@@ -447,12 +448,15 @@ def _env_reads(tree: ast.Module) -> set[str]:
     return {v for v in out if v}
 
 
+ENV_TABLES = (ROOT / "miles_core" / "env.py", ROOT / "flows" / "env.py")  # each a dict assigned to `defaults`
+
+
 @lru_cache(maxsize=1)
 def env_vars() -> dict[str, EnvVar]:
-    """Env vars miles sets by default (miles_core/env.py, configure_environment) or reads anywhere in its code."""
-    env_py = ROOT / "miles_core" / "env.py"
+    """Env vars miles sets by default (flows/env.py's configure_environment: the library's table in miles_core/env.py,
+    then Prefect's in flows/env.py) or reads anywhere in its code."""
     defaults: dict[str, str] = {}
-    for node in ast.walk(_parse(env_py)):
+    for node in (n for env_py in ENV_TABLES for n in ast.walk(_parse(env_py))):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and \
                 any(isinstance(t, ast.Name) and t.id == "defaults" for t in node.targets):
             for k, v in zip(node.value.keys, node.value.values):
@@ -503,8 +507,24 @@ def prefect_units() -> list[PrefectUnit]:
     return out
 
 
+@lru_cache(maxsize=1)
+def deployment_names() -> frozenset[str]:
+    """``<flow name>/<deployment name>`` of every deployment of deployments/prefect.yaml (what `prefect deployment run` takes)."""
+    import yaml
+
+    flows = {u.function: u.name for u in prefect_units() if u.kind == "flow"}
+    text = (ROOT / "deployments" / "prefect.yaml").read_text(encoding="utf-8")
+    data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 3,000 lines: the C loader when built
+    out = set()
+    for d in data.get("deployments") or []:
+        path, _, function = d["entrypoint"].partition(":")
+        module = ".".join(Path(path).with_suffix("").parts)
+        out.add(f"{flows.get(f'{module}.{function}', function)}/{d['name']}")
+    return frozenset(out)
+
+
 # ---- recipes --------------------------------------------------------------------------------------
 def recipes() -> list[str]:
-    from miles_core.config import list_recipes
+    from flows.recipes import list_recipes
 
     return list_recipes()

@@ -73,7 +73,8 @@ ENV_NOTES: dict[str, str] = {
     "WANDB_ARTIFACT_DIR": "W&B's artifact downloads inside the project cache.",
     "WANDB_ERROR_REPORTING": "W&B sends no error reports of its own (an offline run reaches no network).",
     "WANDB_SILENT": "No W&B banner or prompts on the console; its logs stay in `<wandb_dir>/wandb/`.",
-    "MILES_ALLOW_HUB": "`1` lets transformers download from the Hugging Face Hub (sets `HF_HUB_OFFLINE=0`).",
+    "MILES_ALLOW_HUB": "`1` lets transformers download from the Hugging Face Hub (sets `HF_HUB_OFFLINE=0`); unset, empty or `0`: offline. "
+                       "Any other value stops `miles` with exit 2 (`miles_core/env.py::allow_hub`).",
     "MILES_CACHE_DIR": "The miles cache (built tiny models, generated datasets); its parent holds the other homes. "
                        "Default `.cache/miles` in the working directory.",
     "MILES_METRICS_CHECK": "What an uncatalogued metric key does when logged: `warn` (default), `error` (set by the test suite) or `off` "
@@ -201,9 +202,10 @@ def render_env() -> str:
     missing = sorted(set(env) - set(ENV_NOTES))
     if missing:
         raise KeyError(f"env vars without a line in tools/docs/generate.py ENV_NOTES: {missing}")
-    out = [HEADER.format(source="miles_core/env.py and the env vars the code reads"), "# Environment variables\n\n",
-           "`configure_environment()` (`miles_core/env.py`) runs before Prefect, MLflow, Ray or transformers are\n",
-           "imported (the `miles` CLI and the `flows` package call it). It sets each variable below that has a\n",
+    out = [HEADER.format(source="miles_core/env.py, flows/env.py and the env vars the code reads"), "# Environment variables\n\n",
+           "`configure_environment()` (`flows/env.py`) runs before Prefect, MLflow, Ray or transformers are\n",
+           "imported (the `miles` CLI and the `flows` package call it): the library's defaults (`miles_core/env.py`,\n",
+           "also set by the engine server alone) and Prefect's (`flows/env.py`). It sets each variable below that has a\n",
            "default, unless you set it first: a value you export always wins. The rest are read by miles.\n",
            "In the defaults, `home` is the parent of the miles cache dir (`MILES_CACHE_DIR`, default `.cache/miles`).\n\n",
            "| variable | miles default | read by | meaning |\n|---|---|---|---|\n"]
@@ -239,10 +241,10 @@ def _sglang_form(a) -> str:
 
 
 def render_sglang() -> str:
-    from miles_core.rollout.sglang.server_args import OWNED, snapshot
+    from miles_core.config.server_args import OWNED, snapshot
 
     snap = snapshot()
-    out = [HEADER.format(source="miles_core/rollout/sglang/server_args.json (`make sglang-snapshot`)"),
+    out = [HEADER.format(source="miles_core/config/server_args.json (`make sglang-snapshot`)"),
            f"# SGLang server arguments (sglang {snap.version})\n\n",
            "Every argument of `python -m sglang.launch_server` in the pinned SGLang, read from its wheel's source\n",
            "(`python -m tools.sglang_snapshot`; sglang is never imported). With `rollout_engine: sglang`, set one as a recipe key\n",
@@ -266,7 +268,28 @@ def render_sglang() -> str:
     return "".join(out)
 
 
+def _docker_build():
+    """docker/build.py (a standalone script, standard library only), loaded by path."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("docker_build", DOCS.parent / "docker" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def render_docker() -> str:
+    build = _docker_build()
+    return (HEADER.format(source="docker/build.py VARIANTS (`python docker/build.py --print-matrix`)")
+            + "# Docker images: version matrix\n\n"
+            + "One row per variant of `docker/build.py` ([Docker images](../docker.md)); every base image is one SGLang "
+              "publishes (`docker/published_tags.txt`).\n\n" + build.matrix_markdown())
+
+
 PAGES: dict[str, Callable[[], str]] = {
+    "reference/docker.md": render_docker,
     "reference/config.md": render_config,
     "reference/cli.md": render_cli,
     "reference/metrics.md": render_metrics,

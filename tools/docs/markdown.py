@@ -1,15 +1,24 @@
 """Just enough Markdown parsing for the docs check: fenced blocks (with their run marker), inline
-code spans, indented command lines, links. Line numbers are 1-based."""
+code spans, indented command lines, links, headings (their anchors). Line numbers are 1-based.
+
+Indentation follows Python-Markdown (what mkdocs renders with): four spaces after a blank line start an
+indented code block, except inside a list item or an admonition (``!!! note``), where four spaces continue
+the item's text (its paragraphs, its tables) and a code block needs eight."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
 MARKER = re.compile(r"^\s*<!--\s*runnable(?::\s*(?P<kind>[a-z]+))?\s*-->\s*$")
 SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 LINK = re.compile(r"\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*(?P<target><[^>]*>|[^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+LINK_DEF = re.compile(r"^ {0,3}\[(?!\^)[^\]]+\]:\s*(?P<target><[^>]*>|\S+)")  # a reference link's definition: `[ref]: page.md#id`
+HREF = re.compile(r"""<a\s[^>]*\bhref=["'](?P<target>[^"']+)["']""")  # a raw HTML link
+CONTAINER = re.compile(r"^ {0,3}(?:[-*+]|\d+[.)])\s+\S|^ {0,3}(?:!!!|\?\?\?\+?)\s*\w")  # a list item, an admonition
+HEADING = re.compile(r"^ {0,3}(?P<hashes>#{1,6})\s+(?P<title>.*?)(?:\s+#+)?\s*$")
 SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
 RUN_KINDS = {None: "fast", "slow": "slow", "gpu": "gpu"}
 
@@ -38,13 +47,15 @@ class Page:
     prose: list[tuple[int, str]] = field(default_factory=list)  # (line, text outside fenced blocks, spans included)
     indented: list[tuple[int, str]] = field(default_factory=list)  # (line, indented code line, stripped)
     links: list[tuple[int, str]] = field(default_factory=list)
+    headings: list[tuple[int, str]] = field(default_factory=list)  # (line, heading text as written)
+    path: Path | None = None  # the file on disk (relative links resolve from it)
 
 
-def parse(rel: str, text: str) -> Page:
-    page = Page(rel, text)
+def parse(rel: str, text: str, path: Path | None = None) -> Page:
+    page = Page(rel, text, path=path)
     lines = text.splitlines()
     i = 0
-    prev_blank, in_indent = True, False
+    prev_blank, in_indent, in_container = True, False, False
     marker: str | None = None
     while i < len(lines):
         line = lines[i]
@@ -69,15 +80,29 @@ def parse(rel: str, text: str) -> Page:
             continue
         if line.strip():
             marker = None
-        if line.startswith("    ") and line.strip() and (prev_blank or in_indent):
+        depth = 8 if in_container else 4
+        if line.startswith(" " * depth) and line.strip() and (prev_blank or in_indent):
             in_indent = True
             page.indented.append((i + 1, line.strip()))
         else:
             if line.strip():
                 in_indent = False
-            page.prose.append((i + 1, line))
-            page.spans += [(i + 1, s.group(2).strip()) for s in SPAN.finditer(line)]
-            page.links += [(i + 1, lk.group("target").strip("<>")) for lk in LINK.finditer(SPAN.sub("", line))]
+                if CONTAINER.match(line):
+                    in_container = True
+                elif prev_blank and not line.startswith("    "):
+                    in_container = False  # a paragraph at the margin after a blank line ends the list
+            _prose(page, i + 1, line)
         prev_blank = not line.strip()
         i += 1
     return page
+
+
+def _prose(page: Page, number: int, line: str) -> None:
+    page.prose.append((number, line))
+    page.spans += [(number, s.group(2).strip()) for s in SPAN.finditer(line)]
+    bare = SPAN.sub("", line)
+    page.links += [(number, lk.group("target").strip("<>")) for lk in LINK.finditer(bare)]
+    page.links += [(number, lk.group("target").strip("<>")) for lk in (*filter(None, [LINK_DEF.match(bare)]), *HREF.finditer(bare))]
+    h = HEADING.match(line)
+    if h:
+        page.headings.append((number, h.group("title")))

@@ -7,7 +7,7 @@
     fleet.py    HTTPFleet: the router as an EngineFleet (weight sync modes, colocate, restarts)
     external.py external_fleet: an HTTPFleet over engines already running (rollout_external_engine_addrs)
     health.py   HealthMonitor: polls the engines, restarts dead ones (use_fault_tolerance)
-    engine.py   load_engine (an HFEngine on an HF dir for the server); HF weight files
+    engine.py   HF weight files (the disk reload); HFEngine re-exported
     wire.py     the JSON / safetensors formats shared by client and server
 
 Names load lazily, so ``python -m miles_core.rollout.http.server`` runs the module once.
@@ -20,7 +20,7 @@ import importlib
 _EXPORTS = {
     "EngineError": "client", "EngineHTTPError": "client", "EngineUnreachable": "client", "HTTPEngineClient": "client",
     "EngineRouter": "router", "NoHealthyEngine": "router", "EngineServer": "server", "ServerOptions": "server", "SERVER_NAME": "wire",
-    "HFEngine": "engine", "load_engine": "engine", "request_seed": "engine",
+    "HFEngine": "engine", "request_seed": "engine",
     "ServerHandle": "launch", "ServerProcess": "launch", "launch_server_process": "launch", "serve_in_thread": "launch",
     "spawn_server_process": "launch", "HTTPFleet": "fleet", "HealthMonitor": "health",
     "ExternalEngineError": "external", "external_fleet": "external",

@@ -1,10 +1,13 @@
 """HTTPEngineClient: the RolloutEngine protocol over the SGLang HTTP API.
 
-The same code talks to a real SGLang server and to ours (server.py). It uses only SGLang's
-fields for generate, health, abort, pause/continue, flush, weights-from-disk, versions and
-memory; ``update_weights_from_tensor`` posts safetensors buckets, which only our server takes
-(SGLang's variant carries in-process IPC handles): against SGLang it fails with a message that
-says to use ``update_weights_from_disk``.
+The same code talks to a real SGLang server and to ours (server.py). It uses only SGLang 0.5.23's
+routes and request fields (held to the snapshot of the wheel, miles_core/rollout/sglang/protocol.json,
+by tests/rollout/sglang/test_protocol.py): generate, health, abort, pause/continue, flush, weights
+from disk / distributed, weight-update sessions (``begin_weight_update`` / ``end_weight_update``),
+``/update_weight_version``, the weight version from ``GET /model_info``, the TP size from
+``GET /server_info``, memory. ``update_weights_from_tensor`` posts safetensors buckets, which only our
+server takes (SGLang's body carries in-process IPC handles): against SGLang it fails with a message
+that says to use ``update_weights_from_disk``.
 
 Seeds: ``generate(requests, seed)`` gives request i ``sampling_params.sampling_seed =
 request_seed(seed, i)``, so a result depends on its own seed only, never on the batch it is in
@@ -27,11 +30,11 @@ from typing import Any, Iterable
 import httpx
 import torch
 
+from miles_core.rollout.hf_engine import SeededGenerate
 from miles_core.rollout.protocol import GenerateRequest, GenerateResult
 from miles_core.weights.sync import iter_buckets
 
 from . import wire
-from miles_core.rollout.hf_engine import request_seed
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20  # update_weight_buffer_size's default
 
@@ -52,7 +55,7 @@ class EngineHTTPError(EngineError):
     """The engine answered with an error status."""
 
 
-class HTTPEngineClient:
+class HTTPEngineClient(SeededGenerate):
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
                  health_timeout_s: float = 5.0, max_retries: int = 3, backoff_s: float = 0.2,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, api_key: str | None = None):
@@ -64,7 +67,7 @@ class HTTPEngineClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None  # SGLang's api_key (and ours)
         self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), headers=headers)
         self._version: int | None = None  # last version set or read: used when a response carries none
-        self._is_miles: bool | None = None
+        self._tp_size: int | None = None  # from GET /server_info, read once
 
     def __repr__(self) -> str:
         return f"HTTPEngineClient({self.base_url!r})"
@@ -99,9 +102,6 @@ class HTTPEngineClient:
         self.close()
 
     # ---- generation -------------------------------------------------------------------------------
-    def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]:
-        return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
-
     def generate_seeded(self, requests: list[GenerateRequest], seeds: list[int]) -> list[GenerateResult]:
         """One batched POST /generate; request i samples with seeds[i]."""
         if len(seeds) != len(requests):
@@ -129,8 +129,9 @@ class HTTPEngineClient:
             return False
         return True
 
-    def pause_generation(self) -> None:
-        self.request("POST", "/pause_generation", json={})
+    def pause_generation(self, mode: str = "abort") -> None:
+        """SGLang's modes: abort (its default: requests in flight end with finish reason abort), retract, in_place."""
+        self.request("POST", "/pause_generation", json={"mode": mode})
 
     def continue_generation(self) -> None:
         self.request("POST", "/continue_generation", json={})
@@ -145,13 +146,17 @@ class HTTPEngineClient:
         self.request("POST", "/resume_memory_occupation", json={"tags": tags} if tags else {})
 
     def server_info(self) -> dict[str, Any]:
-        """GET /get_server_info (both servers have it; the fields differ)."""
-        return self.request("GET", "/get_server_info").json()
+        """GET /server_info (both servers have it: SGLang's resolved server args, ours its own fields)."""
+        return self.request("GET", "/server_info").json()
 
     def is_miles_server(self) -> bool:
-        if self._is_miles is None:
-            self._is_miles = self.server_info().get("server") == wire.SERVER_NAME
-        return self._is_miles
+        return self.server_info().get("server") == wire.SERVER_NAME
+
+    def tp_size(self) -> int:
+        """The engine's tensor-parallel size: its ranks in a weight broadcast group are rank_offset + tp_rank."""
+        if self._tp_size is None:
+            self._tp_size = int(self.server_info().get("tp_size") or 1)
+        return self._tp_size
 
     # ---- weights --------------------------------------------------------------------------------
     def set_weight_version(self, version: int) -> None:
@@ -159,8 +164,16 @@ class HTTPEngineClient:
         self._version = version
 
     def get_weight_version(self) -> int:
-        self._version = wire.parse_version(self.request("GET", "/get_weight_version").json().get("weight_version"))
+        """The version the engine serves: ``weight_version`` of GET /model_info (SGLang has no /get_weight_version)."""
+        self._version = wire.parse_version(self.request("GET", "/model_info").json().get("weight_version"))
         return self._version
+
+    def begin_weight_update(self) -> None:
+        """Open SGLang's weight-update session: tensor and distributed updates are refused outside one."""
+        self.request("POST", "/begin_weight_update", retries=0, json={})
+
+    def end_weight_update(self) -> None:
+        self.request("POST", "/end_weight_update", retries=0, json={})
 
     def update_weights_from_disk(self, model_path: str, weight_version: int | None = None) -> None:
         """SGLang's /update_weights_from_disk: the server loads the HF dir (a path it can read)."""
@@ -173,10 +186,14 @@ class HTTPEngineClient:
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str, backend: str = "gloo") -> None:
-        """SGLang's /init_weights_update_group: the server joins the sender's group (returns once all joined)."""
+        """SGLang's /init_weights_update_group: the engine's TP ranks join the sender's group as ranks
+        ``rank_offset + tp_rank`` (returns once all joined)."""
         self.request("POST", "/init_weights_update_group", retries=0, json={
             "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
             "world_size": world_size, "group_name": group_name, "backend": backend})
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        self.request("POST", "/destroy_weights_update_group", retries=0, json={"group_name": group_name})
 
     def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
                                         weight_version: int | None = None) -> None:

@@ -1,9 +1,9 @@
-"""Loading an engine for the HTTP server, and reading HF weight files.
+"""Reading HF weight files (the server's disk reload), and the engine names the server modules use.
 
 The engine itself is ``miles_core.rollout.hf_engine.HFEngine`` (per-request seeds, the "exact" /
 "dynamic" batching policy, abort polling and the progress heartbeat all live there); the server
-builds one with ``load_engine``. ``request_seed``, ``BATCHING`` and ``HFEngine`` are re-exported here
-for the server modules.
+builds one with ``HFEngine.from_pretrained``. ``request_seed``, ``BATCHING`` and ``HFEngine`` are
+re-exported here for the server modules.
 """
 
 from __future__ import annotations
@@ -15,21 +15,7 @@ import torch
 
 from miles_core.rollout.hf_engine import BATCHING, Batching, HFEngine, request_seed
 
-__all__ = ["BATCHING", "Batching", "HFEngine", "hf_weight_files", "iter_hf_weights", "load_engine", "request_seed"]
-
-
-# ---- loading ----------------------------------------------------------------------------------
-def load_engine(model_path: str | Path, batching: Batching = "exact", max_batch_size: int = 256, dtype: str = "float32",
-                device: str = "cpu") -> HFEngine:
-    """An engine on an HF directory (config + safetensors + tokenizer), on ``device`` (cpu | cuda | auto:
-    miles_core/device.py)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from miles_core.device import resolve_device
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(resolve_device(device))
-    return HFEngine(model, tokenizer, max_batch_size=max_batch_size, batching=batching)
+__all__ = ["BATCHING", "Batching", "HFEngine", "hf_weight_files", "iter_hf_weights", "request_seed"]
 
 
 def hf_weight_files(path: str | Path) -> list[Path]:
@@ -42,11 +28,18 @@ def hf_weight_files(path: str | Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        outside = [s for s in shards if not (path / s).resolve().is_relative_to(path.resolve())]
+        if outside:
+            raise ShardOutsideModelDir(f"{index}: weight_map names shards outside the model dir {path}: {outside}")
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
             raise FileNotFoundError(f"{path}: index names missing shards {missing}")
         return [path / s for s in shards]
     raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+class ShardOutsideModelDir(ValueError):
+    """An index whose weight_map points outside its own directory (``../../etc/passwd``): never opened."""
 
 
 def iter_hf_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,14 +12,20 @@ generate(requests, seed):
      HTTP 4xx (a bad request) is raised at once, never retried.
 
 Health: an engine is unhealthy after ``max_failures`` consecutive failures or a failed health
-check. Unhealthy engines are probed again (GET /health_generate, then /get_weight_version) at most
+check. Unhealthy engines are probed again (GET /health_generate, then GET /model_info) at most
 every ``recheck_s`` seconds, at the start of a call. An engine serves generate only if healthy and,
 once a version has been set through the router, at the router's weight version: an engine that
 missed a weight sync stays out of generate until the next full sync reaches it.
 
-Weight and control calls (pause, continue, flush, buckets, versions, disk, memory) go to every
-healthy engine in parallel; an engine that fails one is marked unhealthy; the call raises only if
-no engine succeeded.
+Weight and control calls (pause, continue, flush, sessions, buckets, versions, disk, memory) go to
+every healthy engine in parallel; an engine that fails one is marked unhealthy; the call raises only
+if no engine succeeded. Given ``slots`` (a weight sync's fixed engine set, ``weight_targets()``), a
+call goes to exactly those engines, healthy or not, and raises if any of them failed (a sync needs
+every member; WeightSync then resumes all of them).
+
+Broadcast groups (SGLang's rule, model_runner_components/weight_updater.py: rank = rank_offset +
+tp_rank): the sender is rank 0; engine j's offset is 1 + the TP sizes of the engines before it, the
+world 1 + the sum of all TP sizes (``group_ranks``).
 """
 
 from __future__ import annotations
@@ -34,12 +40,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from miles_core.rollout.hf_engine import SeededGenerate
 from miles_core.rollout.protocol import GenerateRequest, GenerateResult
 from miles_core.weights.sync import iter_buckets
 
 from . import wire
 from .client import EngineError, EngineHTTPError, HTTPEngineClient
-from miles_core.rollout.hf_engine import request_seed
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ def is_retryable(e: EngineError) -> bool:
     return not isinstance(e, EngineHTTPError) or (e.status or 500) >= 500
 
 
-class EngineRouter:
+class EngineRouter(SeededGenerate):
     def __init__(self, clients: list[HTTPEngineClient], *, chunk_size: int | None = None, max_attempts: int = 3,
                  max_failures: int = 1, recheck_s: float = 5.0, bucket_bytes: int | None = None):
         if not clients:
@@ -100,9 +106,6 @@ class EngineRouter:
         self.close()
 
     # ---- generation -------------------------------------------------------------------------------
-    def generate(self, requests: list[GenerateRequest], seed: int) -> list[GenerateResult]:
-        return self.generate_seeded(requests, [request_seed(seed, i) for i in range(len(requests))])
-
     def generate_seeded(self, requests: list[GenerateRequest], seeds: list[int]) -> list[GenerateResult]:
         if len(seeds) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(seeds)} seeds")
@@ -219,10 +222,9 @@ class EngineRouter:
                  "served": s.served, "version": s.version, "last_error": s.last_error} for s in self.slots]
 
     # ---- broadcast: control and weights ----------------------------------------------------------------
-    def _broadcast(self, what: str, fn: Callable[[HTTPEngineClient], Any], slots: list[EngineSlot] | None = None,
-                   strict: bool = False) -> list[EngineSlot]:
-        """fn(client) on every healthy engine (or on ``slots``) in parallel. -> the slots where it succeeded.
-        strict: raise if any failed (a collective needs every member)."""
+    def _broadcast(self, what: str, fn: Callable[[HTTPEngineClient], Any], slots: list[EngineSlot] | None = None) -> list[EngineSlot]:
+        """fn(client) in parallel on every healthy engine, or on exactly ``slots``. -> the slots where it succeeded.
+        Raises if none succeeded, or (given ``slots``: a collective needs every member) if any failed."""
         if slots is None:
             self.recheck()
         targets = [s for s in self.slots if s.healthy] if slots is None else slots
@@ -237,18 +239,18 @@ class EngineRouter:
                 errors.append(str(e))
                 with self._lock:  # an engine that missed a broadcast is out of step: out at once
                     self._mark_failure(slot, str(e), fatal=True)
-        if not ok or (strict and errors):
+        if not ok or (slots is not None and errors):
             raise NoHealthyEngine(f"{what} failed on {len(errors)} of {len(targets)} engine(s): {errors or self.why_none()}")
         return ok
 
-    def pause_generation(self) -> None:
-        self._broadcast("pause_generation", lambda c: c.pause_generation())
+    def pause_generation(self, slots: list[EngineSlot] | None = None) -> None:
+        self._broadcast("pause_generation", lambda c: c.pause_generation(), slots)
 
-    def continue_generation(self) -> None:
-        self._broadcast("continue_generation", lambda c: c.continue_generation())
+    def continue_generation(self, slots: list[EngineSlot] | None = None) -> None:
+        self._broadcast("continue_generation", lambda c: c.continue_generation(), slots)
 
-    def flush_cache(self) -> None:
-        self._broadcast("flush_cache", lambda c: c.flush_cache())
+    def flush_cache(self, slots: list[EngineSlot] | None = None) -> None:
+        self._broadcast("flush_cache", lambda c: c.flush_cache(), slots)
 
     def abort(self) -> None:
         self._broadcast("abort", lambda c: c.abort())
@@ -259,31 +261,46 @@ class EngineRouter:
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         self._broadcast("resume_memory_occupation", lambda c: c.resume_memory_occupation(tags))
 
-    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Each bucket is encoded once and posted to every healthy engine. -> number of buckets."""
+    def begin_weight_update(self, slots: list[EngineSlot] | None = None) -> None:
+        """Open SGLang's weight-update session (tensor and distributed updates only inside one)."""
+        self._broadcast("begin_weight_update", lambda c: c.begin_weight_update(), slots)
+
+    def end_weight_update(self, slots: list[EngineSlot] | None = None) -> None:
+        self._broadcast("end_weight_update", lambda c: c.end_weight_update(), slots)
+
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                   slots: list[EngineSlot] | None = None) -> int:
+        """Each bucket is encoded once and posted to every healthy engine (or to ``slots``). -> number of buckets."""
         n = 0
         for bucket in iter_buckets(named_tensors, self.bucket_bytes):
             payload = wire.encode_bucket(bucket)
-            self._broadcast("update_weights_from_tensor", lambda c: c.post_weight_bucket(payload))
+            self._broadcast("update_weights_from_tensor", lambda c: c.post_weight_bucket(payload), slots)
             n += 1
         return n
 
     def weight_targets(self) -> list[EngineSlot]:
-        """The engines a broadcast sync goes to (healthy now); engine j gets rank 1 + j in the group."""
+        """The engines a sync goes to: the healthy ones now."""
         self.recheck()
         return [s for s in self.slots if s.healthy]
 
-    def init_weights_update_group(self, slots: list[EngineSlot], host: str, port: int, group_name: str, backend: str) -> None:
-        """POST /init_weights_update_group on ``slots`` (ranks 1..len(slots); the sender is rank 0)."""
-        rank = {id(s.client): 1 + j for j, s in enumerate(slots)}
-        world = len(slots) + 1
-        self._broadcast("init_weights_update_group", lambda c: c.init_weights_update_group(host, port, rank[id(c)], world, group_name, backend),
-                        slots=slots, strict=True)
+    def group_ranks(self, slots: list[EngineSlot]) -> tuple[list[int], int]:
+        """(rank_offset of each slot, world size) of a broadcast group over ``slots`` (sender = rank 0)."""
+        sizes = list(self._pool.map(lambda s: s.client.tp_size(), slots))
+        offsets = [1 + sum(sizes[:j]) for j in range(len(slots))]
+        return offsets, 1 + sum(sizes)
+
+    def init_weights_update_group(self, slots: list[EngineSlot], host: str, port: int, group_name: str, backend: str,
+                                  ranks: tuple[list[int], int]) -> None:
+        """POST /init_weights_update_group on ``slots`` with ``ranks`` = group_ranks(slots)."""
+        offsets, world = ranks
+        offset = {id(s.client): o for s, o in zip(slots, offsets)}
+        self._broadcast("init_weights_update_group",
+                        lambda c: c.init_weights_update_group(host, port, offset[id(c)], world, group_name, backend), slots)
 
     def update_weights_from_distributed(self, slots: list[EngineSlot], names: list[str], dtypes: list[str],
                                         shapes: list[list[int]], group_name: str) -> None:
         self._broadcast("update_weights_from_distributed",
-                        lambda c: c.update_weights_from_distributed(names, dtypes, shapes, group_name), slots=slots, strict=True)
+                        lambda c: c.update_weights_from_distributed(names, dtypes, shapes, group_name), slots)
 
     def replace_engine(self, index: int, client: HTTPEngineClient, version: int | None) -> None:
         """Engine ``index`` is now ``client`` (a restarted server) holding weights ``version``. Requests in
@@ -293,13 +310,14 @@ class EngineRouter:
             self.slots[index] = EngineSlot(client, version=version, checked_at=time.monotonic())
         old.client.close()
 
-    def update_weights_from_disk(self, model_path: str, weight_version: int | None = None) -> None:
-        done = self._broadcast("update_weights_from_disk", lambda c: c.update_weights_from_disk(model_path, weight_version))
+    def update_weights_from_disk(self, model_path: str, weight_version: int | None = None,
+                                 slots: list[EngineSlot] | None = None) -> None:
+        done = self._broadcast("update_weights_from_disk", lambda c: c.update_weights_from_disk(model_path, weight_version), slots)
         if weight_version is not None:
             self._record_version(done, weight_version)
 
-    def set_weight_version(self, version: int) -> None:
-        self._record_version(self._broadcast("set_weight_version", lambda c: c.set_weight_version(version)), version)
+    def set_weight_version(self, version: int, slots: list[EngineSlot] | None = None) -> None:
+        self._record_version(self._broadcast("set_weight_version", lambda c: c.set_weight_version(version), slots), version)
 
     def _record_version(self, slots: list[EngineSlot], version: int) -> None:
         with self._lock:

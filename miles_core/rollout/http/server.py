@@ -3,19 +3,24 @@
     python -m miles_core.rollout.http.server --model-path DIR --port 0 --port-file PORT.json [--device cuda]
 
 prints ``miles-http-server listening on http://HOST:PORT`` once it accepts requests and writes
-``{"port", "url", "pid"}`` to --port-file (atomically). Endpoints (docs/engines.md has the
-shapes; "ours" = not in SGLang):
+``{"port", "url", "pid"}`` to --port-file (atomically). It is the CPU stand-in for SGLang 0.5.23: the
+same routes and methods (a subset of SGLang's, held to miles_core/rollout/sglang/protocol.json by
+tests/rollout/sglang/test_protocol.py), request fields, weight-update session rule, pause modes,
+``/model_info`` weight version and process-group set-up (docs/engines.md has the shapes):
 
-    POST /generate                      GET  /health_generate, /health
+    POST|PUT /generate                  GET  /health_generate, /health
     POST /abort_request                 GET|POST /flush_cache
-    POST /pause_generation              POST /continue_generation
-    POST /update_weights_from_disk      POST /update_weights_from_tensor   (ours: safetensors body)
-    POST /update_weight_version         GET  /get_weight_version
-    POST /init_weights_update_group     POST /update_weights_from_distributed  (gloo / nccl group)
-    POST /get_weights_by_name           (ours: the whole tensor)
-    POST /release_memory_occupation     POST /resume_memory_occupation
-    GET  /get_model_info                GET  /get_server_info              (ours: fields and stats)
-    POST /debug/fail                    (ours; only with --enable-fault-injection)
+    POST /pause_generation {mode}       POST /continue_generation
+    POST /begin_weight_update           POST /end_weight_update   (the session tensor / distributed updates need)
+    POST /update_weights_from_disk      POST /update_weights_from_tensor   (ours: a safetensors body)
+    POST /init_weights_update_group     POST /update_weights_from_distributed, /destroy_weights_update_group
+    POST /update_weight_version         GET|POST /get_weights_by_name      (ours: the whole tensor)
+    GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
+    GET  /model_info (+ /get_model_info) GET  /server_info (+ /get_server_info)  (fields: a subset; tp_size)
+    POST /debug/fail                    (ours: rollout/sglang/protocol.py OUR_ROUTES; only with --enable-fault-injection)
+
+--tp-size N: the engine takes N ranks (rank_offset + tp_rank) in a weight broadcast group, as SGLang's TP
+workers do (one model here: every rank receives each tensor, rank 0's copy is loaded).
 
 API key (SGLang's ``api_key`` semantics): with --api-key (or MILES_ENGINE_API_KEY in the server's
 environment, which keeps it out of the process list) every request needs ``Authorization: Bearer
@@ -51,18 +56,20 @@ from aiohttp import web
 
 from miles_core.config.rollout import API_KEY_ENV, engine_api_key  # the server's key, from its environment (launch.py sets it)
 from miles_core.device import DEVICES
+from miles_core.rollout.hf_engine import WeightSessionError, outside_session
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 
 from . import wire
 from .batcher import Batcher
-from .engine import BATCHING, HFEngine, iter_hf_weights, request_seed
+from .engine import BATCHING, HFEngine, ShardOutsideModelDir, iter_hf_weights, request_seed
 
 log = logging.getLogger(__name__)
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 FAULT_MODES = ("crash", "hang", "error", "none")
-FAULT_TRIGGERS = ("now", "generate")
+FAULT_TRIGGERS = ("now", "generate", "weights")  # weights: every weight update (disk, tensor, distributed) fails
 FAULT_ENV = "MILES_ENGINE_FAULT_INJECTION"  # set (to anything) in a server's environment: --enable-fault-injection
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # no key needed, as in SGLang (probes)
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput.mode; "abort" is its default
 
 
 @dataclass(frozen=True)
@@ -74,12 +81,13 @@ class ServerOptions:
     exit_on_crash: bool = False  # fault "crash": exit the process (True) or drop every connection (a thread server)
     max_body_bytes: int = 2**31 - 1  # the largest request body (a weight bucket)
     api_key: str | None = None  # every request but OPEN_PATHS needs "Authorization: Bearer <api_key>"
+    tp_size: int = 1  # ranks this engine takes in a weight broadcast group (rank_offset + tp_rank)
 
 
 @dataclass(frozen=True)
 class Fault:
     mode: str  # crash | hang | error
-    on: str  # now: every endpoint but /debug/fail; generate: when a /generate request arrives
+    on: str  # now: every endpoint but /debug/fail; generate: when a /generate request arrives; weights: weight updates
     after: int = 0  # on generate: let this many /generate calls through first
 
 
@@ -100,7 +108,9 @@ class EngineServer:
         self.crashed = False
         self.stats = {"requests_total": 0, "generate_calls": 0, "weight_buckets": 0, "weight_tensors": 0}
         self.events: list[str] = []  # control calls in order (release, resume, weights, version): /get_server_info
-        self.weight_group = None  # (name, process group) after /init_weights_update_group
+        self.weight_groups: dict[str, tuple[str, list]] = {}  # group name -> (backend, one group per TP rank)
+        self.group_ranks: dict[str, list[int]] = {}  # group name -> this engine's ranks in it (rank_offset + tp_rank)
+        self.received: dict[int, int] = {}  # group rank -> tensors it received by broadcast (every TP rank: all of them)
         self._dropped: dict[str, tuple] = {}  # released CPU parameters: name -> (shape, dtype)
         self._stale: set[int] = set()  # ids of parameters allocated by a resume and not written since
         self.batcher: Batcher | None = None
@@ -111,29 +121,34 @@ class EngineServer:
     # ---- lifecycle --------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[self._middleware])
-        r = app.router
-        r.add_route("POST", "/generate", self.generate)
-        r.add_route("PUT", "/generate", self.generate)
-        r.add_get("/health_generate", self.health_generate)
-        r.add_get("/health", self.health_generate)
-        r.add_post("/abort_request", self.abort_request)
-        r.add_route("*", "/flush_cache", self.flush_cache)
-        r.add_post("/pause_generation", self.pause_generation)
-        r.add_post("/continue_generation", self.continue_generation)
-        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
-        r.add_post("/update_weights_from_tensor", self.update_weights_from_tensor)
-        r.add_post("/update_weight_version", self.update_weight_version)
-        r.add_post("/init_weights_update_group", self.init_weights_update_group)
-        r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
-        r.add_route("*", "/get_weights_by_name", self.get_weights_by_name)
-        r.add_get("/get_weight_version", self.get_weight_version)
-        r.add_route("*", "/release_memory_occupation", self.release_memory_occupation)
-        r.add_route("*", "/resume_memory_occupation", self.resume_memory_occupation)
-        r.add_get("/get_model_info", self.get_model_info)
-        r.add_get("/get_server_info", self.get_server_info)
+        for methods, path, handler in self.routes():
+            for method in methods:
+                app.router.add_route(method, path, handler)
         if self.options.enable_fault_injection:
-            r.add_post("/debug/fail", self.debug_fail)
+            app.router.add_post("/debug/fail", self.debug_fail)
         return app
+
+    def routes(self) -> list[tuple[tuple[str, ...], str, object]]:
+        """(methods, path, handler) of every SGLang route served (methods as SGLang's http_server.py declares them)."""
+        get, post, both = ("GET",), ("POST",), ("GET", "POST")
+        return [
+            (("POST", "PUT"), "/generate", self.generate), (get, "/health_generate", self.health_generate),
+            (get, "/health", self.health_generate), (post, "/abort_request", self.abort_request),
+            (both, "/flush_cache", self.flush_cache), (post, "/pause_generation", self.pause_generation),
+            (post, "/continue_generation", self.continue_generation),
+            (post, "/begin_weight_update", self.begin_weight_update), (post, "/end_weight_update", self.end_weight_update),
+            (post, "/update_weights_from_disk", self.update_weights_from_disk),
+            (post, "/update_weights_from_tensor", self.update_weights_from_tensor),
+            (post, "/update_weight_version", self.update_weight_version),
+            (post, "/init_weights_update_group", self.init_weights_update_group),
+            (post, "/destroy_weights_update_group", self.destroy_weights_update_group),
+            (post, "/update_weights_from_distributed", self.update_weights_from_distributed),
+            (both, "/get_weights_by_name", self.get_weights_by_name),
+            (both, "/release_memory_occupation", self.release_memory_occupation),
+            (both, "/resume_memory_occupation", self.resume_memory_occupation),
+            (get, "/model_info", self.model_info), (get, "/get_model_info", self.model_info),
+            (get, "/server_info", self.server_info), (get, "/get_server_info", self.server_info),
+        ]
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Bind and serve; -> the bound port."""
@@ -143,6 +158,9 @@ class EngineServer:
         self.runner = web.AppRunner(self.app(), shutdown_timeout=1.0, access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, host, port).start()
+        if not self.options.api_key:
+            log.warning("engine server on %s:%s has no API key: any local process can update its weights or pause it; "
+                        "pass --api-key (or set %s) to require one", host, self.runner.addresses[0][1], API_KEY_ENV)
         return self.runner.addresses[0][1]
 
     async def stop(self) -> None:
@@ -194,7 +212,7 @@ class EngineServer:
             return _error(500, "injected fault (error)")
         try:
             return await handler(request)
-        except wire.WireError as e:
+        except (wire.WireError, WeightSessionError) as e:
             return _error(400, str(e))
         except web.HTTPException:
             raise
@@ -242,6 +260,11 @@ class EngineServer:
         """200 when the engine generates: a decode step within the timeout (busy), or a 1-token probe (idle)."""
         if self.released or self._stale:
             return _error(503, self._not_ready())
+        if not self.batcher.resumed.is_set():  # SGLang's probe is a generate request: it waits while paused
+            try:
+                await asyncio.wait_for(self.batcher.resumed.wait(), self.options.health_timeout_s)
+            except asyncio.TimeoutError:
+                return _error(503, f"generation paused for more than {self.options.health_timeout_s}s (no /continue_generation)")
         if self.batcher.running:
             before, deadline = self.engine.progress, time.monotonic() + self.options.health_timeout_s
             while self.engine.progress == before and self.batcher.running and time.monotonic() < deadline:
@@ -269,11 +292,15 @@ class EngineServer:
         return web.Response(text="Cache flushed.\n")  # no prefix cache is kept between requests
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        """Default (and mode in_place/retract): the batch in flight finishes, queued requests wait.
-        mode "abort": queued and in-flight requests are aborted too."""
+        """mode "abort" (SGLang's default): queued and in-flight requests end with finish reason abort.
+        "retract" / "in_place": the batch in flight finishes, queued requests wait (what SGLang's retract
+        recomputes after /continue_generation, this engine's seeded requests produce the same way)."""
         body = await _json(request, default={})
+        mode = body.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            raise wire.WireError(f"pause_generation mode {mode!r}: expected one of {PAUSE_MODES}")
         self.batcher.resumed.clear()
-        if body.get("mode") == "abort":
+        if mode == "abort":
             self.batcher.abort()
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
@@ -282,6 +309,21 @@ class EngineServer:
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     # ---- weights --------------------------------------------------------------------------------
+    async def begin_weight_update(self, request: web.Request) -> web.Response:
+        self.engine.begin_weight_update()
+        self.events.append("begin_weight_update")
+        return web.json_response({"success": True, "message": "Success"})
+
+    async def end_weight_update(self, request: web.Request) -> web.Response:
+        self.engine.end_weight_update()
+        self.events.append("end_weight_update")
+        return web.json_response({"success": True, "message": "Success"})
+
+    def _require_session(self, route: str) -> None:
+        """SGLang refuses a tensor / distributed update outside a session before it reads or receives anything."""
+        if not self.engine.in_weight_session:
+            raise WeightSessionError(outside_session(route))
+
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await _json(request)
         if not body.get("model_path"):
@@ -290,8 +332,8 @@ class EngineServer:
             self.batcher.abort()
         try:
             named = await self.batcher.run(lambda: dict(iter_hf_weights(body["model_path"])))
-            await self._apply(named)
-        except FileNotFoundError as e:
+            await self._apply(named, self.engine.load_weights)
+        except (FileNotFoundError, ShardOutsideModelDir) as e:  # 400 naming the path
             raise wire.WireError(str(e)) from e
         if body.get("weight_version") is not None:
             await self.batcher.run(self.engine.set_weight_version, wire.parse_version(body["weight_version"]))
@@ -299,37 +341,40 @@ class EngineServer:
         return web.json_response({"success": True, "message": msg, "num_paused_requests": 0})
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        self._require_session("update_weights_from_tensor")
         if request.content_type != wire.BUCKET_CONTENT_TYPE:
             raise wire.WireError(
                 "this server takes a weight bucket as a safetensors body (Content-Type application/octet-stream); "
                 "SGLang's serialized_named_tensors (in-process IPC handles) cannot cross HTTP"
             )
         named = wire.decode_bucket(await request.read())
-        await self._apply(named)
+        await self._apply(named, self.engine.update_weights_from_tensor)
         if "weight_version" in request.query:
             await self.batcher.run(self.engine.set_weight_version, wire.parse_version(request.query["weight_version"]))
         self.stats["weight_buckets"] += 1
         self.stats["weight_tensors"] += len(named)
         return web.json_response({"success": True, "message": f"Updated {len(named)} tensors."})
 
-    async def _apply(self, named: dict) -> None:
-        """Check every name and shape first (nothing is applied if one is wrong), then copy."""
+    async def _apply(self, named: dict, load) -> None:
+        """Check every name and shape first (nothing is applied if one is wrong), then ``load`` them (an engine method)."""
+        if self.fault is not None and self.fault.on == "weights":
+            raise RuntimeError(f"injected fault ({self.fault.mode}) on a weight update")
         params = self.engine.model.state_dict(keep_vars=True)
         for name, t in named.items():
             if name not in params:
                 raise wire.WireError(f"engine has no parameter {name!r}")
             if tuple(t.shape) != tuple(params[name].shape):
                 raise wire.WireError(f"{name}: shape {tuple(t.shape)} != engine's {tuple(params[name].shape)}")
-        await self.batcher.run(self.engine.update_weights_from_tensor, list(named.items()))
+        await self.batcher.run(load, list(named.items()))
         self._stale -= {id(params[name]) for name in named}
         self.events.append(f"weights:{len(named)}")
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         body = await _json(request)
-        raw = body.get("new_version", body.get("weight_version"))
+        raw = body.get("new_version")
         if raw is None:
             raise wire.WireError("update_weight_version needs new_version")
-        if body.get("abort_all_requests"):
+        if body.get("abort_all_requests", True):  # SGLang's default: True
             self.batcher.abort()
         version = wire.parse_version(raw)
         await self.batcher.run(self.engine.set_weight_version, version)
@@ -338,34 +383,62 @@ class EngineServer:
         return web.json_response({"success": True, "message": msg, "new_version": str(version)})
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        """Join the sender's process group as rank ``rank_offset`` (answers once every rank joined)."""
-        from miles_core.weights.broadcast import new_group
-
+        """Each of the engine's TP ranks joins the sender's group as rank ``rank_offset + tp_rank`` (SGLang's rule),
+        on the store keys SGLang's init_custom_process_group uses; answers once every rank joined."""
         body = await _json(request)
-        missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size", "group_name") if k not in body]
+        missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size") if k not in body]
         if missing:
             raise wire.WireError(f"init_weights_update_group needs {missing}")
-        self.weight_group = None
-        group = await asyncio.to_thread(new_group, body["master_address"], int(body["master_port"]), int(body["rank_offset"]),
-                                        int(body["world_size"]), body.get("backend", "gloo"))
-        self.weight_group = (body["group_name"], group)
-        return web.json_response({"success": True, "message": f"joined {body['group_name']} as rank {body['rank_offset']}"})
+        name, backend = body.get("group_name", "weight_update_group"), body.get("backend", "nccl")
+        offset, world, tp = int(body["rank_offset"]), int(body["world_size"]), self.options.tp_size
+        if offset < 1 or offset + tp > world:
+            raise wire.WireError(f"rank_offset {offset} + tp_size {tp} does not fit world_size {world} (rank 0 is the sender)")
+        join = _group_joiner(backend, tp)
+        address = _tcp(body["master_address"], int(body["master_port"]))
+        groups = await asyncio.gather(*(asyncio.to_thread(join, address, world, offset + r, name) for r in range(tp)))
+        self.weight_groups[name] = (backend, list(groups))
+        self.group_ranks[name] = [offset + r for r in range(tp)]
+        self.events.append(f"group:{name}:{offset}+{tp}/{world}")
+        return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        from miles_core.weights.broadcast import destroy_group
+
+        name = (await _json(request, default={})).get("group_name", "weight_update_group")
+        if name not in self.weight_groups:
+            raise wire.WireError("The group to be destroyed does not exist.")
+        backend, groups = self.weight_groups.pop(name)
+        self.group_ranks.pop(name, None)
+        if backend == "nccl":  # made by init_custom_process_group: registered in this process
+            destroy_group(groups[0])
+        return web.json_response({"success": True, "message": "Succeeded to destroy custom process group."})
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        """Receive the tensors named in the body from rank 0 of the group, then apply them."""
+        """Every TP rank receives every tensor named in the body, whole, from rank 0 of the group (SGLang's layout: each
+        rank's loader then takes its shard); the ranks' copies must agree, tp rank 0's is loaded."""
         from miles_core.weights.broadcast import receive
 
+        self._require_session("update_weights_from_distributed")
         body = await _json(request)
-        if self.weight_group is None or self.weight_group[0] != body.get("group_name"):
-            raise wire.WireError(f"no weights update group {body.get('group_name')!r}; call /init_weights_update_group first")
-        device = "cuda" if type(self.weight_group[1]).__name__ == "ProcessGroupNCCL" else "cpu"
-        named = await self.batcher.run(receive, self.weight_group[1], body["names"], body["dtypes"], body["shapes"], device)
-        await self._apply(dict(named))
+        name = body.get("group_name", "weight_update_group")
+        if name not in self.weight_groups:
+            raise wire.WireError(f"Group {name} not in {list(self.weight_groups)}. Please call `init_weights_update_group` first.")
+        backend, groups = self.weight_groups[name]
+        device = "cuda" if backend == "nccl" else "cpu"
+        meta = (body["names"], body["dtypes"], body["shapes"])
+        received = await asyncio.gather(*(asyncio.to_thread(receive, g, *meta, device) for g in groups))
+        named = dict(received[0])
+        for rank, got in zip(self.group_ranks[name], received):
+            differs = [n for n, t in got if not torch.equal(t, named[n])]
+            if differs:
+                raise RuntimeError(f"group rank {rank} received {differs[:3]} unlike tp rank 0")
+            self.received[rank] = self.received.get(rank, 0) + len(got)
+        await self._apply(named, self.engine.update_weights_from_tensor)
         if body.get("weight_version") is not None:
             await self.batcher.run(self.engine.set_weight_version, wire.parse_version(body["weight_version"]))
         self.stats["weight_buckets"] += 1
         self.stats["weight_tensors"] += len(named)
-        return web.json_response({"success": True, "message": f"Updated {len(named)} tensors."})
+        return web.json_response({"success": True, "message": "Succeeded to update parameter online."})
 
     async def get_weights_by_name(self, request: web.Request) -> web.Response:
         body = await _json(request)
@@ -373,9 +446,6 @@ class EngineServer:
         if body.get("name") not in params:
             raise wire.WireError(f"engine has no parameter {body.get('name')!r}")
         return web.json_response(params[body["name"]].float().cpu().tolist())
-
-    async def get_weight_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": str(self.engine.weight_version)})
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
         """Marks the tags released (generate answers 503 until resumed); weights: a CUDA model moves to
@@ -417,14 +487,16 @@ class EngineServer:
         self._dropped = {}
 
     # ---- info and faults ------------------------------------------------------------------------
-    async def get_model_info(self, request: web.Request) -> web.Response:
+    async def model_info(self, request: web.Request) -> web.Response:
+        """SGLang's /model_info fields this engine has; ``weight_version`` is where a client reads the served version."""
         return web.json_response({"model_path": self.options.model_path, "is_generation": True,
                                   "weight_version": str(self.engine.weight_version)})
 
-    async def get_server_info(self, request: web.Request) -> web.Response:
+    async def server_info(self, request: web.Request) -> web.Response:
         b = self.batcher
         return web.json_response({
-            "server": wire.SERVER_NAME, "model_path": self.options.model_path, "weight_version": str(self.engine.weight_version),
+            "server": wire.SERVER_NAME, "model_path": self.options.model_path, "tp_size": self.options.tp_size,
+            "weight_version": str(self.engine.weight_version), "in_weight_session": self.engine.in_weight_session,
             "batching": self.engine.batching, "max_batch_size": self.engine.max_batch_size,
             "paused": not b.resumed.is_set(), "released": sorted(self.released),
             "fault_injection": self.options.enable_fault_injection, "fault": None if self.fault is None else self.fault.__dict__,
@@ -441,6 +513,24 @@ class EngineServer:
         if mode == "crash" and on == "now":
             asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self._crash()))
         return web.json_response({"success": True, "fault": body})
+
+
+def _tcp(host: str, port: int) -> str:
+    from miles_core.weights.broadcast import tcp_address
+
+    return tcp_address(host, port)
+
+
+def _group_joiner(backend: str, tp_size: int):
+    """How one TP rank joins: gloo ranks on SGLang's keys built by hand (several ranks share this process; torch
+    registers a group name once per process); one NCCL rank through init_custom_process_group itself."""
+    from miles_core.weights.broadcast import init_custom_process_group, member_group
+
+    if backend == "gloo":
+        return member_group
+    if backend == "nccl" and tp_size == 1:
+        return lambda address, world, rank, name: init_custom_process_group("nccl", address, world, rank, name)
+    raise wire.WireError(f"backend {backend!r} with tp_size {tp_size}: this server joins gloo groups, or nccl with tp_size 1")
 
 
 async def _json(request: web.Request, default: dict | None = None) -> dict:
@@ -476,6 +566,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port-file", type=Path, help="write {port, url, pid} here once listening")
     p.add_argument("--batching", choices=BATCHING, default="exact")
     p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--tp-size", type=int, default=1, help="ranks this engine takes in a weight broadcast group (SGLang's TP)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="where the model runs (miles_core/device.py): cpu, cuda "
@@ -493,7 +584,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def _serve(engine: HFEngine, args: argparse.Namespace, model_path: str) -> None:
     options = ServerOptions(model_path=model_path, enable_fault_injection=args.enable_fault_injection,
                             batch_wait_s=args.batch_wait_ms / 1000, health_timeout_s=args.health_timeout,
-                            exit_on_crash=True, api_key=args.api_key)
+                            exit_on_crash=True, api_key=args.api_key, tp_size=args.tp_size)
     server = EngineServer(engine, options)
     port = await server.start(args.host, args.port)
     url = f"http://{args.host}:{port}"
@@ -511,19 +602,17 @@ async def _serve(engine: HFEngine, args: argparse.Namespace, model_path: str) ->
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from miles_core.env import cache_dir, configure_environment
+    from miles_core.env import cache_dir, configure_library_environment
 
-    configure_environment()
+    configure_library_environment()
     import torch
 
     from miles_core.models import resolve_model_path
 
-    from .engine import load_engine
-
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     path = resolve_model_path(args.model_path, cache_dir())
-    engine = load_engine(path, args.batching, args.max_batch_size, args.dtype, args.device)
+    engine = HFEngine.from_pretrained(path, args.dtype, args.device, batching=args.batching, max_batch_size=args.max_batch_size)
     engine.set_weight_version(args.weight_version)
     asyncio.run(_serve(engine, args, str(path)))
 

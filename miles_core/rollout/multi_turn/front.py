@@ -19,7 +19,7 @@ from aiohttp import web
 
 from miles_core.rollout.http import wire
 
-from .custom import EngineCalls
+from .calls import EngineCalls
 
 
 class GenerateFront:

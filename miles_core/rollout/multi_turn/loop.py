@@ -12,7 +12,7 @@ turn of all samples is one batched, seeded request list, and a rerun gives the s
    (``generate_tool_call_parser``). No call -> COMPLETED.
 3. the calls run concurrently (``generate_execute_tool_function_path``, ``generate_tool_timeout``
    each); their outputs become tool messages, rendered by the chat template and appended with
-   loss_mask 0 and rollout log-prob 0 (template.py). A failed call (error, timeout, non-text)
+   loss_mask 0 and rollout log-prob 0 (data/chat_template.py). A failed call (error, timeout, non-text)
    ends the conversation: ``metadata["tool_failure"]`` holds the reason and the sample's reward
    is set to 0 after scoring (``zero_failed_rewards``). Tool ids that do not fit the budget are
    cut and the sample is TRUNCATED.
@@ -34,7 +34,7 @@ from miles_core.data.sample import FINISH_STATUS, Sample, Status
 
 from ..protocol import GenerateRequest
 from .parsers import ParsedTurn, get_parser
-from .template import tool_message_ids
+from miles_core.data.chat_template import tool_message_ids
 from .tools import ToolResult, load_execute_function, load_tool_specs, run_tool
 
 

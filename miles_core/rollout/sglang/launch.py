@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import SGLANG_VERSION
-from .server_args import to_argv
+from miles_core.config.server_args import to_argv
 
 if TYPE_CHECKING:
     from miles_core.config import TrainConfig

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from .server_args import ServerArg, Snapshot, snapshot
+from miles_core.config.server_args import ServerArg, Snapshot, snapshot
 
 # argparse type= callables by name -> the snapshot's value type (SGLang's parsers of text count as str)
 VALUE_TYPES = {"int": "int", "float": "float", "str": "str", "loads": "json", "json_list_type": "json_list",

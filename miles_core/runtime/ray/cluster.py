@@ -2,8 +2,9 @@
 M engine actors, each holding an HTTP engine server, behind a router (an HTTPFleet). GPUs are reserved
 when the config's device asks for them (cuda, or auto on a cluster with GPUs); gloo on CPU, NCCL on GPU
 (the train group's process group and the broadcast weight sync). An actor placed with GPUs sees only its
-own (Ray sets CUDA_VISIBLE_DEVICES; nothing here or in the engine servers' environment overrides it) and
-resolves ``device`` in its own process (miles_core/device.py).
+own (Ray sets CUDA_VISIBLE_DEVICES); an engine server sees the GPUs of all its bundles
+(rollout_num_gpus_per_engine of them: placement.py engine_devices) and resolves ``device`` in its own
+process (miles_core/device.py).
 With rollout_external_engine_addrs only the train ranks are placed: the fleet is a router over the engines
 already running (probed before any rank starts), and rank 0 sends them the weights (tensor, broadcast, disk)."""
 
@@ -74,7 +75,7 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
         return train_group, fleet
     train_group = TrainGroup(cfg, str(data.model_path), pg, plan.train_bundles, res, backend)
     built.append(train_group.shutdown)
-    engines = EngineGroup(cfg, data.model_path, pg, plan.engine_bundles, res, ENGINE_SERVERS[cl.rollout_engine])
+    engines = EngineGroup(cfg, data.model_path, pg, plan, ENGINE_SERVERS[cl.rollout_engine])
     built.append(engines.shutdown)
     bucket = cl.update_weight_buffer_size
     router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket, "api_key": engines.api_key}, bucket_bytes=bucket)

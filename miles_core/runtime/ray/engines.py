@@ -25,20 +25,26 @@ class ServerSpec:
     api_key: str
     env: dict
     host: str = "127.0.0.1"
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES of the server: the GPUs of this engine's bundles (placement.py)
+
+    def server_env(self) -> dict:
+        return self.env if self.devices is None else {**self.env, "CUDA_VISIBLE_DEVICES": self.devices}
 
 
 def hf_server_args(cfg) -> list[str]:
     """The arguments of our server for this config: dtype, device (resolved in the server process, on the actor's
     own GPU when it has one), threads, exact batching."""
     threads = cfg.cluster.num_threads or 1
-    return ["--dtype", cfg.misc.dtype, "--device", cfg.cluster.device, "--num-threads", str(threads), "--batching", "exact"]
+    return ["--dtype", cfg.misc.dtype, "--device", cfg.cluster.device, "--num-threads", str(threads), "--batching", "exact",
+            "--tp-size", str(cfg.cluster.rollout_num_gpus_per_engine)]
 
 
 def start_hf_server(spec: ServerSpec):
     """Our SGLang-protocol server (python -m miles_core.rollout.http.server) on an HF engine."""
     from miles_core.rollout.http import launch_server_process
 
-    return launch_server_process(spec.model_path, hf_server_args(spec.cfg), host=spec.host, env=spec.env, api_key=spec.api_key)
+    return launch_server_process(spec.model_path, hf_server_args(spec.cfg), host=spec.host, env=spec.server_env(),
+                                 api_key=spec.api_key)
 
 
 def start_sglang_server(spec: ServerSpec):
@@ -49,7 +55,7 @@ def start_sglang_server(spec: ServerSpec):
     require_sglang(spec.cfg)
     launch = EngineLaunch(model_path=spec.model_path, host=spec.host, port=free_port(spec.host), api_key=spec.api_key,
                           engine_index=spec.index)
-    return SGLangProcess.start(spec.cfg, launch, spec.cfg.run_dir / "engines", env=spec.env).wait_ready()
+    return SGLangProcess.start(spec.cfg, launch, spec.cfg.run_dir / "engines", env=spec.server_env()).wait_ready()
 
 
 ENGINE_SERVERS = {"hf": start_hf_server, "sglang": start_sglang_server}  # by rollout_engine: the server each engine actor runs
@@ -90,22 +96,24 @@ class EngineWorker:
 class EngineGroup:
     """The engine actors of a run (the HTTPFleet's launcher: urls, restart, dead, shutdown)."""
 
-    def __init__(self, cfg, model_path: str, pg, bundles: list[int], resources: dict[str, float], start):
+    def __init__(self, cfg, model_path: str, pg, plan, start):
         import ray
 
         from miles_core.rollout.http.server import FAULT_ENV
         from miles_core.rollout.sglang.launch import new_api_key
 
-        from .placement import in_bundle, placed_engine_hosts
+        from .placement import engine_devices, in_bundle, placed_engine_hosts
 
         threads = cfg.cluster.num_threads or 1
         env = {"OMP_NUM_THREADS": str(threads), **{k: os.environ[k] for k in (FAULT_ENV,) if k in os.environ}}
         self.api_key = new_api_key()  # one per run: every engine requires it, the router and weight syncs send it
         cls = ray.remote(EngineWorker)
+        bundles = plan.engine_bundles
         self.hosts = placed_engine_hosts(pg, bundles)  # 127.0.0.1 on one node, else each node's address
-        self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(
+        self.devices = engine_devices(plan, pg)  # before the engine actors take their bundles
+        self.workers = [cls.options(**plan.engine_resources(), **in_bundle(pg, b)).remote(
                             ServerSpec(cfg=cfg, model_path=str(model_path), index=j, api_key=self.api_key, env=env,
-                                       host=self.hosts[j]), start)
+                                       host=self.hosts[j], devices=self.devices[j]), start)
                         for j, b in enumerate(bundles)]
         try:
             self.urls = ray.get([w.url.remote() for w in self.workers])

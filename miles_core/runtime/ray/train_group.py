@@ -2,28 +2,58 @@
 
 Each worker builds the backend ``train_backend`` names (training/backends.py) with its rank and the
 world size, after joining a torch.distributed group (gloo on CPU, NCCL on GPU): the torch trainer
-runs data parallel over it (training/data_parallel.py), megatron its TP x PP x CP x DP ranks. The
-group sends every call to every rank (train, restore, offload) or to rank 0 (weights, checkpoints,
-exports: the ranks hold equal or gathered weights). ``RankZeroSender`` serves weight syncs from rank 0.
+runs data parallel over it (training/data_parallel.py), megatron its TP x PP x CP x DP ranks.
+
+Where each call runs is declared once, per protocol member, in TRAINER_CALLS (the Trainer protocol) and
+SENDER_CALLS (WeightSender, served by train rank 0 for weight syncs):
+    EVERY  every rank (a collective: train, restore, offload); rank 0's answer
+    LEAD   rank 0; every rank when the trainer is ``collective`` (the others take part in the gather)
+    RANK0  rank 0 alone
+The tables are keyed by the protocol's members themselves (``Trainer.train_rollout``), so a rename fails at
+import, and tests/runtime/test_train_group.py holds them equal to the protocols' member lists. ``RankGroup``
+runs a member on its ranks; TrainGroup and RankZeroSender are built from the tables (``proxy``).
 """
 
 from __future__ import annotations
 
+import datetime
 import socket
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from miles_core.config import TrainConfig
-from miles_core.training.protocol import TrainerContext, TrainOutput
-from miles_core.weights.sync import WeightSender, host_copy
+from miles_core.training.protocol import Trainer, TrainerContext
+from miles_core.weights.sync import WeightSender, host_copy, node_address
+
+EVERY, LEAD, RANK0 = "every rank", "lead", "rank 0"
+
+TRAINER_CALLS: dict[Callable, str] = {
+    Trainer.train_rollout: EVERY, Trainer.restore: EVERY, Trainer.offload: EVERY, Trainer.onload: EVERY,
+    Trainer.named_tensors: LEAD, Trainer.mean_log_probs: LEAD, Trainer.save: LEAD, Trainer.export: LEAD,
+    Trainer.hf_config: RANK0, Trainer.run_params: RANK0,
+}
+SENDER_CALLS: dict[Callable, str] = {
+    WeightSender.tensors: LEAD, WeightSender.meta: LEAD, WeightSender.broadcast: LEAD, WeightSender.save: LEAD,  # read named_tensors
+    WeightSender.master_address: RANK0, WeightSender.init_broadcast: RANK0,
+}
 
 
-GATHERING = ("tensors", "meta", "broadcast", "save")  # WeightSender methods that read named_tensors() once
+def to_host(obj):
+    """An answer as it crosses to the driver: tensors copied to the CPU (the driver may see no GPU), in lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        return host_copy(obj)
+    if isinstance(obj, list):
+        return [to_host(x) for x in obj]
+    if type(obj) is tuple:
+        return tuple(to_host(x) for x in obj)
+    return obj
 
 
 def free_address() -> str:
-    host = socket.gethostbyname(socket.gethostname())
+    """rank 0's rendezvous: the address its Ray node reports (a host name may resolve to a loopback), a free port."""
+    host = node_address()
     with socket.socket() as s:
         s.bind(("", 0))
         return f"tcp://{host}:{s.getsockname()[1]}"
@@ -51,42 +81,65 @@ class TrainWorker:
         from miles_core.training.backends import TRAINERS
 
         if self.world > 1:
-            dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world)
+            minutes = self.cfg.parallel.distributed_timeout_minutes if self.cfg.cluster.train_backend == "megatron" else None
+            timeout = {"timeout": datetime.timedelta(minutes=minutes)} if minutes else {}  # torch: its own default
+            dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world, **timeout)
         ctx = TrainerContext(cfg=self.cfg, model_path=Path(self.model_path), tokenizer=self.tokenizer, rank=self.rank,
                              world_size=self.world)
         self.trainer = TRAINERS[self.cfg.cluster.train_backend](ctx)
         self.sender = WeightSender(self.trainer.named_tensors, self.trainer.hf_config())
         return self.rank
 
-    def run(self, method: str, *args):
-        """trainer.<method>(*args): the Trainer protocol on this rank."""
-        return getattr(self.trainer, method)(*args)
-
-    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return [(k, host_copy(v)) for k, v in self.trainer.named_tensors()]  # CPU: the driver may see no GPU
-
-    def export(self, export_dir: str, rollout_id: int) -> str:
-        return str(self.trainer.export(Path(export_dir), rollout_id, self.tokenizer))
-
-    def extra_tensors(self) -> dict[str, list[tuple[str, torch.Tensor]]]:
-        """The critic's (ppo) tensors, by module name, as named_tensors gives the policy's (tests)."""
-        return {k: [(n, host_copy(t)) for n, t in m.state_dict().items()] for k, m in self.trainer.extra_modules().items()}
-
     def collective(self) -> bool:
         return getattr(self.trainer, "collective", False)
 
-    def send(self, method: str, *args):
-        """sender.<method>(*args) on rank 0. With a collective trainer every rank is called: the others take part
-        in gathering the weights the sender reads (named_tensors), and send nothing."""
+    def call(self, name: str, *args):
+        """trainer.<name>(*args): a member of the Trainer protocol (TRAINER_CALLS) on this rank."""
+        return to_host(getattr(self.trainer, name)(*args))
+
+    def send(self, name: str, *args):
+        """sender.<name>(*args) (SENDER_CALLS) on rank 0. The other ranks are called only with a collective trainer,
+        for the members that read the weights: they take part in gathering them (named_tensors), and send nothing."""
         if self.rank == 0:
-            return getattr(self.sender, method)(*args)
-        if method in GATHERING:
-            list(self.trainer.named_tensors())
+            return getattr(self.sender, name)(*args)
+        list(self.trainer.named_tensors())
         return None
+
+    def extra_tensors(self) -> dict[str, list[tuple[str, torch.Tensor]]]:
+        """The critic's (ppo) tensors, by module name, as named_tensors gives the policy's (tests)."""
+        return {k: [(n, host_copy(t)) for n, t in m.state_dict().items()] for k, m in self.trainer.engine.extra_modules().items()}
+
+
+class RankGroup:
+    """The workers' ranks; ``run`` sends one protocol member to the ranks its table says (module docstring)."""
+
+    def __init__(self, workers: list, calls: dict[Callable, str], via: str):
+        self.workers, self.calls, self.via = workers, calls, via  # via: the worker method (call, send)
+        self.collective = False  # set once the trainer is built
+
+    def ranks(self, member: Callable) -> list:
+        where = self.calls[member]
+        return self.workers if where == EVERY or (where == LEAD and self.collective) else self.workers[:1]
+
+    def run(self, member: Callable, *args):
+        """member(*args) on its ranks -> rank 0's answer."""
+        import ray
+
+        return ray.get([getattr(w, self.via).remote(member.__name__, *args) for w in self.ranks(member)])[0]
+
+
+def proxy(member: Callable):
+    """A method that runs the protocol member ``member`` on the object's rank group (``self.ranks``)."""
+    def call(self, *args):
+        return self.ranks.run(member, *args)
+
+    call.__name__, call.__qualname__, call.__doc__ = member.__name__, member.__qualname__, member.__doc__
+    return call
 
 
 class TrainGroup:
-    """The N workers as one Trainer; rank 0 is the source of weights, checkpoints and exports."""
+    """The N workers as one Trainer; rank 0 is the source of weights, checkpoints and exports. Every protocol
+    member is a ``proxy`` (TRAINER_CALLS); train_rollout, restore and hf_config add the group's own bookkeeping."""
 
     def __init__(self, cfg: TrainConfig, model_path: str, pg, bundles: list[int], resources: dict[str, float], backend: str):
         import ray
@@ -98,63 +151,30 @@ class TrainGroup:
         cls = ray.remote(TrainWorker)
         self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(cfg, model_path, r, world, threads)
                         for r, b in enumerate(bundles)]
+        self.ranks = RankGroup(self.workers, TRAINER_CALLS, "call")
         try:
             address = ray.get(self.workers[0].address.remote())
             ray.get([w.start.remote(address, backend) for w in self.workers])
-            self._hf_config = self.rank0("run", "hf_config")
-            self.collective = self.rank0("collective")
+            self._hf_config = self.ranks.run(Trainer.hf_config)
+            self.collective = self.ranks.collective = ray.get(self.workers[0].collective.remote())
         except BaseException:
             self.shutdown()  # a rank that failed to start frees its bundle: a retried prepare can place the group again
             raise
         self.steps_done = 0  # a fresh trainer on every rank; restore() sets it from the checkpoint
 
-    def call(self, method: str, *args):
-        """method(*args) on every rank. -> rank 0's answer."""
-        import ray
-
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])[0]
-
-    def rank0(self, method: str, *args):
-        import ray
-
-        return ray.get(getattr(self.workers[0], method).remote(*args))
-
-    def lead(self, method: str, *args):
-        """method(*args) on rank 0, or on every rank when the trainer is collective. -> rank 0's answer."""
-        return self.call(method, *args) if self.collective else self.rank0(method, *args)
-
-    # ---- the Trainer protocol ----------------------------------------------------------------------
-    def train_rollout(self, samples, rewards, rollout_id: int) -> TrainOutput:
-        out = self.call("run", "train_rollout", samples, rewards, rollout_id)
+    def train_rollout(self, samples, rewards, rollout_id: int):
+        out = self.ranks.run(Trainer.train_rollout, samples, rewards, rollout_id)
         self.steps_done += len(out.steps)
         return out
 
-    def named_tensors(self):
-        return self.lead("named_tensors")
-
-    def hf_config(self):
-        return self._hf_config
-
-    def mean_log_probs(self, samples) -> list[float]:
-        return self.lead("run", "mean_log_probs", samples)
-
-    def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
-        self.lead("run", "save", save_dir, rollout_id, state)
-
     def restore(self, load_dir: Path) -> dict | None:
-        meta = self.call("run", "restore", load_dir)
+        meta = self.ranks.run(Trainer.restore, load_dir)
         if meta is not None:
             self.steps_done = meta["steps_done"]
         return meta
 
-    def export(self, export_dir: Path, rollout_id: int, tokenizer=None) -> Path:
-        return Path(self.lead("export", str(export_dir), rollout_id))
-
-    def offload(self) -> None:
-        self.call("run", "offload")
-
-    def onload(self) -> None:
-        self.call("run", "onload")
+    def hf_config(self):
+        return self._hf_config
 
     def shutdown(self) -> None:
         import ray
@@ -164,32 +184,19 @@ class TrainGroup:
 
 
 class RankZeroSender:
-    """WeightSender's interface, served by train rank 0 (the bytes of broadcast and disk modes never
-    pass through the driver; tensor mode fetches them through the object store)."""
+    """WeightSender's interface, served by train rank 0 (the bytes of broadcast and disk modes never pass through
+    the driver; tensor mode fetches them through the object store); every member a ``proxy`` (SENDER_CALLS)."""
 
-    def __init__(self, group: "TrainGroup"):
-        self.group = group
+    def __init__(self, group: TrainGroup):
+        self.ranks = RankGroup(group.workers, SENDER_CALLS, "send")
+        self.ranks.collective = group.collective
 
-    def _call(self, method: str, *args):
-        import ray
 
-        workers = self.group.workers if self.group.collective and method in GATHERING else self.group.workers[:1]
-        return ray.get([w.send.remote(method, *args) for w in workers])[0]
+def _proxies(cls, calls: dict[Callable, str]) -> None:
+    for member in calls:
+        if member.__name__ not in cls.__dict__:
+            setattr(cls, member.__name__, proxy(member))
 
-    def tensors(self):
-        return self._call("tensors")
 
-    def meta(self):
-        return self._call("meta")
-
-    def master_address(self):
-        return self._call("master_address")
-
-    def init_broadcast(self, host: str, port: int, world_size: int, backend: str) -> None:
-        self._call("init_broadcast", host, port, world_size, backend)
-
-    def broadcast(self, names: list[str]) -> None:
-        self._call("broadcast", names)
-
-    def save(self, path: str) -> str:
-        return self._call("save", path)
+_proxies(TrainGroup, TRAINER_CALLS)
+_proxies(RankZeroSender, SENDER_CALLS)

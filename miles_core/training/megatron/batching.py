@@ -4,7 +4,8 @@ Fixed size (``micro_batch_size`` samples, right-padded [b, S]) or, with ``use_dy
 packed: the rows' real tokens concatenated into one sequence [1, W] of at most ``max_tokens_per_gpu``
 tokens with a block-diagonal causal mask, so no token is padding and none sees another sample. (On
 GPU, Transformer Engine's attention takes the same packing as THD with cu_seqlens; the local CPU spec
-takes the mask.) RoPE is relative, so a sample's scores do not depend on where in the packed row it
+takes the mask: ``plan(..., thd=True)`` gives packed micro-batches megatron's PackedSeqParams with
+qkv_format "thd" and the rows' cu_seqlens instead of the [W, W] mask, for the Transformer-Engine spec.) RoPE is relative, so a sample's scores do not depend on where in the packed row it
 starts. Megatron's attention mask is boolean [b, 1, S, S], True = masked out.
 """
 
@@ -26,47 +27,65 @@ class MicroBatch:
     rows: list[int]
     input_ids: torch.Tensor  # [b, S]
     position_ids: torch.Tensor  # [b, S]
-    attention_mask: torch.Tensor  # [b, 1, S, S] True = masked
+    attention_mask: torch.Tensor | None  # [b, 1, S, S] True = masked; None with packed_seq_params
     flat_index: torch.Tensor  # [n, T]
     resp_tokens: torch.Tensor  # [n, T]
     loss_mask: torch.Tensor  # [n, T]
     rollout_log_probs: torch.Tensor  # [n, T]
+    packed_seq_params: object = None  # megatron's PackedSeqParams (THD: cu_seqlens [n + 1]), packed rows on the TE spec
 
 
 def padded(batch: TokenBatch, rows: list[int]) -> MicroBatch:
     piece = batch.take(rows)
     n, S = piece.input_ids.shape
-    causal = torch.ones((S, S), dtype=torch.bool).tril()
+    device = piece.input_ids.device
+    causal = torch.ones((S, S), dtype=torch.bool, device=device).tril()
     visible = causal[None] & piece.attention_mask.bool()[:, None, :]  # [n, S(query), S(key)]
-    flat = torch.arange(n)[:, None] * S + piece.resp_index.clamp(min=0)  # [n, T]
-    return MicroBatch(rows=list(rows), input_ids=piece.input_ids, position_ids=torch.arange(S).expand(n, S),
+    flat = torch.arange(n, device=device)[:, None] * S + piece.resp_index.clamp(min=0)  # [n, T]
+    return MicroBatch(rows=list(rows), input_ids=piece.input_ids, position_ids=torch.arange(S, device=device).expand(n, S),
                       attention_mask=~visible[:, None], flat_index=flat, resp_tokens=piece.resp_tokens,
                       loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs)
 
 
-def packed(batch: TokenBatch, rows: list[int]) -> MicroBatch:
+def packed(batch: TokenBatch, rows: list[int], thd: bool = False) -> MicroBatch:
     piece = batch.take(rows)
+    device = piece.input_ids.device
     lengths = piece.attention_mask.sum(-1).tolist()  # [n]
-    W = sum(lengths)
-    seg = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))  # [W] sample of each slot
-    starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)  # [n]
+    starts = torch.tensor([0, *lengths[:-1]], device=device).cumsum(0)  # [n]
     ids = torch.cat([piece.input_ids[i, :n] for i, n in enumerate(lengths)])[None]  # [1, W]
-    pos = torch.cat([torch.arange(n) for n in lengths])[None]  # [1, W] each sample's own positions
-    visible = (seg[:, None] == seg[None, :]) & torch.ones((W, W), dtype=torch.bool).tril()  # [W, W]
+    pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]  # [1, W] each sample's own positions
     flat = starts[:, None] + piece.resp_index.clamp(min=0)  # [n, T]
-    return MicroBatch(rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=~visible[None, None], flat_index=flat,
-                      resp_tokens=piece.resp_tokens, loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs)
+    mask, params = (None, thd_params(lengths, device)) if thd else (block_causal_mask(lengths, device), None)
+    return MicroBatch(rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=mask, flat_index=flat,
+                      resp_tokens=piece.resp_tokens, loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs,
+                      packed_seq_params=params)
 
 
-def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None) -> list[MicroBatch]:
-    """rows as micro-batches: packed into at most max_tokens tokens each when given, else micro_batch_size per
-    micro-batch after a stable sort by length (less padding)."""
+def block_causal_mask(lengths: list[int], device) -> torch.Tensor:
+    """[1, 1, W, W] True = masked: each packed sample sees its own earlier tokens only."""
+    W = sum(lengths)
+    seg = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))  # [W]
+    visible = (seg[:, None] == seg[None, :]) & torch.ones((W, W), dtype=torch.bool, device=device).tril()  # [W, W]
+    return ~visible[None, None]
+
+
+def thd_params(lengths: list[int], device):
+    """megatron's PackedSeqParams for rows of ``lengths`` packed back to back (qkv_format thd, cu_seqlens int32 [n + 1])."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = torch.tensor([0, *lengths], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+
+
+def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None, thd: bool = False) -> list[MicroBatch]:
+    """rows as micro-batches: packed into at most max_tokens tokens each when given (THD cu_seqlens with ``thd``, else
+    the block-diagonal mask), else micro_batch_size per micro-batch after a stable sort by length (less padding)."""
     lengths = batch.attention_mask.sum(-1).tolist()  # [N]
     if max_tokens is not None:
         longest = max(lengths[r] for r in rows)
         if longest > max_tokens:
             raise ValueError(f"a sample of {longest} tokens does not fit max_tokens_per_gpu ({max_tokens}); raise it")
-        return [packed(batch, [rows[i] for i in sorted(group)]) for group in pack_rows([lengths[r] for r in rows], max_tokens)]
+        return [packed(batch, [rows[i] for i in sorted(group)], thd) for group in pack_rows([lengths[r] for r in rows], max_tokens)]
     order = sorted(rows, key=lambda r: lengths[r])
     return [padded(batch, order[s : s + micro_batch_size]) for s in range(0, len(order), micro_batch_size)]
 
@@ -78,7 +97,8 @@ def run(stage, mbs: list[MicroBatch], loss_fn, forward_only: bool) -> list[dict]
 
     def step(data_iterator, module):
         mb = next(data_iterator)
-        out = module(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask)
+        out = module(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
+                     packed_seq_params=mb.packed_seq_params)
         return out, partial(loss_fn, mb)
 
     return get_forward_backward_func()(
@@ -88,11 +108,16 @@ def run(stage, mbs: list[MicroBatch], loss_fn, forward_only: bool) -> list[dict]
     ) or []
 
 
+def count(out: torch.Tensor) -> torch.Tensor:
+    """The token count a loss function hands megatron's schedule (1: the Reducer's denominators are global), on out's device."""
+    return torch.ones((), dtype=torch.int, device=out.device)
+
+
 @torch.no_grad()
 def forward_only(stage, batch: TokenBatch, mbs: list[MicroBatch], fn) -> torch.Tensor | None:
     """fn(mb, out) -> [n, t] per micro-batch, gathered into [N, T] over batch's rows (last stage; None elsewhere)."""
     stage.eval()
-    results = run(stage, mbs, lambda mb, out: (torch.zeros(()), torch.tensor(1), {"rows": mb.rows, "x": fn(mb, out)}), True)
+    results = run(stage, mbs, lambda mb, out: (out.new_zeros(()), count(out), {"rows": mb.rows, "x": fn(mb, out)}), True)
     if not results:
         return None
     out = torch.zeros_like(batch.loss_mask)  # [N, T]

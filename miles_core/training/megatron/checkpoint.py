@@ -23,6 +23,7 @@ temp dir, which readers skip. RNG resumes exactly when the parallel layout is un
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from miles_core.checkpoint._fs import TMP_PREFIX, atomic_write_text, marker_problem, remove_tree, replace_dir, write_marker
+from miles_core import finite
 
 from .model_args import ModelArgs
 
@@ -69,7 +71,7 @@ def _optim_key(name: str) -> str:
 
 
 def _is_megatron(optimizer) -> bool:
-    """megatron-core's DistributedOptimizer (use_distributed_optimizer), which shards its own state."""
+    """megatron-core's optimizer (use_distributed_optimizer, or 16-bit parameters), which shards its own state."""
     return hasattr(optimizer, "sharded_state_dict")
 
 
@@ -143,6 +145,8 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
 
     save_dir = Path(save_dir)
     tmp, final = save_dir / f"{TMP_PREFIX}{rollout_id}", save_dir / str(rollout_id)
+    for _name, _prefix, module, _opt, _params in _trained(trainer):  # this rank's shards; never a non-finite checkpoint
+        finite.check_weights(module.named_parameters(), f"checkpoint {rollout_id} in {save_dir}")
     if _rank() == 0:
         remove_tree(tmp)
         (tmp / TORCH_DIST).mkdir(parents=True)
@@ -157,7 +161,7 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
     if _rank() == 0:
         (tmp / ARGS_FILE).write_text(json.dumps(args_json(trainer.args), indent=1))
         shutil.copy(trainer.model_path / "config.json", tmp / "config.json")
-        meta = {**state, "rollout_id": rollout_id, "steps_done": trainer.steps_done, "world_size": dist.get_world_size(),
+        meta = {**state, "rollout_id": rollout_id, "world_size": dist.get_world_size(),
                 "optimizer": bool(optim_of), "optimizer_states": optim_of, "critic": "critic" in sharded,
                 "distributed_optimizer": trainer.p.use_distributed_optimizer}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
@@ -218,14 +222,35 @@ def _load_distributed(optimizer, state: dict) -> None:
                 s["step"] = torch.tensor(step)
 
 
+def _is_distributed(optimizer) -> bool:
+    return all(hasattr(opt, "shard_fp32_from_float16_groups") for opt in getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
 def _load_optimizer(optimizer, state: dict) -> None:
-    if _is_megatron(optimizer):
+    if _is_megatron(optimizer) and _is_distributed(optimizer):
         _load_distributed(optimizer, state)
+        return
+    if _is_megatron(optimizer):  # Float16OptimizerWithFloat16Params (16-bit, no distributed optimizer): its own common step,
+        with torch.no_grad():    # the fp32 main weights copied from the checkpoint's fp32_param shards
+            optimizer.load_state_dict(state)
         return
     step = state["state"].pop("common_step")
     for s in state["state"].values():
         s["step"] = torch.tensor(float(step))
     optimizer.load_state_dict(state)
+
+
+MEGATRON_LM_MARKERS = ("latest_checkpointed_iteration.txt", ".metadata", "common.pt")  # what Megatron-LM's save writes
+
+
+def refuse_megatron_lm(path: Path) -> None:
+    """A Megatron-LM checkpoint (iter_<N>/ dirs, latest_checkpointed_iteration.txt) is refused saying what it is."""
+    path = Path(path)
+    if re.fullmatch(r"iter_\d+", path.name) or any((path / name).exists() for name in MEGATRON_LM_MARKERS):
+        raise ValueError(f"{path} is a Megatron-LM checkpoint (its iter_<N>/ layout), not a torch_dist dir miles wrote "
+                         f"(torch_dist/, {ARGS_FILE} and a .complete marker, written last). miles does not read Megatron-LM's "
+                         "layout: start from the model's HF weights (hf_checkpoint, or miles convert hf-to-torch-dist HF_DIR OUT), "
+                         "or export this checkpoint to HF with Megatron-LM's own tools first")
 
 
 def restore(trainer, load_dir: Path) -> dict | None:
@@ -234,6 +259,7 @@ def restore(trainer, load_dir: Path) -> dict | None:
 
     path = latest(load_dir)
     if path is None:
+        refuse_megatron_lm(load_dir)  # not a fresh start: a checkpoint of another tool is there
         return None
     check_args(path, trainer.args)
     meta = json.loads((path / META_FILE).read_text())
@@ -257,5 +283,4 @@ def restore(trainer, load_dir: Path) -> dict | None:
     rng = path / "rng" / f"{_rank()}.pt"
     if meta["world_size"] == dist.get_world_size() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=True))
-    trainer.steps_done = meta["steps_done"]
     return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer", "optimizer_states", "critic", "distributed_optimizer")}

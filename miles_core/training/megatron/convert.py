@@ -6,7 +6,8 @@
                                   dist_checkpointing. OUT/: torch_dist/, model_args.json, config.json, .complete
     torch-dist-to-hf CKPT OUT     the model args of CKPT (a conversion output or a trainer checkpoint),
                                   checked against CKPT's config.json (or --config); the model loaded, its
-                                  shards gathered, written as OUT/model.safetensors + config.json (+ the
+                                  shards gathered, written as OUT/model.safetensors (the hub's tensor names: per-expert
+                                  experts.{e}.gate_proj / up_proj / down_proj) + config.json (+ the
                                   tokenizer files of --tokenizer), .complete last
 
 torch_dist does not record the parallel layout, so a checkpoint written at TP=2 reads at TP=1 and the
@@ -74,12 +75,10 @@ def hf_to_torch_dist(hf_dir: Path, out: Path) -> dict:
     """Convert an HF dir into a torch_dist dir (see the module docstring). -> a summary."""
     from megatron.core import dist_checkpointing
 
-    from .trainer import load_hf_state
-
     hf_dir, out = Path(hf_dir), Path(out)
     config = json.loads((hf_dir / "config.json").read_text())
     args = from_hf_config(config, str(hf_dir / "config.json"))
-    state = load_hf_state(hf_dir, args)
+    state = weights.load_hf_state(hf_dir, args)
     with _world():
         args = args.padded_for(_current_parallel().tensor_model_parallel_size)
         stage = _stage(args)
@@ -102,9 +101,7 @@ def torch_dist_to_hf(ckpt: Path, out: Path, config: Path | None = None, tokenize
     from megatron.core import dist_checkpointing
 
     ckpt, out = Path(ckpt), Path(out)
-    problem = marker_problem(ckpt)
-    if problem:
-        raise ValueError(f"torch_dist checkpoint {ckpt} is not complete: {problem}")
+    _check_written_by_miles(ckpt)
     config_path = Path(config) if config else ckpt / "config.json"
     config_path = config_path / "config.json" if config_path.is_dir() else config_path
     if not config_path.is_file():
@@ -128,13 +125,29 @@ def torch_dist_to_hf(ckpt: Path, out: Path, config: Path | None = None, tokenize
     return {"hf": str(out), "tensors": len(hf), "model_type": hf_config.get("model_type")}
 
 
+def _check_written_by_miles(ckpt: Path) -> None:
+    """A torch_dist dir of miles (torch_dist/, model_args.json, .complete last) or a clear refusal saying what it is."""
+    problem = marker_problem(ckpt)
+    if problem is None:
+        return
+    if not ckpt.is_dir():
+        raise ValueError(f"{ckpt}: no such directory (expected a torch_dist dir of miles convert hf-to-torch-dist or of a "
+                         "trainer checkpoint)")
+    checkpoint.refuse_megatron_lm(ckpt)
+    raise ValueError(f"{ckpt} is not a complete torch_dist dir of miles: {problem}. If its write was interrupted, write it "
+                     "again; miles' torch_dist dirs (miles convert hf-to-torch-dist, trainer checkpoints) end with that marker")
+
+
 def _write_hf(tmp: Path, hf: dict[str, torch.Tensor], config_path: Path, tokenizer: Path | None) -> None:
     from safetensors.torch import save_file
 
+    from miles_core.checkpoint.hf_load import check_hf_weights, to_hub_form
+
     remove_tree(tmp)
     tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(config_path, tmp / "config.json")
+    save_file(to_hub_form(tmp / "config.json", hf), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    check_hf_weights(tmp)  # what every loader checks: the export passes it before it is published
     for name in TOKENIZER_FILES if tokenizer else ():
         if (Path(tokenizer) / name).is_file():
             shutil.copy(Path(tokenizer) / name, tmp / name)

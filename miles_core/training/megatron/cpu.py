@@ -19,7 +19,8 @@ redirected here, and only here, to their CPU equivalents:
         schedules allocate their token counter with a literal device="cuda"); the same for the optimizer
         modules optimizer.optimizer, optimizer.clip_grads, optimizer.distrib_optimizer and core.utils (the
         distributed optimizer's flags, norms and gather buffers; utils' local multi-tensor L2 norm)
-    DistributedOptimizer.__init__, clip_grad_by_total_norm_fp32 (as optimizer.optimizer calls it)  -> the same, run with
+    DistributedOptimizer.__init__, Float16OptimizerWithFloat16Params.__init__ (bf16 / fp16 main weights),
+    clip_grad_by_total_norm_fp32 (as optimizer.optimizer calls it)  -> the same, run with
         Tensor.type() (no arguments) naming a CPU tensor by its CUDA type ("torch.cuda.FloatTensor"):
         they sort parameters into fp32 / 16-bit groups by those names and refuse any other
 
@@ -127,6 +128,8 @@ def _redirects() -> list[tuple[object, str, object]]:
         (distrib_optimizer, "torch", _TorchOnCpu()),
         (mutils, "torch", _TorchOnCpu()),
         (distrib_optimizer.DistributedOptimizer, "__init__", _cuda_type_names(_original(distrib_optimizer.DistributedOptimizer, "__init__"))),
+        (moptimizer.Float16OptimizerWithFloat16Params, "__init__",
+         _cuda_type_names(_original(moptimizer.Float16OptimizerWithFloat16Params, "__init__"))),
         (moptimizer, "clip_grad_by_total_norm_fp32", _cuda_type_names(_original(moptimizer, "clip_grad_by_total_norm_fp32"))),
         (token_dispatcher, "maybe_move_tensor_to_cpu", _to_host),
         (mrandom, "_get_cuda_rng_state", lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()),

@@ -9,8 +9,9 @@ the final norm's output, is whole on every TP rank, so each rank computes the sa
 
 V_t of response token t is read at the position whose output predicts token t, as the log-probs are.
 `values(batch)` in the forward-only phase gives V_old [N, T] (float32, last pipeline stage); each
-optimizer step runs `step(...)`: algorithms.value_loss with the actor's Reducer, megatron's
-forward-backward schedule over this data-parallel rank's micro-batches, grad-norm clip `clip_grad`,
+optimizer step takes a critic step (training/rl_step.py, the same for every backend): algorithms.value_loss
+with the actor's Reducer, megatron's forward-backward schedule over this data-parallel rank's
+micro-batches (the engine's backward), grad-norm clip `clip_grad`,
 AdamW with `critic_lr` (default `lr`) and the actor's warm-up (megatron's DistributedOptimizer
 with use_distributed_optimizer, as the policy's). Metrics: critic-value_loss,
 critic-value_clipfrac, critic-grad_norm, critic-lr-pg_0 (train/ prefix added by the trainer).
@@ -25,9 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from miles_core.algorithms import Reducer, value_loss
-
-from . import batching, model, optim, parallel, weights
+from . import batching, model, optim, weights
 
 
 class ValueHead(nn.Module):
@@ -45,28 +44,30 @@ class ValueHead(nn.Module):
 
 
 class MegatronCritic:
-    """The value stage (DDP-wrapped), its optimizer and its update (see the module docstring)."""
+    """The value stage (DDP-wrapped) and its optimizer (see the module docstring)."""
 
     def __init__(self, trainer, hf_state: dict[str, torch.Tensor]):
         self.algo, self.p, self.micro_batch_size = trainer.algo, trainer.p, trainer.algo.micro_batch_size
         self.lr = self.algo.critic_lr or self.algo.lr
         args = trainer.args
-        self.tconfig = model.transformer_config(args, self.p, trainer.dtype, cpu=trainer.cfg.cluster.device == "cpu")
+        self.tconfig = model.transformer_config(args, self.p, trainer.dtype, cpu=trainer.device_type == "cpu")
+        self.thd = trainer.spec.thd
         self.tconfig.calculate_per_token_loss = True
-        stage = model.build_stage(dataclasses.replace(args, untie_embeddings_and_output_weights=True), self.tconfig)
+        stage = model.build_stage(dataclasses.replace(args, untie_embeddings_and_output_weights=True), self.tconfig,
+                                  trainer.spec.use_transformer_engine)
         if stage.post_process:
             stage.output_layer = ValueHead(args.hidden_size, trainer.dtype)
         head = {"output_layer.weight": torch.zeros(1, args.hidden_size), "output_layer.bias": torch.zeros(1)}
+        model.to_params_dtype(stage, trainer.dtype)
         local = weights.shard({**weights.hf_to_full(hf_state, args), **head}, stage)
         stage.load_state_dict({k: v.to(trainer.dtype) for k, v in local.items()}, strict=False)
         self.distributed = self.p.use_distributed_optimizer
         self.module = optim.wrap_ddp(self.tconfig, stage, distributed_optimizer=self.distributed)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = (optim.distributed_adamw(self.module, self.algo, self.lr, trainer.dtype) if self.distributed
-                          else optim.adamw(self.params, self.algo, self.lr, trainer.cfg.cluster.device))
+        self.optimizer = optim.build(self.module, self.params, self.algo, self.lr, trainer.dtype, self.distributed, trainer.device_type)
 
     @staticmethod
-    def _values(mb: batching.MicroBatch, out: torch.Tensor) -> torch.Tensor:
+    def response_values(mb: batching.MicroBatch, out: torch.Tensor) -> torch.Tensor:
         """out [b, S, 1] -> V [n, T] (float32) at the positions predicting mb's response tokens."""
         return out.reshape(-1)[mb.flat_index].float()
 
@@ -74,30 +75,8 @@ class MegatronCritic:
         p = self.p
         max_tokens = ((p.log_probs_max_tokens_per_gpu or p.max_tokens_per_gpu) if forward_only else p.max_tokens_per_gpu) \
             if p.use_dynamic_batch_size else None
-        return batching.plan(batch, rows, self.micro_batch_size, max_tokens)
+        return batching.plan(batch, rows, self.micro_batch_size, max_tokens, self.thd)
 
     def values(self, batch) -> torch.Tensor | None:
         """V_old [N, T] on the last pipeline stage (None on the others), no grad."""
-        return batching.forward_only(self.module, batch, self._plan(batch, list(range(len(batch))), True), self._values)
-
-    def step(self, batch, old_values: torch.Tensor | None, returns: torch.Tensor | None, rows: range, reduce: Reducer,
-             warmup: float) -> dict[str, float]:
-        """One optimizer step over rows (one global batch); old_values, returns [N, T] (last stage; None elsewhere)."""
-        def loss_fn(mb, out):
-            cut = (mb.rows, slice(0, mb.loss_mask.shape[1]))
-            loss, metrics = value_loss(self.algo, self._values(mb, out), old_values[cut], returns[cut], mb.loss_mask, reduce)
-            return loss, torch.tensor(1), {name: float(v) for name, v in metrics.items()}
-
-        self.module.train()
-        self.module.zero_grad_buffer()
-        self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        for r in batching.run(self.module, self._plan(batch, parallel.my_rows(rows), False), loss_fn, forward_only=False):
-            for name, v in r.items():
-                totals[name] = totals.get(name, 0.0) + v
-        totals = parallel.sum_over_data_parallel(totals)
-        lr = self.lr * warmup
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        grad_norm = optim.step(self.optimizer, self.params, self.algo.clip_grad)
-        return {**totals, "critic-grad_norm": grad_norm, "critic-lr-pg_0": lr}
+        return batching.forward_only(self.module, batch, self._plan(batch, list(range(len(batch))), True), self.response_values)

@@ -1,8 +1,17 @@
 """ModelArgs + ParallelConfig -> megatron-core ``TransformerConfig`` and this pipeline stage's ``GPTModel``
-with the local (non Transformer-Engine) layer spec, RMSNorm, SwiGLU, RoPE: what the HF families of
-model_args.py are. Fusions that need CUDA kernels are off (they are speed, not math)."""
+with RMSNorm, SwiGLU, RoPE: what the HF families of model_args.py are. Fusions that need CUDA kernels are off
+(they are speed, not math).
+
+The layer spec is chosen here, once (``layer_spec``): Transformer Engine's (``transformer_engine``: fused
+norm + linear, TE attention taking packed rows as THD with cu_seqlens) when the device is CUDA and
+transformer_engine imports, megatron's local spec (``local``: torch norms and linears, the packed rows' mask)
+otherwise. The trainer names the choice in the run's params (``derived.trainer.layer_spec``).
+"""
 
 from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +27,7 @@ def _moe_kwargs(a: ModelArgs) -> dict:
         num_moe_experts=a.num_experts, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
         moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size, moe_router_topk=a.moe_router_topk,
         moe_router_score_function=a.moe_router_score_function, moe_router_enable_expert_bias=a.moe_router_enable_expert_bias,
+        moe_router_pre_softmax=a.moe_router_pre_softmax,
         moe_router_bias_update_rate=0.0, moe_router_topk_scaling_factor=a.moe_router_topk_scaling_factor,
         moe_layer_freq=list(a.moe_layer_freq) if a.moe_layer_freq else 1, moe_router_load_balancing_type="none",
         moe_aux_loss_coeff=0.0, moe_router_dtype="fp32", moe_grouped_gemm=False,
@@ -65,6 +75,27 @@ def _without_transformer_engine() -> None:
         moe_utils.te_general_gemm = None
 
 
+@dataclass(frozen=True)
+class LayerSpec:
+    """name: "transformer_engine" | "local"; thd: packed micro-batches as THD (cu_seqlens), which only TE's attention takes."""
+
+    name: str
+    use_transformer_engine: bool
+    thd: bool
+
+
+LAYER_SPECS = {
+    "transformer_engine": LayerSpec(name="transformer_engine", use_transformer_engine=True, thd=True),
+    "local": LayerSpec(name="local", use_transformer_engine=False, thd=False),
+}
+
+
+def layer_spec(device: str, te_available: bool | None = None) -> LayerSpec:
+    """The spec for a stage on ``device`` ("cpu" | "cuda"): Transformer Engine's on CUDA when it imports, else local."""
+    te_available = importlib.util.find_spec("transformer_engine") is not None if te_available is None else te_available
+    return LAYER_SPECS["transformer_engine" if device == "cuda" and te_available else "local"]
+
+
 def build_stage(a: ModelArgs, config, use_transformer_engine: bool = False):
     """This rank's pipeline stage of the GPT model (embedding on the first stage, output layer on the last); the local
     layer spec, or Transformer Engine's (GPU only: bench/gpu_check.py)."""
@@ -80,3 +111,13 @@ def build_stage(a: ModelArgs, config, use_transformer_engine: bool = False):
         share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights, position_embedding_type="rope",
         rotary_percent=a.rotary_percent, rotary_base=int(a.rotary_base) if float(a.rotary_base).is_integer() else a.rotary_base,
     )
+
+
+def to_params_dtype(stage, dtype: torch.dtype):
+    """Every parameter of ``stage`` in ``dtype``, as megatron's Float16Module makes a bf16/fp16 model (the local spec
+    builds its norms in fp32 whatever params_dtype is); buffers keep theirs (the router's fp32 expert bias). -> stage."""
+    with torch.no_grad():
+        for p in stage.parameters():
+            if p.dtype.is_floating_point and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    return stage

@@ -3,7 +3,8 @@
 ``ModelArgs`` holds what Megatron's GPT model needs (the fields are the reference's MODEL_ARGS flags,
 ``--num-query-groups`` -> ``num_query_groups``). ``from_hf_config`` reads them from a config.json
 of a supported family (FAMILIES: qwen2 / qwen2.5, qwen3, llama, qwen3_moe, glm4_moe, glm4_moe_lite);
-``NAMED`` holds the reference's named specs (scripts/models/<name>.sh), and ``check_named`` compares a
+``NAMED`` holds the reference's named specs (scripts/models/<name>.py), ``STYLES`` how the reference's script
+writes each beside its math (``reference_flags``: what ``miles model-args`` prints), and ``check_named`` compares a
 named spec with a config.json field by field. No megatron import here (config-load time).
 """
 
@@ -34,6 +35,7 @@ class ModelArgs:
     moe_router_topk: int = 2
     moe_router_score_function: str = "softmax"
     moe_router_enable_expert_bias: bool = False
+    moe_router_pre_softmax: bool = False  # softmax over all experts before the top-k (HF norm_topk_prob false)
     moe_router_topk_scaling_factor: float | None = None
     moe_layer_freq: tuple[int, ...] | None = None
     # multi-latent attention (glm4.7-flash)
@@ -59,15 +61,16 @@ class ModelArgs:
         return replace(self, padded_vocab_size=padded if padded != self.vocab_size else None)
 
     def flags(self) -> list[str]:
-        """The Megatron-LM command-line form (``--num-layers 24 ...``), as the reference's scripts write it."""
+        """The model's math as Megatron-LM flags (``--num-layers 24 ...``): every field that is set; MoE router flags only
+        for an MoE model (a dense model has no router)."""
         out: list[str] = ["--swiglu", "--disable-bias-linear", "--normalization RMSNorm", "--position-embedding-type rope"]
+        if self.num_query_groups < self.num_attention_heads:
+            out.append("--group-query-attention")
         for f in fields(self):
             value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
-            if value is None or value is False or (f.name == "num_experts" and not value):
+            if value is None or value is False or (f.name in MOE_FIELDS and not self.num_experts):
                 continue
-            if f.name == "num_query_groups" and value < self.num_attention_heads:
-                out.append("--group-query-attention")
+            flag = "--" + f.name.replace("_", "-")
             if value is True:
                 out.append(flag)
             elif f.name == "moe_layer_freq":
@@ -77,15 +80,23 @@ class ModelArgs:
         return out
 
 
+MOE_FIELDS = frozenset({"num_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_topk",
+                        "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_pre_softmax",
+                        "moe_router_topk_scaling_factor",
+                        "moe_layer_freq"})
+
+
 def _number(value) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _freq_expr(freq: tuple[int, ...]) -> str:
+    """`[0]*3+[1]*89` for dense-then-MoE (the reference's GLM scripts), else the list `[1,1,...]` (its
+    model_args_utils.moe_layer_freq)."""
     dense = freq.index(1) if 1 in freq else len(freq)
-    if all(freq[dense:]):
-        return f"[0]*{dense}+[1]*{len(freq) - dense}" if dense else f"([1]*{len(freq)})"
-    return str(list(freq))
+    if dense and all(freq[dense:]):
+        return f"[0]*{dense}+[1]*{len(freq) - dense}"
+    return "[" + ",".join(map(str, freq)) + "]"
 
 
 def _dense_then_moe(dense: int, layers: int) -> tuple[int, ...]:
@@ -117,11 +128,11 @@ def _qwen2(c: dict) -> ModelArgs:
 
 
 def _qwen3(c: dict) -> ModelArgs:
-    return ModelArgs(**_common(c), add_qkv_bias=bool(c.get("attention_bias", False)), qk_layernorm=True)
+    return ModelArgs(**_common(c), qk_layernorm=True)
 
 
 def _llama(c: dict) -> ModelArgs:
-    return ModelArgs(**_common(c), add_qkv_bias=bool(c.get("attention_bias", False)))
+    return ModelArgs(**_common(c))  # attention_bias: refused when true (models/hf_fields.py)
 
 
 def _qwen3_moe(c: dict) -> ModelArgs:
@@ -129,7 +140,8 @@ def _qwen3_moe(c: dict) -> ModelArgs:
               for i in range(c["num_hidden_layers"])]
     experts = c["num_experts"] if "num_experts" in c else c["num_local_experts"]  # transformers 5 writes num_local_experts
     return replace(_qwen3(c), num_experts=experts, moe_ffn_hidden_size=c["moe_intermediate_size"],
-                   moe_router_topk=c["num_experts_per_tok"], moe_layer_freq=tuple(sparse))
+                   moe_router_topk=c["num_experts_per_tok"], moe_layer_freq=tuple(sparse),
+                   moe_router_pre_softmax=not c.get("norm_topk_prob", False))  # transformers' default: False
 
 
 def _glm_moe_fields(c: dict) -> dict:
@@ -166,6 +178,9 @@ def from_hf_config(config: dict, source: str = "config.json") -> ModelArgs:
     kind = config.get("model_type")
     if kind not in FAMILIES:
         raise ValueError(f"{source}: model_type {kind!r} has no Megatron model spec; supported: {sorted(FAMILIES)}")
+    from miles_core.models.hf_fields import check_fields
+
+    check_fields(config, source)  # every field read, inert, or refused by name (models/hf_fields.py)
     try:
         return FAMILIES[kind](config)
     except KeyError as e:
@@ -207,6 +222,41 @@ NAMED: dict[str, ModelArgs] = {
                               moe_layer_freq=_dense_then_moe(1, 47), multi_latent_attention=True, q_lora_rank=768,
                               kv_lora_rank=512, qk_head_dim=192, v_head_dim=256, qk_pos_emb_head_dim=64, mtp_num_layers=1),
 }
+
+
+@dataclass(frozen=True)
+class FlagStyle:
+    """How the reference's scripts/models/<name> writes a spec beside the model's math (ModelArgs.flags()): the
+    flags it leaves to Megatron-LM's defaults or does not train (implicit), and its settings that are not the model
+    (token dispatcher, kernels, router training, rope spelling: extra)."""
+
+    implicit: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+
+    def apply(self, flags: list[str]) -> list[str]:
+        return [f for f in flags if f.split()[0] not in self.implicit] + list(self.extra)
+
+
+_QWEN_DENSE = FlagStyle(implicit=("--position-embedding-type", "--rotary-percent"), extra=("--use-rotary-position-embeddings",))
+_QWEN25 = replace(_QWEN_DENSE, implicit=(*_QWEN_DENSE.implicit, "--kv-channels"))
+_MOE_KERNELS = ("--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm", "--moe-router-dtype fp32", "--moe-permute-fusion",
+                "--moe-aux-loss-coeff 0")
+_GLM_ROUTER = ("--moe-router-pre-softmax", "--moe-router-bias-update-rate 0", "--moe-router-load-balancing-type seq_aux_loss")
+STYLES: dict[str, FlagStyle] = {
+    "qwen2.5-0.5B": _QWEN25, "qwen2.5-7B": _QWEN25,
+    "qwen3-0.6B": _QWEN_DENSE, "qwen3-4B": _QWEN_DENSE, "qwen3-8B": _QWEN_DENSE,
+    "qwen3-30B-A3B": FlagStyle(extra=(*_MOE_KERNELS, "--moe-token-drop-policy probs")),
+    "glm4.5-355B-A32B": FlagStyle(implicit=("--mtp-num-layers", "--norm-epsilon"), extra=(*_GLM_ROUTER, *_MOE_KERNELS)),
+    "glm4.5-106B-A12B": FlagStyle(implicit=("--mtp-num-layers", "--norm-epsilon"), extra=(*_GLM_ROUTER, *_MOE_KERNELS)),
+    "glm4.7-flash": FlagStyle(implicit=("--num-query-groups", "--rotary-percent", "--position-embedding-type"),
+                              extra=(*_GLM_ROUTER, *_MOE_KERNELS[1:], "--position-embedding-type rope", "--make-vocab-size-divisible-by 64",
+                                     "--no-position-embedding", "--no-rope-fusion")),
+}
+
+
+def reference_flags(name: str) -> list[str]:
+    """The reference's MODEL_ARGS for a named spec: its math (ModelArgs.flags()) in the reference script's style."""
+    return STYLES[name].apply(named(name).flags())
 
 
 def named(name: str) -> ModelArgs:

@@ -15,11 +15,22 @@ the rank's AdamW steps only the fp32 main-parameter shard it owns (its optimizer
 and the updated shards are all-gathered back into every rank's parameters. Its grad norm and clip are
 megatron's (clip_grads.get_grad_norm_fp32: the same norm, squares summed over the model-parallel and
 data-parallel shards; coefficient max_norm / (norm + 1e-6)); every parameter is weight-decayed, as here.
+
+16-bit parameters (dtype bfloat16 or float16) always take megatron-core's mixed-precision optimizer, as the
+reference does: ``get_megatron_optimizer(OptimizerConfig(bf16=True | fp16=True, ...))``, which is
+``Float16OptimizerWithFloat16Params`` without the distributed optimizer (an fp32 main copy of every 16-bit
+parameter, optimizer/optimizer.py) and the ``DistributedOptimizer`` with it (fp32 main shards): DDP
+accumulates and reduces the gradients in fp32 buffers (grad_reduce_in_fp32), the gradients are copied to
+the fp32 main parameters, AdamW steps those, and the 16-bit parameters are copied back from them. float16
+adds megatron's dynamic loss scaler (the schedule scales the loss through ``grad_scale_func``; a step whose
+gradients overflow is skipped, its grad norm nan). Checkpoints hold the fp32 main weights (the optimizer's
+sharded state: ``fp32_from_fp16_params`` / the distributed optimizer's ``fp32_param``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -42,8 +53,10 @@ def grad_norm(params: list[torch.nn.Parameter]) -> float:
     """The global L2 norm of the gradients of the whole model (see the module docstring)."""
     from megatron.core import parallel_state as ps
 
-    dense = torch.zeros((), dtype=torch.float64)
-    expert = torch.zeros((), dtype=torch.float64)
+    from .parallel import comm_device
+
+    dense = torch.zeros((), dtype=torch.float64, device=comm_device())
+    expert = torch.zeros((), dtype=torch.float64, device=comm_device())
     for p in params:
         if p.grad is not None and _counted(p):
             sq = p.grad.detach().double().pow(2).sum()
@@ -82,36 +95,83 @@ def wrap_ddp(tconfig, stage, distributed_optimizer: bool = False):
     return ddp
 
 
+HALF = (torch.bfloat16, torch.float16)
+
+
+def build(ddp, params: list[torch.nn.Parameter], algo, lr: float, dtype: torch.dtype, distributed: bool, device: str):
+    """The optimizer of ddp's parameters: megatron-core's (16-bit parameters or use_distributed_optimizer), else torch's
+    AdamW on the fp32 parameters (see the module docstring). The schedule's loss scaling is wired to it."""
+    if not distributed and dtype not in HALF:
+        return adamw(params, algo, lr, device)
+    optimizer = megatron_adamw(ddp, algo, lr, dtype, distributed)
+    ddp.config.grad_scale_func = optimizer.scale_loss  # 1 under bf16; the dynamic loss scale under fp16
+    return optimizer
+
+
 def adamw(params: list[torch.nn.Parameter], algo, lr: float, device: str) -> torch.optim.Optimizer:
     """torch's AdamW with the run's betas, eps and weight decay (fused on cpu and cuda)."""
     return torch.optim.AdamW(params, lr=lr, betas=(algo.adam_beta1, algo.adam_beta2), eps=algo.adam_eps,
                              weight_decay=algo.weight_decay, fused=device in ("cpu", "cuda"))
 
 
-def distributed_adamw(ddp, algo, lr: float, dtype: torch.dtype):
-    """megatron-core's DistributedOptimizer (torch AdamW inside) over ddp (wrapped with distributed_optimizer)."""
+def megatron_adamw(ddp, algo, lr: float, dtype: torch.dtype, distributed: bool):
+    """megatron-core's optimizer (torch AdamW inside; fp32 main weights for 16-bit parameters) over ddp."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=algo.weight_decay, adam_beta1=algo.adam_beta1,
                              adam_beta2=algo.adam_beta2, adam_eps=algo.adam_eps, clip_grad=algo.clip_grad,
-                             use_distributed_optimizer=True, bf16=dtype == torch.bfloat16, params_dtype=dtype)
+                             use_distributed_optimizer=distributed, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+                             params_dtype=dtype)
     return get_megatron_optimizer(config, [ddp], config_overrides={})  # {}: no weight-decay exemptions
 
 
-def distributed_step(optimizer, max_norm: float) -> float:
-    """One DistributedOptimizer step: main-grad shards, megatron's norm (and clip when max_norm > 0), AdamW on
-    this rank's shard, parameters all-gathered; -> the norm before clipping."""
-    optimizer.prepare_grads()
+def main_params(optimizer) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """(model parameter, its fp32 main weights) of a megatron optimizer: the Float16Optimizer's fp32 copies, or this
+    rank's fp32 main shards of the distributed optimizer (flat); fp32 parameters are their own main weights."""
+    out = []
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(opt, "shard_fp32_from_float16_groups"):  # DistributedOptimizer
+            pairs = [(opt.model_float16_groups, opt.shard_fp32_from_float16_groups),
+                     (opt.model_fp32_groups, opt.shard_fp32_groups)]
+        else:  # Float16OptimizerWithFloat16Params
+            pairs = [(opt.float16_groups, opt.fp32_from_float16_groups), (opt.fp32_from_fp32_groups, opt.fp32_from_fp32_groups)]
+        for models, mains in pairs:
+            for model_group, main_group in zip(models, mains):
+                out.extend(zip(model_group, main_group))
+    return out
+
+
+def offload(optimizer, device: torch.device) -> None:
+    """The optimizer's state (and megatron's fp32 main weights) to ``device``: megatron's offload_to_cpu /
+    restore_from_cpu, or torch AdamW's state tensors moved (the step count stays where AdamW keeps it)."""
+    if hasattr(optimizer, "offload_to_cpu"):
+        (optimizer.offload_to_cpu if device.type == "cpu" else optimizer.restore_from_cpu)()
+        return
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if torch.is_tensor(v) and k != "step":
+                state[k] = v.to(device)
+
+
+def megatron_step(optimizer, max_norm: float, check: Callable[[float], None]) -> float:
+    """One step of megatron's optimizer: gradients to the fp32 main weights (unscaled, checked for overflow under
+    fp16), megatron's norm (and clip when max_norm > 0), AdamW on the main weights (this rank's shard), copied back
+    into the parameters (all-gathered), ``check`` of the norm first; -> the norm before clipping (nan: an fp16 overflow, the step skipped)."""
+    if optimizer.prepare_grads():  # found inf/nan: the loss scaler has lowered its scale, no update (as megatron's step)
+        return math.nan
     norm = optimizer.clip_grad_norm(max_norm) if max_norm > 0 else optimizer.get_grad_norm()
+    check(float(norm))
     optimizer.step_with_ready_grads()
     return float(norm)
 
 
-def step(optimizer, params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """One optimizer step of the gradients DDP holds, clipped to max_norm (0 = no clip); -> the norm before."""
-    if hasattr(optimizer, "prepare_grads"):  # megatron's DistributedOptimizer
-        return distributed_step(optimizer, max_norm)
+def step(optimizer, params: list[torch.nn.Parameter], max_norm: float, check: Callable[[float], None]) -> float:
+    """One optimizer step of the gradients DDP holds, clipped to max_norm (0 = no clip); ``check(norm)`` (the
+    NaN/inf guard, miles_core/finite.py) runs before the update; -> the norm before."""
+    if hasattr(optimizer, "prepare_grads"):  # megatron's optimizer (Float16 or distributed)
+        return megatron_step(optimizer, max_norm, check)
     use_main_grads(params)
     norm = clip_(params, max_norm)
+    check(norm)
     optimizer.step()
     return norm

@@ -4,11 +4,15 @@ On the Ray runtime each train-group actor has called ``torch.distributed.init_pr
 CPU, NCCL on GPU) before building the trainer; in the local runtime there is none, and ``init_parallel``
 starts a one-process gloo group on a free 127.0.0.1 port itself (and ``teardown`` ends it again).
 megatron's model-parallel groups (TP, PP, CP, EP, DP) are then cut from the world
-(``parallel_state.initialize_model_parallel``), world = TP * PP * CP * DP, and the RNG tracker seeded.
+(``parallel_state.initialize_model_parallel``, their collectives timing out after ``distributed_timeout_minutes``),
+world = TP * PP * CP * DP, and the RNG tracker seeded (on the
+device: megatron's model_parallel_cuda_manual_seed seeds the CUDA generators on a GPU, cpu.py redirects them to the
+CPU generator on a machine without CUDA). A one-rank world of its own is NCCL on a GPU, gloo on the CPU.
 """
 
 from __future__ import annotations
 
+import datetime
 import socket
 
 import torch
@@ -34,8 +38,12 @@ def init_parallel(p: ParallelConfig, seed: int, device: str) -> None:
     from .cpu import install
 
     install(device)
+    if device == "cuda":
+        torch.cuda.set_device(torch.cuda.current_device())  # the actor's own GPU (Ray sets CUDA_VISIBLE_DEVICES)
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        backend = "nccl" if device == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
         _OWN_WORLD = True
     world = dist.get_world_size()
     if world % p.model_parallel:
@@ -52,7 +60,7 @@ def init_parallel(p: ParallelConfig, seed: int, device: str) -> None:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=p.tensor_model_parallel_size, pipeline_model_parallel_size=p.pipeline_model_parallel_size,
             context_parallel_size=p.context_parallel_size, expert_model_parallel_size=p.expert_model_parallel_size,
-            expert_tensor_parallel_size=p.expert_tp,
+            expert_tensor_parallel_size=p.expert_tp, distributed_timeout_minutes=p.distributed_timeout_minutes,
         )
     tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
     torch.manual_seed(seed)
@@ -85,9 +93,14 @@ def sum_over_data_parallel(totals: dict[str, float]) -> dict[str, float]:
     if not totals or ps.get_data_parallel_world_size() == 1:
         return totals
     names = sorted(totals)
-    t = torch.tensor([totals[n] for n in names], dtype=torch.float64)
+    t = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, group=ps.get_data_parallel_group())
     return dict(zip(names, t.tolist()))
+
+
+def comm_device() -> torch.device:
+    """Where a tensor for a collective must be: the current GPU under NCCL, else the CPU (gloo)."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def from_last_stage(obj):

@@ -1,19 +1,17 @@
-"""The Megatron trainer: megatron-core's GPTModel (this rank's TP / PP / EP share), its DDP and optimizer,
-and its pipeline schedules, running the same RL math as the torch trainer (miles_core/algorithms).
+"""The Megatron backend: MegatronEngine (megatron-core's GPTModel, this rank's TP / PP / EP share, its DDP and
+optimizer, its pipeline schedules; the TrainEngine protocol of training/engine.py) and MegatronTrainer, the
+one RL step (training/rl_step.RLTrainer) over it, the same step as the torch backend's.
 
-One rollout (train_rollout):
-    1. forward-only log-probs: old policy (unless use_rollout_logprobs), reference (KL), OPD teacher
-       (opd_teacher_load: a stage of the teacher's own shape), on the last pipeline stage, with
-       log_softmax(logits / rollout_temperature), vocab-parallel under TP
-    2. advantages (compute_advantages), on the last stage
-    3. num_steps_per_rollout optimizer steps of global_batch_size samples: this data-parallel rank's rows
-       in micro-batches (micro_batch_size samples, or packed to max_tokens_per_gpu tokens with
-       use_dynamic_batch_size) through megatron's forward-backward schedule; actor_loss with the
-       torch trainer's Reducer (global denominators), so gradients and metric totals are sums over
-       micro-batches and data-parallel ranks; grad-norm clip clip_grad; Adam.
-With ppo a critic (critic.py) gives the values for GAE in step 1 and is updated at each step 3 (only
-the critic before num_critic_only_steps rollouts, as the torch trainer).
-Metrics come from the last pipeline stage and are broadcast to every rank.
+What the engine does for the step:
+    forward-only log-probs of the policy, reference (KL) and OPD teacher (opd_teacher_load: a stage of the
+    teacher's own shape), on the last pipeline stage, with log_softmax(logits / rollout_temperature),
+    vocab-parallel under TP; the critic's values (ppo, critic.py)
+    backward: this data-parallel rank's rows of a global batch in micro-batches (micro_batch_size samples, or
+    packed to max_tokens_per_gpu tokens with use_dynamic_batch_size) through megatron's forward-backward
+    schedule, the loss on the last stage; gradients and metric totals are sums over micro-batches and
+    data-parallel ranks (the Reducer's global denominators)
+    optimizer step: grad-norm clip clip_grad and Adam (optim.py), the NaN guard inside megatron's step.
+Outputs (advantages, metrics) are those of the last pipeline stage, broadcast to every rank (from_last_stage).
 
 megatron's calculate_per_token_loss is set on its TransformerConfig so that its schedule and DDP
 neither divide the loss by the number of micro-batches nor average gradients over data-parallel ranks:
@@ -23,48 +21,35 @@ the Reducer's denominators already make the loss the step's mean (REFERENCE §3)
 from __future__ import annotations
 
 import json
-import time
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from miles_core.algorithms import AdvantageInputs, LossInputs, Reducer, actor_loss, compute_advantages, masked_mean
 from miles_core.config import TrainConfig
 from miles_core.config.rules import check_model_divides
-from miles_core.data.sample import Sample
 from miles_core.device import resolve_device
 from miles_core.models.shape import shape_from_config
-from miles_core.training.batch import TokenBatch, make_batch, per_token
-from miles_core.training.protocol import TrainOutput
-from miles_core.training.schedule import set_lr, warmup_factor
-from miles_core.training.torch_trainer import RolloutTensors
+from miles_core.training.batch import TokenBatch
+from miles_core.training.engine import LossFn, Piece, RolloutTensors
+from miles_core.training.rl_step import RLTrainer
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .critic import MegatronCritic
 from .logprobs import mask_padded_vocab
 from .model_args import ModelArgs, from_hf_config
+from .weights import load_hf_state  # every HF load checked against config.json first (checkpoint/hf_load.py)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_hf_state(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
-    """The HF checkpoint's tensors under the HF model's state-dict names, validated against its config.json."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    state = dict(hf.state_dict())
-    if not args.untie_embeddings_and_output_weights:
-        state.pop("lm_head.weight", None)
-    weights.validate_hf(state, args, str(path))
-    return state
-
-
-class MegatronTrainer:
-    """Owns the policy stage (DDP-wrapped), its optimizer and the forward-only stages: reference (KL), teacher (OPD)."""
+class MegatronEngine:
+    """Owns the policy stage (DDP-wrapped), its optimizer and the forward-only stages: reference (KL), teacher (OPD),
+    and the critic (ppo)."""
 
     collective = True  # every method is a collective over the train group: a Ray train group calls it on every rank
+    replays_step = False  # the old-policy pass always runs (rl_step.on_policy)
 
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         self.cfg, self.algo, self.p = cfg, cfg.algo, cfg.parallel
@@ -74,24 +59,26 @@ class MegatronTrainer:
         hf_config = json.loads((self.model_path / "config.json").read_text())
         check_model_divides(shape_from_config(hf_config), self.p, str(self.model_path))
         self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
-        self.device = resolve_device(cfg.cluster.device).type  # cpu here: a GPU is refused at run start (preflight)
-        parallel.init_parallel(self.p, cfg.misc.seed, self.device)
+        self.device = resolve_device(cfg.cluster.device)  # batches, grad buffers and RNG live there
+        self.device_type = self.device.type
+        parallel.init_parallel(self.p, cfg.misc.seed, self.device_type)
+        self.spec = model.layer_spec(self.device_type)  # TE on CUDA when it imports, else local (model.py)
         self.dtype = DTYPES[cfg.misc.dtype]
-        self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=self.device == "cpu")
+        self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=self.device_type == "cpu")
         self.tconfig.calculate_per_token_loss = True  # see the module docstring
         hf_state = load_hf_state(self.model_path, self.args)
         self.model, self.optimizer = self._build_policy(hf_state)
         self.critic = MegatronCritic(self, hf_state) if cfg.algo.advantage_estimator == "ppo" else None
         self.ref_model = self._build_ref() if cfg.needs_ref_model else None
         self.teacher_model = self._build_teacher() if cfg.algo.use_opd and cfg.algo.opd_teacher_load else None
-        self.loss_algo = cfg.algo.model_copy(update={"use_kl_loss": False}) if self.ref_model is None and cfg.algo.use_kl_loss else cfg.algo
-        self.steps_done = 0
+        roles = (("ref", self.ref_model), ("teacher", self.teacher_model), ("critic", self.critic))
+        self.roles = frozenset({"actor"} | {r for r, m in roles if m is not None})
 
     # ---- building ------------------------------------------------------------------------------
     def _stage(self, hf_state: dict[str, torch.Tensor], args: ModelArgs | None = None, tconfig=None):
         """A stage of the model ``args`` (default the policy's) under ``tconfig``, holding hf_state's weights."""
         args, tconfig = args or self.args, tconfig or self.tconfig
-        stage = model.build_stage(args, tconfig)
+        stage = model.to_params_dtype(model.build_stage(args, tconfig, self.spec.use_transformer_engine), self.dtype)
         local = weights.shard(weights.hf_to_full(hf_state, args), stage)
         stage.load_state_dict({k: v.to(self.dtype) for k, v in local.items()}, strict=False)
         return stage
@@ -100,9 +87,7 @@ class MegatronTrainer:
         distributed = self.p.use_distributed_optimizer
         ddp = optim.wrap_ddp(self.tconfig, self._stage(hf_state), distributed_optimizer=distributed)
         self.params = [p for p in ddp.parameters() if p.requires_grad]
-        if distributed:
-            return ddp, optim.distributed_adamw(ddp, self.algo, self.algo.lr, self.dtype)
-        return ddp, optim.adamw(self.params, self.algo, self.algo.lr, self.cfg.cluster.device)
+        return ddp, optim.build(ddp, self.params, self.algo, self.algo.lr, self.dtype, distributed, self.device_type)
 
     def _build_ref(self):
         path = Path(self.cfg.checkpoint.ref_load) if self.cfg.checkpoint.ref_load else self.model_path
@@ -122,7 +107,7 @@ class MegatronTrainer:
             raise ValueError(f"opd_teacher_load {self.algo.opd_teacher_load}: teacher vocab_size {args.vocab_size} != student "
                              f"vocab_size {self.args.vocab_size}; OPD compares log-probs of the same token ids, so teacher and "
                              "student must share the tokenizer")
-        tconfig = model.transformer_config(args, self.p, self.dtype, cpu=self.cfg.cluster.device == "cpu")
+        tconfig = model.transformer_config(args, self.p, self.dtype, cpu=self.device_type == "cpu")
         tconfig.calculate_per_token_loss = True
         return self._stage(load_hf_state(path, args), args, tconfig).eval()
 
@@ -135,88 +120,76 @@ class MegatronTrainer:
     def compute_log_probs(self, stage, batch: TokenBatch) -> torch.Tensor | None:
         """[N, T] response log-probs on the last pipeline stage (None on the others), micro-batched."""
         max_tokens = (self.p.log_probs_max_tokens_per_gpu or self.p.max_tokens_per_gpu) if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens)
+        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd)
         return batching.forward_only(stage, batch, mbs, lambda mb, out: logprobs.token_log_probs(self._response_logits(mb, out), mb.resp_tokens))
 
-    # ---- one rollout of training ---------------------------------------------------------------
-    def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> TrainOutput:
+    def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
+        return fn(batch, samples)  # every rank runs every row (the data-parallel split is in the optimizer steps)
+
+    def log_probs(self, role: str, batch: TokenBatch) -> torch.Tensor | None:
+        stage = {"actor": self.model, "ref": self.ref_model, "teacher": self.teacher_model}[role]
+        return None if stage is None else self.compute_log_probs(stage, batch)
+
+    def values(self, batch: TokenBatch) -> torch.Tensor | None:
+        return None if self.critic is None else self.critic.values(batch)
+
+    @property
+    def last_stage(self) -> bool:
         from megatron.core import parallel_state as ps
 
-        batch = make_batch(samples, self.pad_id)
-        t0 = time.perf_counter()
-        last = ps.is_pipeline_last_stage()
-        old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(self.model, batch)
-        ref = self.compute_log_probs(self.ref_model, batch) if self.ref_model is not None else None
-        teacher = self._teacher_log_probs(batch, samples)
-        values = self.critic.values(batch) if self.critic is not None else None
-        tensors = RolloutTensors(old=old, ref=ref, teacher=teacher, values=values)  # [N, T] each, on the last stage
-        rollout = {}
-        if last:
-            adv_in = AdvantageInputs(
-                rewards=torch.tensor(rewards, dtype=torch.float), group_index=torch.tensor([s.group_index for s in samples]),
-                loss_mask=batch.loss_mask, old_log_probs=old, ref_log_probs=ref, values=values, teacher_log_probs=teacher,
-            )
-            tensors.adv, tensors.returns, adv_metrics = compute_advantages(self.algo, adv_in)
-            rollout = {"rollout/log_probs": float(masked_mean(old, batch.loss_mask)),
-                       "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
-                       **{f"rollout/{k}": v for k, v in adv_metrics.items()}}
-            if ref is not None:
-                rollout["rollout/ref_log_probs"] = float(masked_mean(ref, batch.loss_mask))
-        train_actor = self.critic is None or rollout_id >= self.algo.num_critic_only_steps
-        steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.cfg.num_steps_per_rollout)]
-        dt = time.perf_counter() - t0
-        rollout["perf/actor_train_time"] = dt
-        rollout["perf/actor_train_tok_per_s"] = float(batch.attention_mask.sum()) * len(steps) / max(dt, 1e-9)
-        rollout, steps = parallel.from_last_stage((rollout, steps))
-        return TrainOutput(rollout=rollout, steps=steps)
+        return ps.is_pipeline_last_stage()
 
-    def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
-        """OPD: the teacher model's log-probs (last stage), else the samples' teacher_log_probs; None without OPD."""
-        if self.teacher_model is not None:
-            return self.compute_log_probs(self.teacher_model, batch)
-        return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]) if self.algo.use_opd else None
+    def from_last_stage(self, obj):
+        return parallel.from_last_stage(obj)
 
-    def _optimizer_step(self, batch: TokenBatch, tensors: RolloutTensors, k: int, train_actor: bool = True) -> dict[str, float]:
-        gbs = self.cfg.global_batch_size
-        rows = range(k * gbs, (k + 1) * gbs)
-        reduce = Reducer(self.algo.calculate_per_token_loss, num_samples=gbs, num_tokens=float(batch.loss_mask[rows.start : rows.stop].sum()))
-        metrics = self._actor_step(batch, tensors, rows, reduce) if train_actor else {}
-        if self.critic is not None:
-            warmup = warmup_factor(self.algo, self.steps_done)
-            critic = self.critic.step(batch, tensors.values, tensors.returns, rows, reduce, warmup)
-            metrics |= {f"train/{name}": v for name, v in critic.items()}
-        self.steps_done += 1
-        return metrics
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
 
-    def _actor_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
+    # ---- backward and optimizer step --------------------------------------------------------------
+    def _trained_parts(self, model: str):
+        """(DDP module, optimizer, params) of "actor" or "critic"."""
+        if model == "actor":
+            return self.model, self.optimizer, self.params
+        return self.critic.module, self.critic.optimizer, self.critic.params
+
+    def backward(self, model: str, batch: TokenBatch, rows: range, loss_fn: LossFn) -> dict[str, float]:
+        """Gradients of loss_fn over this data-parallel rank's share of rows (megatron's schedule, loss on the last
+        stage); -> the metric totals summed over micro-batches and data-parallel ranks."""
+        ddp, optimizer, _ = self._trained_parts(model)
         max_tokens = self.p.max_tokens_per_gpu if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens)
-        self.model.train()
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad(set_to_none=True)
+        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd)
+        ddp.train()
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad(set_to_none=True)
+        piece = self._actor_piece if model == "actor" else self._critic_piece
         totals: dict[str, float] = {}
-        for r in batching.run(self.model, mbs, partial(self._loss, tensors, reduce), forward_only=False):
+        for r in batching.run(ddp, mbs, partial(self._loss, loss_fn, piece), forward_only=False):
             for name, v in r.items():
                 totals[name] = totals.get(name, 0.0) + v
-        totals = parallel.sum_over_data_parallel(totals)
-        lr = set_lr(self.optimizer, self.algo, self.steps_done)
-        grad_norm = optim.step(self.optimizer, self.params, self.algo.clip_grad)
-        return {**{f"train/{n}": v for n, v in totals.items()}, "train/grad_norm": grad_norm, "train/lr-pg_0": lr}
+        return parallel.sum_over_data_parallel(totals)
 
-    def _loss(self, tensors: RolloutTensors, reduce: Reducer, mb: batching.MicroBatch, out: torch.Tensor):
-        """actor_loss on one micro-batch (last stage): -> (loss, token count, float metrics)."""
+    def _loss(self, loss_fn: LossFn, piece, mb: batching.MicroBatch, out: torch.Tensor):
+        """loss_fn on one micro-batch (last stage): -> (loss, token count, float metrics), as megatron's schedule wants."""
+        loss, metrics = loss_fn(piece(mb, out))
+        return loss, batching.count(loss), {name: float(v) for name, v in metrics.items()}
+
+    def _actor_piece(self, mb: batching.MicroBatch, out: torch.Tensor) -> Piece:
         logits = self._response_logits(mb, out)
-        T = mb.loss_mask.shape[1]
-        cut = lambda x: None if x is None else x[mb.rows, :T]  # noqa: E731
-        with_entropy = self.algo.entropy_coef > 0
-        entropy = logprobs.entropy(logits if with_entropy else logits.detach())
-        inputs = LossInputs(
-            log_probs=logprobs.token_log_probs(logits, mb.resp_tokens), old_log_probs=cut(tensors.old),
-            advantages=cut(tensors.adv), loss_mask=mb.loss_mask, entropy=entropy, rollout_log_probs=mb.rollout_log_probs,
-            ref_log_probs=cut(tensors.ref), teacher_log_probs=cut(tensors.teacher),
-        )
-        loss, metrics = actor_loss(self.loss_algo, inputs, reduce)
-        return loss, torch.tensor(1), {name: float(v) for name, v in metrics.items()}
+        entropy = logprobs.entropy(logits if self.algo.entropy_coef > 0 else logits.detach())
+        return Piece(rows=mb.rows, loss_mask=mb.loss_mask, rollout_log_probs=mb.rollout_log_probs,
+                     log_probs=logprobs.token_log_probs(logits, mb.resp_tokens), entropy=entropy)
+
+    def _critic_piece(self, mb: batching.MicroBatch, out: torch.Tensor) -> Piece:
+        return Piece(rows=mb.rows, loss_mask=mb.loss_mask, rollout_log_probs=mb.rollout_log_probs,
+                     values=self.critic.response_values(mb, out))
+
+    def optimizer_step(self, model: str, lr: float, check) -> float:
+        """lr on every param group, then optim.step: the clip, ``check(grad_norm)`` (inside megatron's step for its
+        optimizer) and the update; -> the grad norm."""
+        _, optimizer, params = self._trained_parts(model)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return optim.step(optimizer, params, self.algo.clip_grad, check)
 
     # ---- weights ------------------------------------------------------------------------------
     def hf_state(self) -> dict[str, torch.Tensor]:
@@ -227,13 +200,14 @@ class MegatronTrainer:
         return hf
 
     def named_tensors(self):
-        return self.hf_state().items()
+        """HF names and tensors in the model dtype, for weight sync (the fp32 main weights stay in the optimizer)."""
+        return [(k, v.to(self.dtype) if v.is_floating_point() else v) for k, v in self.hf_state().items()]
 
     def hf_model(self):
-        """The policy as a transformers model (CPU, float32) holding the gathered weights."""
+        """The policy as a transformers model (CPU, in the model dtype) holding the gathered weights."""
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_config(self.hf_config(), dtype=torch.float32)
+        hf = AutoModelForCausalLM.from_config(self.hf_config(), dtype=self.dtype)
         hf.load_state_dict(self.hf_state())
         return hf.eval()
 
@@ -253,28 +227,46 @@ class MegatronTrainer:
 
         return AutoConfig.from_pretrained(self.model_path)
 
-    def mean_log_probs(self, samples: list[Sample]) -> list[float]:
-        """Per sample, the masked mean log-prob of its response under the current policy (last stage's, broadcast)."""
-        batch = make_batch(samples, self.pad_id)
-        logp = self.compute_log_probs(self.model, batch)
-        means = None if logp is None else ((logp * batch.loss_mask).sum(-1) / batch.loss_mask.sum(-1).clamp(min=1)).tolist()
-        return parallel.from_last_stage(means)
-
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
-        """An atomic torch_dist checkpoint (checkpoint.py); collective over the train group."""
+        """An atomic torch_dist checkpoint (checkpoint.py) holding ``state`` (with steps_done); collective over the train group."""
         checkpoint.save(self, save_dir, rollout_id, state)
 
     def restore(self, load_dir: Path) -> dict | None:
         return checkpoint.restore(self, load_dir)
 
+    def run_params(self) -> dict[str, str]:
+        """What this trainer chose from the config and the machine, for the run's params (derived.trainer.*)."""
+        return {"layer_spec": self.spec.name, "device": self.device_type, "optimizer": type(self.optimizer).__name__,
+                "main_dtype": "float32" if self.dtype in optim.HALF else str(self.dtype).removeprefix("torch.")}
+
+    def _trained(self):
+        return [(self.model, self.optimizer)] + ([(self.critic.module, self.critic.optimizer)] if self.critic is not None else [])
+
     def offload(self) -> None:
-        if self.device != "cpu":
-            raise NotImplementedError("offload of the megatron trainer on cuda is not supported yet")
+        """Colocated on a GPU: free the gradient buffers and move the optimizer state (fp32 main weights, moments) to
+        the CPU until ``onload`` (megatron's offload_grad_buffers / offload_to_cpu); on CPU there is nothing to free."""
+        if self.device_type != "cpu":
+            for ddp, optimizer in self._trained():
+                ddp.offload_grad_buffers()
+                optim.offload(optimizer, torch.device("cpu"))
 
     def onload(self) -> None:
-        self.offload()
+        if self.device_type != "cpu":
+            for ddp, optimizer in self._trained():
+                ddp.restore_grad_buffers()
+                optim.offload(optimizer, self.device)
 
     def close(self) -> None:
         """Destroy megatron's process groups (and the one-rank world if the trainer started it)."""
         parallel.teardown()
 
+
+
+class MegatronTrainer(RLTrainer):
+    """The RL step (rl_step.RLTrainer, not redefined here) over a MegatronEngine."""
+
+    def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
+        super().__init__(MegatronEngine(cfg, model_path, pad_id), cfg)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -23,6 +23,12 @@ import torch
 from .model_args import ModelArgs
 
 LAYER = re.compile(r"^(decoder\.layers\.)(\d+)(\..*)$")
+# The Transformer-Engine layer spec folds a norm into the linear after it (megatron-core 0.16.1
+# models/gpt/gpt_layer_specs.py: linear_qkv = backend.column_parallel_layer_norm_linear() ~248/279; a dense layer's
+# linear_fc1 the same, get_mlp_module_spec_for_backend ~497; an MoE layer keeps pre_mlp_layernorm = TENorm ~265/291).
+# TE name -> the local spec's name of the same tensor; the full (TP=PP=EP=1) names are always the local spec's.
+TE_FOLDED_NORMS = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+                   "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight"}
 EXPERT = re.compile(r"^(.*\.local_experts\.)(\d+)(\..*)$")
 _ATTN = {"o_proj.weight": "linear_proj.weight", "q_norm.weight": "q_layernorm.weight", "k_norm.weight": "k_layernorm.weight"}
 
@@ -84,6 +90,16 @@ def validate_hf(hf: dict[str, torch.Tensor], a: ModelArgs, source: str) -> None:
     extra = sorted(set(hf) - set(expected))
     if extra:
         raise ValueError(f"{source}: tensors config.json does not describe: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+
+
+def load_hf_state(path, a: ModelArgs) -> dict[str, torch.Tensor]:
+    """The HF checkpoint's tensors (fp32, the HF model's names), its files checked against config.json before any
+    weight is read (checkpoint/hf_load.py), then against the Megatron model args."""
+    from miles_core.checkpoint.hf_load import load_hf_state as load
+
+    state = load(path)
+    validate_hf(state, a, str(path))
+    return state
 
 
 def hf_to_full(hf: dict[str, torch.Tensor], a: ModelArgs) -> dict[str, torch.Tensor]:
@@ -186,10 +202,34 @@ def local_tensors(model) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
 
 
+def local_spec_name(name: str) -> str:
+    """A parameter name under either layer spec -> the local spec's (TE's folded norms unfolded)."""
+    for te, local in TE_FOLDED_NORMS.items():
+        if name.endswith("." + te):
+            return name[: -len(te)] + local
+    return name
+
+
+def te_spec_names(full: dict[str, torch.Tensor], a: ModelArgs) -> dict[str, torch.Tensor]:
+    """The whole model's tensors under the TE spec's names (the inverse of local_spec_name): input_layernorm into
+    linear_qkv, and a dense layer's pre_mlp_layernorm into linear_fc1 (an MoE layer keeps its own norm)."""
+    out = {}
+    for name, t in full.items():
+        m = LAYER.match(name)
+        if m and m.group(3) == ".input_layernorm.weight":
+            name = f"{m.group(1)}{m.group(2)}.self_attention.linear_qkv.layer_norm_weight"
+        elif m and m.group(3) == ".pre_mlp_layernorm.weight" and not _moe_layer(a, int(m.group(2))):
+            name = f"{m.group(1)}{m.group(2)}.mlp.linear_fc1.layer_norm_weight"
+        out[name] = t
+    return out
+
+
 def global_name(model, name: str) -> str:
-    """A local name -> its TP=PP=EP=1 name: the stage's layer offset and the rank's first expert added."""
+    """A local name -> its TP=PP=EP=1 name under the local spec: the stage's layer offset and the rank's first
+    expert added, TE's folded norms unfolded."""
     from megatron.core import parallel_state as ps
 
+    name = local_spec_name(name)
     m = LAYER.match(name)
     if m:
         layer = model.decoder.layers[int(m.group(2))]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from miles_core.models.tokenizer import save_tokenizer, train_tokenizer
-from miles_core.rollout.http import HTTPEngineClient, load_engine, serve_in_thread
+from miles_core.rollout.http import HFEngine, HTTPEngineClient, serve_in_thread
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # for `from http_helpers import ...` under any import mode (as tests/rewards does)
@@ -69,7 +69,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def make_engine(model_dir):
     def make(batching: str = "exact", **kw):
-        return load_engine(model_dir, batching=batching, **kw)
+        return HFEngine.from_pretrained(model_dir, batching=batching, **kw)
 
     return make
 

@@ -80,7 +80,9 @@ def test_client_router_and_weight_sync_send_the_key(start_server, make_client):
         out = router.generate(requests_for(2, max_new_tokens=3), seed=1)
         assert len(out[0].output_ids) == 3
         weights = {n: torch.zeros_like(p) for n, p in h.server.engine.model.state_dict().items()}
+        router.begin_weight_update()
         router.update_weights_from_tensor(weights.items())
+        router.end_weight_update()
         router.set_weight_version(7)
         assert make_client(h.url, api_key=KEY).get_weight_version() == 7
     assert all(bool((p == 0).all()) for p in h.server.engine.model.parameters())

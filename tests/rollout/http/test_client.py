@@ -54,7 +54,9 @@ def test_weights_pushed_in_buckets_equal_load_state_dict(start_server, make_clie
     reqs = requests_for(4)
     before = client.generate(reqs, seed=1)
     sd = perturbed_state_dict(model_dir)
+    client.begin_weight_update()
     n = client.update_weights_from_tensor(sd.items(), bucket_bytes=40_000)  # ~120 KB of weights
+    client.end_weight_update()
     assert n >= 3 and client.server_info()["stats"]["weight_buckets"] == n
     reference = make_engine()
     reference.model.load_state_dict(sd)
@@ -77,6 +79,7 @@ def test_bad_buckets_are_refused_whole(start_server, make_client):
     h = start_server()
     client = make_client(h.url)
     before = h.server.engine.model.model.norm.weight.clone()
+    client.begin_weight_update()
     with pytest.raises(EngineHTTPError, match="no parameter 'bogus.weight'") as e:
         client.update_weights_from_tensor([("model.norm.weight", before + 1), ("bogus.weight", torch.zeros(2))])
     assert e.value.status == 400
@@ -153,4 +156,4 @@ def test_errors_name_the_url(start_server, make_client):
     client.request("POST", "/debug/fail", json={"mode": "error"})
     with pytest.raises(EngineHTTPError, match="HTTP 500: injected fault") as e:
         client.get_weight_version()
-    assert e.value.status == 500 and e.value.url == h.url + "/get_weight_version" and not client.health()
+    assert e.value.status == 500 and e.value.url == h.url + "/model_info" and not client.health()

@@ -1,4 +1,4 @@
-"""HFEngine as the server runs it (load_engine): per-request seeds, batching policies, abort polling."""
+"""HFEngine as the server runs it (HFEngine.from_pretrained): per-request seeds, batching policies, abort polling."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from miles_core.config import build_config
+from miles_core.assemble import build_config
 from miles_core.config.rollout import API_KEY_ENV
 from miles_core.rollout.http import ExternalEngineError, NoHealthyEngine, external_fleet
 from miles_core.weights.sync import WeightSender

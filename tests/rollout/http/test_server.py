@@ -81,15 +81,16 @@ def test_health_flush_info_and_versions(start_server, model_dir):
     h = start_server()
     assert get(h, "/health_generate").status_code == 200 and get(h, "/health").status_code == 200
     assert get(h, "/flush_cache").status_code == 200 and post(h, "/flush_cache").status_code == 200
-    assert get(h, "/get_weight_version").json() == {"weight_version": "0"}
+    assert get(h, "/model_info").json()["weight_version"] == "0"  # SGLang serves the version here (no /get_weight_version)
     r = post(h, "/update_weight_version", {"new_version": "7"}).json()
     assert r["success"] and r["new_version"] == "7"
-    assert post(h, "/update_weight_version", {"weight_version": 8}).json()["new_version"] == "8"  # our alias
-    assert get(h, "/get_weight_version").json() == {"weight_version": "8"}
+    assert post(h, "/update_weight_version", {"weight_version": 8}).status_code == 400  # not SGLang's field
+    assert get(h, "/get_weight_version").status_code == 404
     assert post(h, "/update_weight_version", {"new_version": "v2"}).status_code == 400
-    assert get(h, "/get_model_info").json() == {"model_path": str(model_dir), "is_generation": True, "weight_version": "8"}
-    info = get(h, "/get_server_info").json()
-    assert info["server"] == "miles-hf" and info["batching"] == "exact" and info["stats"]["queued"] == 0
+    want = {"model_path": str(model_dir), "is_generation": True, "weight_version": "7"}
+    assert get(h, "/model_info").json() == want and get(h, "/get_model_info").json() == want  # and SGLang's old name
+    info = get(h, "/server_info").json()
+    assert info["server"] == "miles-hf" and info["batching"] == "exact" and info["stats"]["queued"] == 0 and info["tp_size"] == 1
 
 
 def test_abort_all_finishes_in_flight_and_queued_requests_with_abort(start_server):
@@ -107,10 +108,10 @@ def test_abort_all_finishes_in_flight_and_queued_requests_with_abort(start_serve
 
 def test_pause_holds_new_requests_and_continue_releases_them(start_server):
     h = start_server()
-    assert post(h, "/pause_generation").json()["status"] == "ok"
+    assert post(h, "/pause_generation", {"mode": "retract"}).json()["status"] == "ok"
     t, out = in_background(lambda: post(h, "/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": 3}}).json())
     wait_until(lambda: get(h, "/get_server_info").json()["stats"]["queued"] == 1)
-    post(h, "/update_weight_version", {"new_version": "1"})  # engine calls still run while paused
+    post(h, "/update_weight_version", {"new_version": "1", "abort_all_requests": False})  # engine calls still run while paused
     time.sleep(0.2)
     assert t.is_alive() and get(h, "/get_server_info").json()["paused"]
     assert post(h, "/continue_generation").json()["status"] == "ok"
@@ -146,6 +147,7 @@ def test_release_and_resume_memory(start_server):
 
 def test_weights_from_tensor_takes_safetensors_only(start_server):
     h = start_server()
+    post(h, "/begin_weight_update", {})
     r = post(h, "/update_weights_from_tensor", {"serialized_named_tensors": ["..."]})
     assert r.status_code == 400 and "safetensors" in r.json()["message"]
     r = httpx.post(h.url + "/update_weights_from_tensor", content=b"not safetensors",
@@ -158,7 +160,7 @@ def test_fault_injection_switch(start_server):
     h = start_server()
     assert post(h, "/debug/fail", {"mode": "explode"}).status_code == 400
     post(h, "/debug/fail", {"mode": "error"})
-    assert get(h, "/health_generate").status_code == 500 and get(h, "/get_weight_version").status_code == 500
+    assert get(h, "/health_generate").status_code == 500 and get(h, "/model_info").status_code == 500
     post(h, "/debug/fail", {"mode": "none"})
     assert get(h, "/health_generate").status_code == 200
     post(h, "/debug/fail", {"mode": "error", "on": "generate"})
@@ -167,3 +169,18 @@ def test_fault_injection_switch(start_server):
     time.sleep(0.2)
     with pytest.raises(httpx.TransportError):
         get(h, "/health_generate")
+
+
+def test_shards_outside_the_model_dir_are_refused_with_400_naming_the_path(start_server, tmp_path):
+    import json
+
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../../etc/passwd"}}))
+    r = post(start_server(), "/update_weights_from_disk", {"model_path": str(tmp_path)})
+    assert r.status_code == 400
+    assert "outside the model dir" in r.json()["message"] and "../../etc/passwd" in r.json()["message"]
+
+
+def test_a_server_without_api_key_warns_at_startup(start_server, caplog):
+    with caplog.at_level("WARNING", logger="miles_core.rollout.http.server"):
+        start_server()
+    assert any("has no API key" in r.getMessage() and "--api-key" in r.getMessage() for r in caplog.records)

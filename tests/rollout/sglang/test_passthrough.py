@@ -11,11 +11,13 @@ import textwrap
 import pytest
 
 from flows.cli import parse_overrides
-from miles_core.config import ConfigError, build_config, list_recipes, load_config, read_recipe
+from miles_core.config import ConfigError
+from flows.recipes import list_recipes, load_config, read_recipe
+from miles_core.assemble import build_config
 from miles_core.rollout.sglang import SGLANG_VERSION
 from miles_core.rollout.sglang.launch import (EngineLaunch, SGLangNotInstalled, check_sglang_installed, engine_client_options,
                                              launch_command, require_sglang)
-from miles_core.rollout.sglang.server_args import PassthroughError, parse_cli, snapshot, to_argv, validate
+from miles_core.config.server_args import PassthroughError, parse_cli, snapshot, to_argv, validate
 from miles_core.rollout.sglang.verify import snapshot_parser
 
 SGLANG = {"runtime": "ray", "rollout_engine": "sglang"}

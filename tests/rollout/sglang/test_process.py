@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from miles_core.config import load_config
+from flows.recipes import load_config
 from miles_core.rollout.http import EngineHTTPError, HTTPEngineClient
 from miles_core.rollout.sglang.launch import EngineLaunch, engine_client_options, new_api_key
 from miles_core.rollout.sglang.process import SGLangProcess, free_port

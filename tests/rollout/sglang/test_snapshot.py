@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from miles_core.rollout.sglang import SGLANG_VERSION
-from miles_core.rollout.sglang.server_args import SNAPSHOT, snapshot
+from miles_core.config.server_args import SNAPSHOT, snapshot
 from tools.sglang_snapshot import render
 from tools.sglang_snapshot import snapshot as read_wheel
 
@@ -139,7 +139,7 @@ def _uses() -> list[tuple[str, str]]:
 
 
 def test_recipes_and_docs_use_only_passthroughs_the_snapshot_has():
-    from miles_core.rollout.sglang.server_args import OWNED, PassthroughError, resolve
+    from miles_core.config.server_args import OWNED, PassthroughError, resolve
 
     uses = _uses()
     assert any(f.startswith("docs/") for f, _ in uses)  # the docs do show passthroughs (engines.md)

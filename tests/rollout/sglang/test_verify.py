@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from miles_core.rollout.sglang.server_args import Snapshot, snapshot
+from miles_core.config.server_args import Snapshot, snapshot
 from miles_core.rollout.sglang.verify import compare, snapshot_parser
 
 

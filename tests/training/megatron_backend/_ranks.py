@@ -19,7 +19,7 @@ def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out
         from miles_core.training.megatron.convert import hf_to_torch_dist
 
         hf_to_torch_dist(model_dir, convert_to)
-    logp = _from_last_stage(trainer.compute_log_probs(trainer.model, make_batch(samples, 0)))
+    logp = _from_last_stage(trainer.engine.compute_log_probs(trainer.engine.model, make_batch(samples, 0)))
     result = trainer.train_rollout(samples, [s.reward for s in samples])
     tensors = dict(trainer.named_tensors())
     if rank == 0:
@@ -45,7 +45,7 @@ def run_distributed_optimizer(rank: int, world: int, port: int, cfgs: dict, mode
     plain.close()
     sharded = MegatronTrainer(cfgs["sharded"], model_dir, pad_id=0)
     result["sharded"] = sharded.train_rollout(samples, rewards, 0).steps, dict(sharded.named_tensors())
-    result["state_numel"] = sum(t.numel() for s in sharded.optimizer.optimizer.state.values() for t in s.values() if t.dim())
+    result["state_numel"] = sum(t.numel() for s in sharded.engine.optimizer.optimizer.state.values() for t in s.values() if t.dim())
     sharded.save(ckpt, 0, {"data_source": {"offset": 8}})
     result["second"] = sharded.train_rollout(samples, rewards, 1).steps, dict(sharded.named_tensors())
     sharded.close()

@@ -9,8 +9,8 @@ import torch
 VOCAB = 128
 
 
-def tiny_hf(kind: str, seed: int = 0, tie: bool = False, vocab: int = VOCAB):
-    """A random 2-layer HF causal LM of family ``kind`` (qwen2, qwen3, glm4_moe, qwen3_moe)."""
+def tiny_hf(kind: str, seed: int = 0, tie: bool = False, vocab: int = VOCAB, **overrides):
+    """A random 2-layer HF causal LM of family ``kind`` (qwen2, qwen3, llama, glm4_moe, qwen3_moe); ``overrides`` set config fields."""
     import transformers
 
     common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -18,6 +18,7 @@ def tiny_hf(kind: str, seed: int = 0, tie: bool = False, vocab: int = VOCAB):
     configs = {
         "qwen2": lambda: transformers.Qwen2Config(**common),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=16),
+        "llama": lambda: transformers.LlamaConfig(**common),
         "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, head_dim=16, moe_intermediate_size=32, num_experts=4,
                                                          num_experts_per_tok=2, norm_topk_prob=True),
         "glm4_moe": lambda: transformers.Glm4MoeConfig(
@@ -25,7 +26,10 @@ def tiny_hf(kind: str, seed: int = 0, tie: bool = False, vocab: int = VOCAB):
             num_experts_per_tok=2, routed_scaling_factor=2.5, partial_rotary_factor=0.5, use_qk_norm=True, n_group=1, topk_group=1),
     }
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(configs[kind]()).eval()
+    config = configs[kind]()
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # norms at 1 and zero router biases would hide a mis-mapped norm or bias
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             if "norm" in name or "e_score_correction_bias" in name:

@@ -22,8 +22,8 @@ PPO = {"advantage_estimator": "ppo", "critic_lr": 1e-2, "num_critic_only_steps":
 
 def _critic_hf(mega: MegatronTrainer) -> dict[str, torch.Tensor]:
     """The Megatron critic's tensors under the torch critic's names (body as HF, head as score)."""
-    full = weights.gather_full(mega.critic.module.module)
-    return {**{k: v for k, v in weights.full_to_hf(full, mega.args).items() if k.startswith("model.")},
+    full = weights.gather_full(mega.engine.critic.module.module)
+    return {**{k: v for k, v in weights.full_to_hf(full, mega.engine.args).items() if k.startswith("model.")},
             "score.weight": full["output_layer.weight"], "score.bias": full["output_layer.bias"]}
 
 
@@ -33,7 +33,7 @@ def test_ppo_critic_equals_the_torch_critic(megatron_world, tmp_path, lm, cfg, s
     c = cfg(**PPO, num_steps_per_rollout=2)
     torch_trainer = TorchTrainer(copy.deepcopy(hf), c, pad_id=PAD)
     mega = MegatronTrainer(c, tmp_path, pad_id=PAD)
-    before = {k: v.clone() for k, v in torch_trainer.critic.module.state_dict().items()}
+    before = {k: v.clone() for k, v in torch_trainer.engine.critic.module.state_dict().items()}
     assert _critic_hf(mega).keys() == before.keys() and all(torch.equal(_critic_hf(mega)[k], v) for k, v in before.items())
     rewards = [s.reward for s in samples]
     for rollout_id in (0, 1):  # critic only, then both
@@ -49,10 +49,10 @@ def test_ppo_critic_equals_the_torch_critic(megatron_world, tmp_path, lm, cfg, s
     # the second step's values have moved off V_old, some past value_clip
     assert torch_steps[1]["train/critic-value_clipfrac"] > 0 and torch_rollout["rollout/values"] != 0
     batch = make_batch(samples, PAD)
-    ours, theirs = mega.critic.values(batch), torch_trainer.critic.values(batch)
+    ours, theirs = mega.engine.critic.values(batch), torch_trainer.engine.critic.values(batch)
     assert theirs.abs().max() > 0.01 and (ours - theirs)[batch.loss_mask.bool()].abs().max() < 1e-5
     after = _critic_hf(mega)
-    for name, t in torch_trainer.critic.module.state_dict().items():
+    for name, t in torch_trainer.engine.critic.module.state_dict().items():
         update = t - before[name]
         assert (after[name] - before[name] - update).norm() <= 1e-3 * update.norm() + 1e-12, name
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from miles_core.training.megatron.model_args import NAMED, check_named, from_hf_config
+from miles_core.training.megatron.model_args import NAMED, check_named, from_hf_config, reference_flags
 
 DATA = Path(__file__).parent / "data"
 
@@ -57,3 +58,80 @@ def test_model_args_command_prints_the_flags_and_checks_a_config():
     assert "--untie-embeddings-and-output-weights" not in lines  # Qwen2.5-0.5B ties them
     bad = CliRunner().invoke(app, ["model-args", "qwen2.5-0.5B", "--config", str(DATA / "qwen2.5-7B.config.json")])
     assert bad.exit_code == 1 and "num_layers 24 (config.json gives 28)" in " ".join(bad.output.split())
+
+
+REFERENCE = json.loads((DATA / "reference_model_args.json").read_text())  # tools/reference_model_args.py writes it
+
+
+def _flags(line: str) -> Counter:
+    """'--a 1 --b --c x' -> Counter of (flag, value); numbers compared as numbers (1e-06 == 1e-6, 1.0 == 1)."""
+    tokens, out, i = line.split(), Counter(), 0
+    while i < len(tokens):
+        value = tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("--") else None
+        try:
+            value = float(value) if value is not None else None
+        except ValueError:
+            pass
+        out[(tokens[i], value)] += 1
+        i += 2 if value is not None else 1
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_model_args_prints_exactly_the_reference_arguments(name):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, ["model-args", name])
+    assert out.exit_code == 0, out.output
+    assert _flags(" ".join(out.output.splitlines())) == _flags(REFERENCE[name])
+
+
+@pytest.mark.parametrize("name", [n for n, spec in NAMED.items() if not spec.num_experts])
+def test_dense_specs_have_no_moe_flags(name):
+    assert not [f for f in reference_flags(name) if f.startswith("--moe") or f.startswith("--num-experts")]
+
+
+# (config.json, field, value) -> the refusal names the field: what the Megatron spec does not implement
+REFUSED = [
+    ("glm4.5-355B-A32B", "norm_topk_prob", False),
+    ("glm4.5-355B-A32B", "n_group", 2),
+    ("qwen3-4B", "rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
+    ("qwen3-4B", "rope_scaling", {"type": "yarn", "factor": 4.0}),
+    ("qwen3-4B", "use_sliding_window", True),
+    ("qwen3-4B", "layer_types", ["sliding_attention"] * 36),
+    ("qwen3-4B", "hidden_act", "gelu"),
+    ("qwen3-4B", "mlp_bias", True),
+    ("qwen3-4B", "attention_dropout", 0.1),
+    ("glm4.5-355B-A32B", "scoring_func", "softmax"),
+    ("glm4.5-355B-A32B", "topk_method", "greedy"),  # the expert bias would count in the weights, not only the choice
+    ("qwen3-4B", "quantization_config", {"quant_method": "fp8"}),
+    ("glm4.5-355B-A32B", "moe_layer_freq", 2),  # DeepSeek's field, unknown to glm4_moe: refused, not skipped
+    ("qwen3-4B", "attention_bias", True),  # qwen3's attention_bias includes o_proj
+]
+
+
+@pytest.mark.parametrize("spec, field, value", REFUSED, ids=[f"{s}-{f}" for s, f, _ in REFUSED])
+def test_a_field_the_spec_does_not_honour_is_refused_by_name(spec, field, value):
+    config = json.loads((DATA / f"{spec}.config.json").read_text())
+    with pytest.raises(ValueError, match=rf"does not honour: {field}"):
+        from_hf_config({**config, field: value, **({"topk_group": 1} if field == "n_group" else {})}, "config.json")
+
+
+def test_the_published_configs_pass_the_field_table():
+    for file in DATA.glob("*.config.json"):
+        from_hf_config(json.loads(file.read_text()), file.name)  # no field refused: every published field is known
+
+
+@pytest.mark.parametrize("field", ["rope_scaling", "rope_parameters"])  # the hub's Llama-3.x config.json / transformers 5's
+def test_llama3_rope_scaling_on_a_llama_config_is_refused_by_name(field):
+    """Finding 2 of issue 29: a Llama-3.x model (rope_type llama3) gave logits 6.27 away from HF; the field is refused."""
+    from .conftest import tiny_hf
+
+    config = tiny_hf("llama").config.to_dict()
+    from_hf_config(config, "config.json")  # plain RoPE: read (its logits equal HF's in test_weights.py)
+    llama3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    with pytest.raises(ValueError, match=rf"does not honour: {field}: rope_type 'llama3' \(rope scaling\).*train_backend torch"):
+        from_hf_config({**config, field: llama3}, "config.json")

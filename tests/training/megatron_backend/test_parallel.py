@@ -51,7 +51,7 @@ def test_two_ranks_equal_one(megatron_world, tmp_path, cfg, samples, kind, tie, 
     tiny_hf(kind, tie=tie, vocab=vocab).save_pretrained(tmp_path / "hf")
     one = MegatronTrainer(cfg(micro_batch_size=2), tmp_path / "hf", pad_id=0)
     before = dict(one.named_tensors())
-    logp = one.compute_log_probs(one.model, make_batch(samples, 0))
+    logp = one.engine.compute_log_probs(one.engine.model, make_batch(samples, 0))
     steps = one.train_rollout(samples, [s.reward for s in samples]).steps
     after = dict(one.named_tensors())
 

@@ -27,12 +27,12 @@ def test_teacher_log_probs_and_the_opd_step_equal_the_torch_trainer(megatron_wor
     teacher.save_pretrained(tmp_path / "teacher")
     c = cfg(use_opd=True, opd_teacher_load=str(tmp_path / "teacher"), opd_kl_coef=0.5, rollout_temperature=0.7)
     mega = MegatronTrainer(c, tmp_path / "student", pad_id=PAD)
-    assert mega.teacher_model is not None and mega.teacher_model.config.hidden_size == 64
+    assert mega.engine.teacher_model is not None and mega.engine.teacher_model.config.hidden_size == 64
     batch = make_batch(samples, PAD)
     theirs = ModelTeacher(copy.deepcopy(teacher), c.rollout.rollout_temperature, 3).log_probs(batch)  # [N, T]
-    ours = mega.compute_log_probs(mega.teacher_model, batch)
+    ours = mega.engine.compute_log_probs(mega.engine.teacher_model, batch)
     assert (ours - theirs)[batch.loss_mask.bool()].abs().max() < 1e-5
-    assert (ours - mega.compute_log_probs(mega.model, batch)).abs().max() > 0.1  # the teacher, not the student
+    assert (ours - mega.engine.compute_log_probs(mega.engine.model, batch)).abs().max() > 0.1  # the teacher, not the student
 
     torch_trainer = TorchTrainer(copy.deepcopy(student), c, pad_id=PAD, teacher=ModelTeacher(teacher, c.rollout.rollout_temperature, 3))
     rewards = [s.reward for s in samples]

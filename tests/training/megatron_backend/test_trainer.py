@@ -47,7 +47,7 @@ def test_grpo_step_equals_the_torch_trainer(megatron_world, tmp_path, lm, cfg, s
         for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy_loss"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
     assert out.rollout["rollout/log_probs"] == pytest.approx(torch_rollout["rollout/log_probs"], rel=1e-5)
-    ours, torch_upd = _updates(before, dict(mega.named_tensors())), _updates(before, torch_trainer.model.state_dict())
+    ours, torch_upd = _updates(before, dict(mega.named_tensors())), _updates(before, torch_trainer.engine.model.state_dict())
     for name, upd in torch_upd.items():
         assert (ours[name] - upd).norm() <= 1e-3 * upd.norm() + 1e-12, name
 
@@ -80,3 +80,22 @@ def test_the_builder_makes_a_trainer_that_exports_hf(megatron_world, tmp_path, l
     assert all(torch.equal(exported[k], v) for k, v in trainer.named_tensors())
     with pytest.raises(RuntimeError, match="says rank 1 of 2"):
         build_megatron_trainer(TrainerContext(cfg=cfg(), model_path=tmp_path / "hf", tokenizer=tiny_tokenizer, rank=1, world_size=2))
+
+
+def test_a_nan_loss_stops_the_step_before_the_update_and_a_nan_weight_is_never_saved(megatron_world, tmp_path, lm, cfg, samples):
+    """The reference's check_for_nan_in_loss_and_grad: a NaN reward that got past the reward checks makes the
+    loss NaN; the step fails naming the rollout and step, the weights and the optimizer state are untouched."""
+    from miles_core.finite import NonFiniteTraining
+
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    mega = MegatronTrainer(cfg(), tmp_path / "hf", pad_id=PAD)
+    before = {k: v.clone() for k, v in mega.named_tensors()}
+    rewards = [float("nan")] + [s.reward for s in samples[1:]]
+    with pytest.raises(NonFiniteTraining, match="rollout 3, optimizer step 0: found NaN in the actor loss"):
+        mega.train_rollout(samples, rewards, rollout_id=3)
+    assert all(torch.equal(v, before[k]) for k, v in mega.named_tensors()) and not mega.engine.optimizer.state
+    with torch.no_grad():
+        next(mega.engine.model.parameters()).view(-1)[0] = float("inf")
+    with pytest.raises(NonFiniteTraining, match="checkpoint 3 .* holds NaN or Inf"):
+        mega.save(tmp_path / "ckpt", 3, {})
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())

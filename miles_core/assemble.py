@@ -1,0 +1,125 @@
+"""A loaded config checked against the library's registries, before any model loads.
+
+``miles_core.config`` is data: schemas and pure cross-field rules. What needs the registries above it is
+checked here, once, by the CLI and the flows right after a config is loaded (or received as a flow
+parameter), so a typo fails in seconds naming the field:
+
+- rm_type (rewards' registry), custom_loss_function_path (the loss table), the multi-turn generate
+  function, its parser, tool specs and execute function (rollout.multi_turn);
+- every extension point, by the one resolver (registry names first, else a dotted path):
+  custom_rm_path, custom_reward_post_process_path, dynamic_sampling_filter_path,
+  custom_loss_function_path, custom_tis_function_path, eval_function_path;
+- champion_metric against the metrics catalog; with train_backend megatron, the parallel sizes against
+  the model's shape (its config.json).
+
+``load_config`` / ``build_config`` are the config loader's plus these checks; the recipes directory is
+the caller's (flows/recipes.py passes deployments/recipes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from miles_core.config import ConfigError, TrainConfig
+from miles_core.config import loader
+from miles_core.resolve import resolve
+
+
+def _loss_rule(c: TrainConfig) -> None:
+    if c.algo.loss_type == "custom_loss":
+        from miles_core.algorithms.losses import resolve_loss
+
+        resolve_loss(c.algo)  # a typo, or a loss written for the reference's Megatron trainer, fails here
+
+
+def _rm_type_rule(c: TrainConfig) -> None:
+    if not c.rollout.custom_rm_path:
+        from miles_core.rewards import validate_rm_type
+
+        validate_rm_type(c.rollout.rm_type)
+
+
+def _multi_turn_rule(c: TrainConfig) -> None:
+    from miles_core.rollout.multi_turn import check_multi_turn_config
+
+    check_multi_turn_config(c)
+
+
+def _model_shape_rule(c: TrainConfig) -> None:
+    """heads, kv heads, layers and experts divide by the Megatron parallel sizes (when config.json is readable now)."""
+    if c.cluster.train_backend != "megatron":
+        return
+    from miles_core.config.rules import check_model_divides
+    from miles_core.models.shape import model_shape
+
+    shape = model_shape(c.checkpoint.hf_checkpoint)
+    if shape is not None:
+        check_model_divides(shape, c.parallel, c.checkpoint.hf_checkpoint)
+
+
+def _champion_metric_rule(c: TrainConfig) -> None:
+    """champion_metric must name an eval metric of one of the run's eval datasets (an eval_config's are not
+    known at load: then any eval dataset name passes)."""
+    metric = c.checkpoint.champion_metric
+    if metric is None:
+        return
+    from miles_core.tracking.catalog import EVAL, match
+
+    names = (c.eval.eval_prompt_data or [])[::2]
+    entry = match(metric)
+    dataset = metric.split("/", 2)[1].split("-", 1)[0] if metric.count("/") >= 1 else None  # eval/<ds>[-...] -> <ds>
+    known_ds = c.eval.eval_config is not None or dataset in names
+    if entry is None or entry.axis != EVAL or not known_ds or not entry.name.startswith("eval/<ds>"):
+        examples = ", ".join(f"eval/{n}, eval/{n}-pass@1" for n in names[:2]) or "eval/<dataset>"
+        raise ValueError(f"champion_metric {metric!r} is not an eval metric of this run's datasets; e.g. {examples} "
+                         "(docs/reference/metrics.md)")
+
+
+def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callable[..., Any]] | None]]:
+    """{field: (its value, the registry of names it may take)} for every extension point the config sets."""
+    from miles_core.algorithms.losses import LOSS_FUNCTIONS
+    from miles_core.algorithms.rollout_correction import TIS_FUNCTIONS
+    from miles_core.evaluation.suite import EVAL_FUNCTIONS
+    from miles_core.rollout.filters import FILTERS
+
+    r, a, e = c.rollout, c.algo, c.eval
+    points = {
+        "custom_rm_path": (r.custom_rm_path, None), "custom_reward_post_process_path": (r.custom_reward_post_process_path, None),
+        "dynamic_sampling_filter_path": (r.dynamic_sampling_filter_path, FILTERS),
+        "custom_loss_function_path": (a.custom_loss_function_path, LOSS_FUNCTIONS),
+        "custom_tis_function_path": (a.custom_tis_function_path, TIS_FUNCTIONS),
+        "eval_function_path": (e.eval_function_path, EVAL_FUNCTIONS),
+    }
+    return {k: v for k, v in points.items() if v[0]}
+
+
+def _extension_rule(c: TrainConfig) -> None:
+    for field, (path, table) in extension_points(c).items():
+        resolve(path, table, field)
+
+
+# in the order the config's own rules used to run them (rm_type before multi-turn before extension points)
+REGISTRY_RULES: tuple[Callable[[TrainConfig], None], ...] = (
+    _loss_rule, _rm_type_rule, _model_shape_rule, _champion_metric_rule, _multi_turn_rule, _extension_rule)
+
+
+def check(c: TrainConfig, source: str = "config") -> TrainConfig:
+    """``c`` when every registry rule passes; else ConfigError as the loader words a rule violation."""
+    for rule in REGISTRY_RULES:
+        try:
+            rule(c)
+        except ValueError as e:
+            raise ConfigError(f"{source}: invalid config:\n  - config: {e}") from None
+    return c
+
+
+def build_config(values: Mapping[str, Any], source: str = "config") -> TrainConfig:
+    """Flat values -> a config that passed the pure rules and the registry checks."""
+    return check(loader.build_config(values, source), source)
+
+
+def load_config(recipe: str, overrides: Mapping[str, Any] | None = None, *, recipes_dir: Path) -> TrainConfig:
+    """A recipe (a name in ``recipes_dir`` or a YAML path) with overrides on top, fully checked."""
+    return check(loader.load_config(recipe, overrides, recipes_dir=recipes_dir), f"recipe {recipe}")

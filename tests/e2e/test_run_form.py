@@ -1,0 +1,61 @@
+"""The run form of every deployment (its parameter schema, as `prefect deploy` sends it to the server): descriptions
+as written, with no angle-bracket text an HTML render would drop."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+import flows  # noqa: F401  (environment first)
+from flows.serve import PREFECT_YAML
+
+TAG = re.compile(r"<[^>]*>")
+
+
+def _schemas() -> dict[str, dict]:
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    doc = yaml.safe_load(PREFECT_YAML.read_text())
+    by_entry = {e: parameter_schema(load_flow_from_entrypoint(e).fn).model_dump() for e in {d["entrypoint"] for d in doc["deployments"]}}
+    return {d["name"]: by_entry[d["entrypoint"]] for d in doc["deployments"]}
+
+
+def _descriptions(node):
+    if isinstance(node, dict):
+        if isinstance(node.get("description"), str):
+            yield node["description"]
+        for v in node.values():
+            yield from _descriptions(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _descriptions(v)
+
+
+def test_no_description_of_any_deployment_loses_text_to_html():
+    schemas = _schemas()
+    assert {"tiny", "glm4-5", "nightly"} <= set(schemas)
+    for name, schema in schemas.items():
+        lost = [d for d in _descriptions(schema) if TAG.search(d)]
+        assert not lost, f"{name}: descriptions the form would mangle: {lost[:3]}"
+    run_dir = schemas["tiny"]["definitions"]["MiscConfig"]["properties"]["run_dir"]["description"]
+    assert "‹recipe›" in run_dir  # reworded, not dropped
+
+
+def _properties(schema: dict):
+    for group, definition in schema.get("definitions", {}).items():
+        for name, prop in definition.get("properties", {}).items():
+            yield f"{group}.{name}", prop
+
+
+def test_every_deployments_defaults_pass_the_servers_validation_of_its_form():
+    """What the server runs on a flow run of a deployment with enforce_parameter_schema (prefect/server/api/deployments.py):
+    prefect.utilities.schema_tools.validate of the parameters against the schema, nulls of optional fields included."""
+    from prefect.utilities.schema_tools.validation import validate
+
+    doc = yaml.safe_load(PREFECT_YAML.read_text())
+    schemas = _schemas()
+    for d in doc["deployments"]:
+        errors = validate(d["parameters"], schemas[d["name"]], raise_on_error=False)
+        assert not errors, f"{d['name']}: {[e.message for e in errors][:3]}"
