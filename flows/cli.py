@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Optional
@@ -138,10 +139,13 @@ def _train(recipe_file: str = RECIPE_ARG, **flags: Any) -> None:
     with _one_message({"run_dir": cfg.run_dir, "save": cfg.save_dir, "export": cfg.export_dir}):
         preflight(cfg)  # inputs, outputs, devices: before Prefect starts or any model loads
         runlock.probe(cfg)  # another run on these dirs: refused now (the flow holds the lock)
+        from flows.interrupt import start_own_session_api
+
+        api = start_own_session_api()  # Prefect's ephemeral API (unless one is configured): it answers in seconds
         from flows.tracking import check_resume_early  # here: MLflow's import is not paid by the refusals above
 
-        check_resume_early(cfg)  # a resume with changed params: refused before Prefect starts or a progress bar shows
-        run_train(cfg, console)
+        check_resume_early(cfg)  # a resume with changed params: refused before a progress bar shows
+        run_train(cfg, console, api)
 
 
 _with_config_flags("train", "Train with GRPO-family RL on a recipe; any config field is a flag.", _train)
@@ -394,7 +398,21 @@ def _sglang_status() -> str:
 
 
 def main() -> None:
-    app()
+    """The `miles` command: exits as soon as the exit handlers have run, skipping the interpreter's teardown of
+    torch and the rest (flows/run.py ``_exit_now``). In-process callers (typer's CliRunner) call ``app``."""
+    from flows.run import _exit_now
+
+    try:
+        app()
+    except SystemExit as e:
+        code = e.code
+    else:
+        code = 0
+    if not isinstance(code, int):  # sys.exit("message") prints the message and exits 1, as the interpreter does
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    _exit_now(code, join_threads=True)
 
 
 if __name__ == "__main__":

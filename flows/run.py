@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from miles_core.config import TrainConfig
 from miles_core.tracking import progress
+
+if TYPE_CHECKING:
+    from flows.interrupt import OwnSessionAPI
 
 
 def _quiet_libraries() -> None:
@@ -38,13 +41,17 @@ def _no_prefect_tracebacks_on_console() -> None:
             handler.addFilter(_DropPrefectErrors())
 
 
-def run_train(cfg: TrainConfig, console: Console) -> dict:
-    """The train flow under a progress bar. SIGINT/SIGTERM: the flow stops at its next stage boundary and records it
-    (flows/interrupt.py); this says what the MLflow run now is and how to resume, and exits 128 + the signal."""
+def run_train(cfg: TrainConfig, console: Console, api: OwnSessionAPI | None = None) -> dict:
+    """The train flow under a progress bar, on ``api`` (started by the caller, flows/interrupt.py) or the configured
+    PREFECT_API_URL. SIGINT/SIGTERM: the flow stops at its next stage boundary and records it (flows/interrupt.py);
+    this says what the MLflow run now is and how to resume, and exits 128 + the signal."""
     from flows.interrupt import deferred_signals, own_session_api, signal_name
     from flows.train import train
 
-    with deferred_signals(), own_session_api():
+    if api is not None:  # the first stage's import (seconds) while the API comes up in its own process
+        from transformers import AutoTokenizer  # noqa: F401
+
+    with deferred_signals(), own_session_api(api):
         try:
             return _run_with_bar(cfg, console, train)
         except BaseException as e:
@@ -55,22 +62,31 @@ def run_train(cfg: TrainConfig, console: Console) -> dict:
     _exit_now(128 + int(getattr(signal, sig)))
 
 
-def _exit_now(code: int) -> NoReturn:
+def _exit_now(code: int, join_threads: bool = False) -> NoReturn:
     """Exit with ``code`` once the exit handlers have run (Prefect's log and event workers drain, its ephemeral API
     stops, MLflow's asynchronous queue flushes): the interpreter's own teardown of torch and the engines that follows
-    took 15 s on a busy machine, with everything already recorded."""
+    took 15 s on a busy machine (2-3 s on a quiet one), with everything already recorded. ``join_threads``: first wait
+    for the threads a normal exit waits for (non-daemon ones); an interrupt does not."""
     import atexit
     import os
     import sys
-
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
+    import threading
 
     sys.stdout.flush()
     sys.stderr.flush()
-    for worker in (APILogWorker, EventsWorker):  # first: the API they send to stops in an exit handler
-        worker.drain_all(timeout=5)
+    if join_threads:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+    if "prefect.events.worker" in sys.modules:  # first: the API they send to stops in an exit handler
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        for worker in (APILogWorker, EventsWorker):
+            worker.drain_all(timeout=5)
     atexit._run_exitfuncs()  # noqa: SLF001  (CPython's: what a normal exit runs first)
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)
 
 

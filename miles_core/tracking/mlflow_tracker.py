@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import time
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ class MlflowTracker:
         self.asynchronous = asynchronous
         self._pending: list = []  # RunOperations of asynchronous metric batches not yet flushed
         with store_turn(tracking_uri):  # the store's tables and the experiment are made once, by one process
+            seed_store(tracking_uri)
             self.client = MlflowClient(tracking_uri=tracking_uri)
             if run_id is None:
                 exp = self.client.get_experiment_by_name(experiment)
@@ -141,6 +143,51 @@ def store_turn(tracking_uri: str):
     finally:
         if fd is not None:
             os.close(fd)  # closing the descriptor drops the flock
+
+
+def seed_store(tracking_uri: str) -> None:
+    """A new SQLite store starts as a copy of an empty one made once per MLflow version (in the cache dir):
+    MLflow's ~60 migrations take 2-3 s for every new store otherwise. The copy holds the tables at MLflow's head
+    revision and no experiment: MLflow adds its Default experiment on open, with this store's artifact root.
+    Call under ``store_turn``."""
+    db = sqlite_path(tracking_uri)
+    if db is None or db.exists() or not db.parent.is_dir():
+        return
+    template = _empty_store()
+    if template is None:
+        return
+    tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(template.read_bytes())
+        os.replace(tmp, db)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # MLflow creates the store itself then
+
+
+def _empty_store() -> Path | None:
+    import sqlite3
+
+    import mlflow
+
+    from miles_core.env import cache_dir
+
+    path = cache_dir() / "mlflow" / f"empty-store-{mlflow.__version__}.db"
+    if path.exists():
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", str(path.parent / "artifacts"))  # nothing is written there
+        store.engine.dispose()
+        with contextlib.closing(sqlite3.connect(tmp)) as con, con:
+            con.execute("DELETE FROM experiments")  # the Default one, with this template's artifact root
+        os.replace(tmp, path)  # atomic: a process racing this one makes its own and replaces it with an equal one
+    except OSError:
+        return None
+    return path
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
