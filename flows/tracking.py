@@ -14,6 +14,7 @@ from pathlib import Path
 
 from flows.hooks import OPENED, Opened  # absolute: a deployment loads flows/train.py under another module name
 from miles_core.config import ConfigError, TrainConfig
+from miles_core.env import cache_dir
 from miles_core.tracking import MlflowTracker, flatten, sanitize_key
 from miles_core.tracking.fanout import MirrorSpec, RunTracker, open_mirrors
 from miles_core.tracking.mlflow_tracker import mlflow_client, param_str
@@ -77,7 +78,8 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     local_store = cfg.tracking_uri.startswith("sqlite:")
     artifacts = _artifact_root(cfg) if local_store else None  # never ./mlruns of the cwd
     tracker = MlflowTracker(cfg.tracking_uri, cfg.tracking.mlflow_experiment_name, run_name(cfg),
-                            run_id, artifact_location=artifacts, asynchronous=True)  # flushed before each save and at the end
+                            run_id, artifact_location=artifacts, asynchronous=True,  # flushed before each save and at the end
+                            empty_stores=cache_dir() / "mlflow")  # a new store is a copy: no migrations per run
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)

@@ -26,7 +26,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
-N = 4
+N = 3  # checkpoints after rollouts 1 and 2: the kill after the first, the rerun does rollout 2 (with its eval)
 ARGS = ["--num-rollout", str(N), "--save-interval", "2", "--eval-interval", "3", "--rollout-batch-size", "4",
         "--num-threads", "1"]
 
