@@ -6,20 +6,9 @@ import pytest
 import torch
 
 from flows.recipes import load_config
-from miles_core.data.sample import Sample
+from tests.training._samples import uneven_samples as _samples
 
 pytestmark = pytest.mark.usefixtures("local_ray")
-
-
-def _samples(tok, n_groups=2, group=4):
-    out = []
-    for g in range(n_groups):
-        prompt = tok(f"{g}+1=")["input_ids"]
-        for k in range(group):
-            resp = tok("\\boxed{" + str(g + 1 + (k % 2)) + "}")["input_ids"][: 3 + k % 3]  # uneven lengths
-            out.append(Sample(group_index=g, index=g * group + k, tokens=prompt + resp, response_length=len(resp),
-                              loss_mask=[1] * len(resp), rollout_log_probs=[-1.0] * len(resp)))
-    return out
 
 
 # adam_eps 1: the update is ~linear in the gradient (see tests/training/test_torch_trainer.py); 2 steps per rollout

@@ -16,20 +16,10 @@ from miles_core.data.sample import Sample
 from miles_core.training.batch import at_response, forward, make_batch
 from miles_core.training.lora import LoraAdapters, LoraError, is_adapter
 from miles_core.training.torch_trainer import TorchTrainer
+from ._samples import uneven_samples as _samples
 
 LORA = {"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
-
-
-def _samples(tok, n_groups=2, group=4):
-    out = []
-    for g in range(n_groups):
-        prompt = tok(f"{g}+1=")["input_ids"]
-        for k in range(group):
-            resp = tok("\\boxed{" + str(g + 1 + (k % 2)) + "}")["input_ids"][: 3 + k % 3]  # uneven lengths
-            out.append(Sample(group_index=g, index=g * group + k, tokens=prompt + resp, response_length=len(resp),
-                              loss_mask=[1] * len(resp), rollout_log_probs=[-1.0] * len(resp)))
-    return out
 
 
 def _cfg(**over):
