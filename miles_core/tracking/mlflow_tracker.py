@@ -15,9 +15,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import time
-import contextlib
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,7 @@ def seed_store(tracking_uri: str, empty_stores: Path) -> None:
         return
     tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(template.read_bytes())
+        shutil.copyfile(template, tmp)
         os.replace(tmp, db)
     except OSError:
         tmp.unlink(missing_ok=True)  # MLflow creates the store itself then
@@ -181,11 +181,11 @@ def _empty_store(empty_stores: Path) -> Path | None:
 
         store = SqlAlchemyStore(f"sqlite:///{tmp}", str(path.parent / "artifacts"))  # nothing is written there
         store.engine.dispose()
-        with contextlib.closing(sqlite3.connect(tmp)) as con, con:
+        with closing(sqlite3.connect(tmp)) as con, con:
             con.execute("DELETE FROM experiments")  # the Default one, with this template's artifact root
         os.replace(tmp, path)  # atomic: a process racing this one makes its own and replaces it with an equal one
-    except OSError:
-        return None
+    except (OSError, sqlite3.Error):
+        return None  # MLflow migrates the new store itself
     return path
 
 
