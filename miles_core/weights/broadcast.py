@@ -22,19 +22,12 @@ each rank's gloo group on the same store keys by hand.
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import torch
 
 DEFAULT_TIMEOUT_S = 300.0
 BACKENDS = ("gloo", "nccl")
-
-
-def free_port(host: str = "") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def tcp_address(host: str, port: int) -> str:
@@ -46,15 +39,27 @@ def _check_backend(backend: str) -> None:
         raise ValueError(f"weight broadcast backend {backend!r}: expected one of {BACKENDS}")
 
 
-def init_custom_process_group(backend: str, init_method: str, world_size: int, rank: int, group_name: str,
-                              timeout_s: float = DEFAULT_TIMEOUT_S):
-    """SGLang's ``init_custom_process_group`` (store=None path): rendezvous, PrefixStore(group_name), torch's helper.
-    Blocks until every rank joined. -> the process group (usable with torch.distributed.broadcast(group=...))."""
+def master_store(host: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Rank 0's TCPStore, listening on a port the OS picked (``store.port``) before anyone is told the address.
+    What ``rendezvous("tcp://host:port")`` makes for rank 0, without probing a free port first: a port found free,
+    closed and bound later can be taken in between (another socket draws from the same ephemeral range)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, 0, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                    multi_tenant=True)
+
+
+def init_custom_process_group(backend: str, init_method: str | None, world_size: int, rank: int, group_name: str,
+                              timeout_s: float = DEFAULT_TIMEOUT_S, store=None):
+    """SGLang's ``init_custom_process_group``: rendezvous at ``init_method`` (or rank 0's ``store`` from master_store,
+    already listening), PrefixStore(group_name), torch's helper. Blocks until every rank joined.
+    -> the process group (usable with torch.distributed.broadcast(group=...))."""
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     _check_backend(backend)
     timeout = timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    if store is None:
+        store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
     pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,

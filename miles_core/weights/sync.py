@@ -128,6 +128,7 @@ class WeightSender:
     def __init__(self, named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], hf_config=None):
         self._named, self.hf_config = named_tensors, hf_config
         self.group, self.device = None, "cpu"
+        self._store = None  # rank 0's store of the next group, listening since master_address
 
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
         """CPU copies (they travel to the driver through Ray's object store, which may see no GPU)."""
@@ -139,19 +140,23 @@ class WeightSender:
         return tensor_meta(list(self._named()))
 
     def master_address(self) -> tuple[str, int]:
-        """(this process's node address, a free port) for a new broadcast group hosted here (node_address)."""
-        from .broadcast import free_port
+        """(this process's node address, a port) for a new broadcast group hosted here (node_address): the port of
+        the group's store, already listening, which init_broadcast then uses."""
+        from .broadcast import master_store
 
         host = node_address()
-        return host, free_port(host)
+        self._store = master_store(host)
+        return host, self._store.port
 
     def init_broadcast(self, host: str, port: int, world_size: int, backend: str, group_name: str) -> None:
-        """Join group ``group_name`` as rank 0, as SGLang forms it (blocks until every engine rank joined)."""
+        """Join group ``group_name`` as rank 0, as SGLang forms it (blocks until every engine rank joined), on the
+        store master_address opened for ``port`` (else a rendezvous of its own at host:port)."""
         from .broadcast import destroy_group, init_custom_process_group, tcp_address
 
         old, self.group = self.group, None
         destroy_group(old)  # drop the previous group first
-        self.group = init_custom_process_group(backend, tcp_address(host, port), world_size, 0, group_name)
+        store, self._store = (self._store, None) if self._store is not None and self._store.port == port else (None, None)
+        self.group = init_custom_process_group(backend, tcp_address(host, port), world_size, 0, group_name, store=store)
         self.device = "cuda" if backend == "nccl" else "cpu"
 
     def broadcast(self, names: list[str]) -> None:

@@ -18,7 +18,7 @@ from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.http import EngineRouter, serve_in_thread
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 from miles_core.rollout.sglang.protocol import protocol
-from miles_core.weights.broadcast import free_port
+from miles_core.weights.broadcast import tcp_address
 from miles_core.weights.sync import WeightSender, WeightSync, WeightSyncError
 
 BUCKET = 256 * 1024
@@ -67,19 +67,36 @@ def test_our_sender_and_sglangs_own_receiver_form_a_group_and_broadcast():
     """Finding 3: the group is built on PrefixStore(group_name, store) (SGLang utils/common.py ~2859-2927). sglang's
     module does not import here (--no-deps: ``import pybase64`` at utils/common.py:87 fails), so the receiver runs the
     function's source recorded from the wheel by tools/sglang_snapshot.py, in a process of its own."""
-    port = free_port("127.0.0.1")
     weight = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    spec = {"source": protocol()["init_custom_process_group"], "init_method": f"tcp://127.0.0.1:{port}",
+    sender = WeightSender(lambda: [("w", weight)])
+    host, port = sender.master_address()  # its store listens from here on: the receiver may connect before init
+    spec = {"source": protocol()["init_custom_process_group"], "init_method": tcp_address(host, port),
             "group_name": "miles-test-group", "shape": [2, 3]}
     receiver = subprocess.Popen([sys.executable, "-c", SGLANG_RECEIVER, json.dumps(spec)], stdout=subprocess.PIPE, text=True)
-    sender = WeightSender(lambda: [("w", weight)])
     try:
-        sender.init_broadcast("127.0.0.1", port, 2, "gloo", "miles-test-group")
+        sender.init_broadcast(host, port, 2, "gloo", "miles-test-group")
         sender.broadcast(["w"])
         out, _ = receiver.communicate(timeout=120)
     finally:
         receiver.kill()
     assert receiver.returncode == 0 and json.loads(out.splitlines()[-1]) == weight.flatten().tolist()
+
+
+def test_the_group_port_is_held_from_the_moment_the_engines_are_told_it():
+    """A port probed free, closed and bound by the store only after the engines were told it could be taken in
+    between (a fresh-clone run on a busy machine failed so: EADDRINUSE in the sender's rendezvous). The address
+    master_address returns is already the store's, listening: nobody else can bind it, a client connects."""
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    sender = WeightSender(lambda: [])
+    host, port = sender.master_address()
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind((host, port))
+    client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False)
+    client.set("probe", "1")
 
 
 def test_a_sync_failing_on_one_engine_leaves_every_engine_serving(serve, trainer_model, tiny_tokenizer):

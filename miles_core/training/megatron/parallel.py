@@ -13,7 +13,6 @@ CPU generator on a machine without CUDA). A one-rank world of its own is NCCL on
 from __future__ import annotations
 
 import datetime
-import socket
 
 import torch
 import torch.distributed as dist
@@ -21,12 +20,6 @@ import torch.distributed as dist
 from miles_core.config.parallel import ParallelConfig
 
 _OWN_WORLD = False  # whether init_parallel started the default process group (then teardown ends it)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_parallel(p: ParallelConfig, seed: int, device: str) -> None:
@@ -42,7 +35,9 @@ def init_parallel(p: ParallelConfig, seed: int, device: str) -> None:
         torch.cuda.set_device(torch.cuda.current_device())  # the actor's own GPU (Ray sets CUDA_VISIBLE_DEVICES)
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+        # a one-rank world needs no rendezvous: an in-process store (a free port probed, closed and bound later
+        # could be taken in between on a busy machine)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=datetime.timedelta(minutes=p.distributed_timeout_minutes))
         _OWN_WORLD = True
     world = dist.get_world_size()
