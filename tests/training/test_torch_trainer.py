@@ -179,3 +179,23 @@ def test_torch_compile_needs_a_layer_list_and_the_torch_backend(tiny_tokenizer):
         _trainer(Flat(), tiny_tokenizer, torch_compile=True)
     with pytest.raises(ValueError, match="torch_compile .*train_backend megatron"):
         load_config("tiny", {"torch_compile": True, "runtime": "ray", "train_backend": "megatron"})
+
+
+def test_debug_disable_optimizer_computes_the_step_but_never_updates(tiny_model_dir, tiny_tokenizer):
+    """The reference's --debug-disable-optimizer: the same losses and grad norm as a real step, the weights as loaded."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    w0 = torch.cat([p.detach().flatten() for p in base.parameters()])
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    runs = {}
+    for off in (False, True):
+        model = copy.deepcopy(base)
+        _, steps = _trainer(model, tiny_tokenizer, micro_batch_size=8, debug_disable_optimizer=off).train_rollout(samples, rewards)
+        runs[off] = (steps[0], (torch.cat([p.detach().flatten() for p in model.parameters()]) - w0).abs().max())
+    (real, moved), (debug, still) = runs[False], runs[True]
+    assert moved > 1e-6 and still == 0
+    assert debug["train/grad_norm"] == pytest.approx(real["train/grad_norm"], rel=1e-5) and debug["train/grad_norm"] > 0
+    assert debug["train/loss"] == pytest.approx(real["train/loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="debug_disable_optimizer is not supported yet with train_backend megatron"):
+        load_config("tiny", {"debug_disable_optimizer": True, "runtime": "ray", "train_backend": "megatron"})
