@@ -72,7 +72,8 @@ class TorchEngine:
     def compute_log_probs(self, model, batch: TokenBatch) -> torch.Tensor:
         """[N, T] log-probs of the response tokens, in micro-batches."""
         model.eval()
-        fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False)[0]  # noqa: E731
+        chunk = self.algo.log_probs_chunk_size
+        fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False, chunk_size=chunk)[0]  # noqa: E731
         with self.precision.autocast():
             return forward_only(fn, batch, self.micro_batch_size)
 
