@@ -32,6 +32,9 @@ class ClusterConfig(Group):
     use_fault_tolerance: bool = Field(False, description="Ray runtime: a health monitor polls every engine and restarts dead ones (see ft_components).")
     ft_components: list[Literal["rollout"]] = Field(["rollout"], description="What the fault tolerance covers: rollout (engine servers).")
     rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
+    rollout_health_check_first_wait: float = Field(
+        0, ge=0, description="Seconds from the engines' start to the first health check (use_fault_tolerance; engines "
+                             "compiling kernels at start may need minutes), then one every rollout_health_check_interval.")
     rollout_health_check_timeout: float = Field(30.0, gt=0, description="An engine whose /health_generate does not answer 200 within this many seconds is dead: killed and restarted.")
     mfu_peak_tflops: float | None = Field(None, gt=0, description="Peak TFLOP/s of one training device, for perf/actor_train_mfu (unset: no MFU).")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads for the local runtime (None = torch default).")

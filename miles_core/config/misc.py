@@ -24,6 +24,13 @@ class MiscConfig(Group):
         "float32", description="Model dtype (a torch floating dtype name): rollout engines, weight sync and exports; "
                                "with bfloat16 / float16 the trainers keep fp32 main weights and fp32 gradients "
                                "(docs/guide/backends.md, mixed precision).")
+    # ---- debugging (the reference's train group)
+    debug_skip_weight_update: bool = Field(
+        False, description="Never send the trainer's weights to the engines (also not before rollout 0): they keep generating with "
+                           "the weights they loaded, weight_version stays 0 (the reference's --debug-skip-weight-update).")
+    debug_disable_optimizer: bool = Field(
+        False, description="train_backend torch: compute the losses, gradients and grad norms of every step, but never apply them "
+                           "(no AdamW update: the policy and critic stay as loaded; the reference's --debug-disable-optimizer).")
     task_timeouts: dict[str, float] = Field(
         default_factory=dict, description="Seconds a Prefect task run may take, by task name (e.g. {generate: 600, eval: 900}); a "
         "task past it fails, then its retries, then the flow. Unset tasks keep their defaults (docs/reference/flows.md).")

@@ -304,6 +304,22 @@ def _lora_rules(c: "TrainConfig") -> None:
                          "not an adapter; use grpo, gspo or reinforce++")
 
 
+def _torch_only_options(c: "TrainConfig") -> None:
+    """Trainer options of the reference that only the torch trainer implements, and the debug switches."""
+    m = c.misc
+    if m.debug_disable_optimizer and c.cluster.train_backend != "torch":
+        raise ValueError(f"debug_disable_optimizer is not supported yet with train_backend {c.cluster.train_backend} (its optimizer "
+                         "step is megatron-core's own); use train_backend torch, or drop it")
+    if c.algo.log_probs_chunk_size != -1 and c.algo.log_probs_chunk_size < 1:
+        raise ValueError(f"log_probs_chunk_size must be -1 (no chunking) or >= 1, got {c.algo.log_probs_chunk_size}")
+    if c.algo.log_probs_chunk_size != -1 and c.cluster.train_backend != "torch":
+        raise ValueError(f"log_probs_chunk_size is not supported yet with train_backend {c.cluster.train_backend} (its log-probs "
+                         "are computed by megatron's vocab-parallel cross-entropy); drop it, or use train_backend torch")
+    if m.debug_skip_weight_update and c.eval.enabled:
+        raise ValueError("debug_skip_weight_update with eval datasets is not supported yet: eval points are logged per weight "
+                         "version, which stays 0; drop eval_prompt_data / eval_config, or debug_skip_weight_update")
+
+
 def _champion_rule(c: "TrainConfig") -> None:
     """champion_metric belongs to a registered model and is judged by an eval (the metric name itself is checked
     against the metrics catalog by miles_core/assemble.py)."""
@@ -327,5 +343,5 @@ def _not_supported(c: "TrainConfig") -> None:
 
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
-                 _sglang_rules, _champion_rule, _promotion_rules, _lora_rules):
+                 _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options):
         rule(c)

@@ -42,6 +42,14 @@ class TrackingConfig(Group):
         None, description="W&B run id to log into (default: a new id, recorded in <run_dir>/wandb_run.json and reused on resume).")
     use_tensorboard: bool = Field(False, description="Also write TensorBoard event files (tensorboardX), one subdirectory per MLflow run.")
     tensorboard_dir: str | None = Field(None, description="TensorBoard log dir (default: <run_dir>/tensorboard).")
+    tb_project_name: str | None = Field(
+        None, description="TensorBoard project: the event files go under <tensorboard_dir>/<tb_project_name>/ (default: straight "
+                          "under tensorboard_dir).")
+    tb_experiment_name: str | None = Field(
+        None, description="TensorBoard experiment: the event files' subdirectory (default: the MLflow run id, one per run); a "
+                          "resume into the same name continues above the steps its event files hold.")
     use_prometheus: bool = Field(False, description="Serve the latest value of every logged metric as Prometheus gauges on http://<prometheus_host>:<prometheus_port>/metrics while the run lives.")
     prometheus_port: int = Field(9090, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: a free port, written to the run's MLflow tag miles.prometheus_url).")
+    prometheus_run_name: str | None = Field(
+        None, description="The run_name label of every Prometheus gauge (default: the MLflow run name).")
     prometheus_host: str = Field("127.0.0.1", description="Address the /metrics endpoint binds to (0.0.0.0 to expose it beyond this machine).")

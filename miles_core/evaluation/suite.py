@@ -40,4 +40,6 @@ def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
 
 
 def _prompt_spec(cfg: TrainConfig, ds: ResolvedDataset) -> PromptSpec:
-    return prompt_spec(cfg, keys=ds)
+    """The dataset's keys; its prompt length limit eval_max_prompt_len when set, else the rollout's (specs.prompt_limit)."""
+    spec, limit = prompt_spec(cfg, keys=ds), cfg.eval.eval_max_prompt_len
+    return spec if limit is None else replace(spec, max_prompt_len=limit, max_prompt_len_reason=f"eval_max_prompt_len {limit}")

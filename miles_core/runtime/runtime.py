@@ -191,7 +191,10 @@ class Runtime:
     # ---- 5. weight sync ----------------------------------------------------------------------------
     def sync_weights(self) -> dict[str, float]:
         """The trainer's weights -> every engine (version + 1); background generation is paused meanwhile.
-        A failed sync leaves the version where it was (the engines resume generating on the weights they have)."""
+        A failed sync leaves the version where it was (the engines resume generating on the weights they have).
+        debug_skip_weight_update: nothing is sent, the version stays."""
+        if self.cfg.misc.debug_skip_weight_update:
+            return {}
         with self.paused():
             metrics = self.fleet.update_weights(self.weights, self.weight_version + 1)
             self.weight_version += 1

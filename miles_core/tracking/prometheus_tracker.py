@@ -3,8 +3,8 @@
 
 Gauge names: ``miles_`` + the key with every character outside [A-Za-z0-9_] as ``_``
 (``rollout/raw_reward`` -> ``miles_rollout_raw_reward``), labelled with the MLflow run id and the run
-name; the help text is the metric's catalog meaning. A private registry (not prometheus_client's
-global one), so two runs in one process serve only their own metrics. No history: nothing to resume.
+name (prometheus_run_name, default the MLflow run's); the help text is the metric's catalog meaning. A private
+registry (not prometheus_client's global one), so two runs in one process serve only their own metrics. No history: nothing to resume.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class PrometheusMirror:
     @classmethod
     def open(cls, spec) -> "PrometheusMirror":
         t = spec.tracking
-        return cls(t.prometheus_host, t.prometheus_port, {"run_id": spec.mlflow_run_id, "run_name": spec.run_name})
+        return cls(t.prometheus_host, t.prometheus_port, {"run_id": spec.mlflow_run_id, "run_name": t.prometheus_run_name or spec.run_name})
 
     def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
         for key, value in metrics.items():

@@ -1,5 +1,5 @@
-"""TensorBoard mirror (tensorboardX event files): one subdirectory per MLflow run under tensorboard_dir,
-each scalar at its axis step. Its resume marks are read back from the event files already there, so a
+"""TensorBoard mirror (tensorboardX event files): one subdirectory per MLflow run (or tb_experiment_name) under
+tensorboard_dir[/tb_project_name], each scalar at its axis step. Its resume marks are read back from the event files already there, so a
 step the writer flushed before a crash is not written twice, and one it lost is written again."""
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ class TensorboardMirror:
 
     @classmethod
     def open(cls, spec) -> "TensorboardMirror":
-        root = Path(spec.tracking.tensorboard_dir).absolute() if spec.tracking.tensorboard_dir else spec.run_dir / "tensorboard"
-        return cls(root / spec.mlflow_run_id)
+        t = spec.tracking
+        root = Path(t.tensorboard_dir).absolute() if t.tensorboard_dir else spec.run_dir / "tensorboard"
+        return cls(root / (t.tb_project_name or "") / (t.tb_experiment_name or spec.mlflow_run_id))
 
     def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
         for key, value in metrics.items():

@@ -202,12 +202,20 @@ def packed_logits(model, ids, mask, pos, rows, cols) -> torch.Tensor:
     return model.get_output_embeddings()(hidden[rows, cols])
 
 
-def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True):
+def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True,
+                       chunk_size: int = -1):
     """-> (log-probs [N, T] of the response tokens under log_softmax(logits / T), entropy [N, T] or None).
 
-    ``entropy_grad=False``: the entropy is only a metric (entropy_coef 0), computed outside autograd."""
+    ``entropy_grad=False``: the entropy is only a metric (entropy_coef 0), computed outside autograd.
+    ``chunk_size`` > 0 (log_probs_chunk_size, without entropy): the float32 logits / T and their log_softmax are made
+    ``chunk_size`` response positions at a time, so the pass holds [N, chunk_size, V] of them instead of [N, T, V]."""
     from miles_core.algorithms import entropy_from_logits
 
+    if chunk_size > 0 and not with_entropy:
+        raw = response_logits(model, batch)  # [N, T, V] in the model's dtype
+        return torch.cat([torch.log_softmax(raw[:, s : s + chunk_size].float() / temperature, dim=-1)
+                          .gather(-1, batch.resp_tokens[:, s : s + chunk_size, None]).squeeze(-1)
+                          for s in range(0, raw.shape[1], chunk_size)], dim=1), None  # [N, T]
     resp_logits = response_logits(model, batch).float() / temperature  # [N, T, V]
     logp_all = torch.log_softmax(resp_logits, dim=-1)
     logp = logp_all.gather(-1, batch.resp_tokens[..., None]).squeeze(-1)  # [N, T]

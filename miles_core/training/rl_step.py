@@ -137,14 +137,14 @@ class RLTrainer:
 
     def _actor_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
         totals = self.engine.backward("actor", batch, rows, self._actor_loss(tensors, reduce))
-        lr = learning_rate(self.algo.lr, self.algo, self.steps_done)
+        lr = learning_rate(self.algo.lr, self.algo.lr_warmup_iters, self.steps_done)
         check = partial(finite.check_loss_and_grad, totals.get("loss"), step=self.steps_done)
         grad_norm = self.engine.optimizer_step("actor", lr, check)
         return {**{f"train/{k}": v for k, v in totals.items()}, "train/grad_norm": grad_norm, "train/lr-pg_0": lr}
 
     def _critic_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
         totals = self.engine.backward("critic", batch, rows, self._value_loss(tensors, reduce))
-        lr = learning_rate(self.algo.critic_lr or self.algo.lr, self.algo, self.steps_done)
+        lr = learning_rate(self.algo.critic_lr or self.algo.lr, self.algo.critic_lr_warmup_iters, self.steps_done)
         check = partial(finite.check_loss_and_grad, totals.get("critic-value_loss"), model="critic")
         grad_norm = self.engine.optimizer_step("critic", lr, check)
         return {**{f"train/{k}": v for k, v in totals.items()}, "train/critic-grad_norm": grad_norm, "train/critic-lr-pg_0": lr}

@@ -44,6 +44,7 @@ class TorchEngine:
         self.algo, self.checkpoint = cfg.algo, cfg.checkpoint
         self.temperature = cfg.rollout.rollout_temperature
         self.micro_batch_size = cfg.algo.micro_batch_size
+        self.apply_updates = not cfg.misc.debug_disable_optimizer
         self._compile_pending = cfg.cluster.torch_compile  # compiled at the first optimizer step (compile_layers)
         if self._compile_pending:
             decoder_layers(model)  # fails here, before any step, for a model without a layer list
@@ -71,7 +72,8 @@ class TorchEngine:
     def compute_log_probs(self, model, batch: TokenBatch) -> torch.Tensor:
         """[N, T] log-probs of the response tokens, in micro-batches."""
         model.eval()
-        fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False)[0]  # noqa: E731
+        chunk = self.algo.log_probs_chunk_size
+        fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False, chunk_size=chunk)[0]  # noqa: E731
         with self.precision.autocast():
             return forward_only(fn, batch, self.micro_batch_size)
 
@@ -144,14 +146,16 @@ class TorchEngine:
             return response_values(self.critic.module, row).sum()
 
     def optimizer_step(self, model: str, lr: float, check) -> float:
-        """lr on every param group, grad-norm clip clip_grad, ``check(grad_norm)`` before the update, AdamW."""
+        """lr on every param group, grad-norm clip clip_grad, ``check(grad_norm)`` before the update, AdamW (not with
+        debug_disable_optimizer: the gradients are dropped by the next backward's zero_grad)."""
         module, optimizer = (self.model, self.optimizer) if model == "actor" else (self.critic.module, self.critic.optimizer)
         for group in optimizer.param_groups:
             group["lr"] = lr
         clip = self.algo.clip_grad if self.algo.clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
         check(grad_norm)
-        optimizer.step()
+        if self.apply_updates:
+            optimizer.step()
         return as_float(grad_norm)
 
     # ---- weights, checkpoints, export ----------------------------------------------------------------

@@ -21,6 +21,15 @@ def test_every_reference_flag_has_a_status():
     assert set(ALIASES.values()) <= fields()
 
 
+HONOURED_SAME_NAME = 144  # raise it when a flag becomes a field; a fall means a field was dropped or refused again
+
+
+def test_the_count_of_honoured_same_name_flags_does_not_fall():
+    """Same-named fields honoured by code (a NOT_SUPPORTED field counts as unsupported, tools/docs/compat.py)."""
+    same = [s.field for s in all_statuses(fields()) if s.kind == "same"]
+    assert len(same) >= HONOURED_SAME_NAME, f"{len(same)} reference flags are honoured fields, fewer than {HONOURED_SAME_NAME}"
+
+
 def test_no_row_names_one_of_our_fields():
     """flag_status matches our fields first: a row for a flag that is now a field is never reached (dead)."""
     ours = fields()

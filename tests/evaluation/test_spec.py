@@ -76,3 +76,17 @@ def test_duplicate_name_and_bad_fields_are_clear_errors(tmp_path):
         read_eval_file(bad)
     with pytest.raises(ConfigError, match="no such file"):
         read_eval_file(tmp_path / "missing.yaml")
+
+
+def test_eval_max_prompt_len_drops_the_longer_eval_prompts(tmp_path, tiny_tokenizer):
+    """The reference's --eval-max-prompt-len: eval prompts over it are dropped; the training prompts' limit is not used."""
+    from miles_core.evaluation import build_suite
+
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"input": "1+1=", "label": "2"}\n{"input": "' + "1+" * 40 + '1=", "label": "41"}\n')
+    base = {"eval_prompt_data": ["e", str(data)], "rollout_max_prompt_len": 200}
+    lengths = [len(tiny_tokenizer("1+1=")["input_ids"]), len(tiny_tokenizer("1+" * 40 + "1=")["input_ids"])]
+    assert lengths[0] < 20 < lengths[1] < 200
+    counts = {limit: len(build_suite(load_config("tiny", {**base, "eval_max_prompt_len": limit}), tiny_tokenizer).datasets[0].prompts)
+              for limit in (None, 20)}
+    assert counts == {None: 2, 20: 1}

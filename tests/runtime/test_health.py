@@ -31,3 +31,17 @@ def test_hung_engine_is_dead_and_rounds_skip_when_busy(tiny_model_dir):
     finally:
         for h in handles:
             h.stop()
+
+
+def test_the_first_round_waits_rollout_health_check_first_wait():
+    """The reference's --rollout-health-check-first-wait: the first round first_wait_s after start, then every interval_s."""
+    import time
+
+    for first_wait, expect in ((0.0, True), (60.0, False)):
+        rounds = threading.Event()
+        mon = HealthMonitor(lambda: [], lambda i: None, interval_s=60, timeout_s=1.0, round_lock=threading.Lock(),
+                            busy=lambda: rounds.set() or True, first_wait_s=first_wait).start()  # busy: a round began
+        t0 = time.monotonic()
+        assert rounds.wait(2.0) is expect, first_wait
+        assert not expect or time.monotonic() - t0 < 2.0
+        mon._stop.set()  # the thread exits at its next wait; no join on a 60 s wait

@@ -129,3 +129,25 @@ def test_a_busy_prometheus_port_is_a_clear_error():
     with pytest.raises(OSError, match=f"prometheus_port {port}"):
         PrometheusMirror("127.0.0.1", port, {"run_id": "b", "run_name": "tiny"})
     holder.close("FINISHED")
+
+
+def test_tb_project_and_experiment_name_place_the_event_files(tmp_path, store):
+    """The reference's --tb-project-name / --tb-experiment-name: <tensorboard_dir>/<project>/<experiment>/ instead of
+    <tensorboard_dir>/<MLflow run id>/; the scalars land there."""
+    tracker = open_run(_config(tmp_path, store, use_tensorboard=True, tensorboard_dir=str(tmp_path / "tb"),
+                               tb_project_name="proj", tb_experiment_name="exp1"), None, {})
+    _rollouts(tracker, range(2))
+    tracker.end("FINISHED")
+    assert _named(tracker)["tensorboard"].logdir == tmp_path / "tb" / "proj" / "exp1"
+    assert [s for s, _ in read_scalars(tmp_path / "tb" / "proj" / "exp1")["rollout/raw_reward"]] == [0, 1]
+
+
+def test_prometheus_run_name_is_the_run_name_label(tmp_path, store):
+    tracker = open_run(_config(tmp_path, store, use_prometheus=True, prometheus_run_name="my-run"), None, {})
+    try:
+        _rollouts(tracker, range(1))
+        text = urllib.request.urlopen(_named(tracker)["prometheus"].link, timeout=10).read().decode()
+        labels = [s.labels for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == "miles_rollout_raw_reward"]
+        assert labels == [{"run_id": tracker.mlflow.run_id, "run_name": "my-run"}]
+    finally:
+        tracker.end("FINISHED")

@@ -153,3 +153,22 @@ def test_ppo_resume_from_a_checkpoint_equals_uninterrupted_training(lm, cfg, sam
         assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
     else:
         assert not all(torch.equal(want[k], got[k]) for k in want if k.startswith("critic."))
+
+
+def test_critic_lr_warmup_iters_warms_up_the_critic_only(lm, cfg, samples):
+    """The reference's --critic-lr-warmup-iters: the critic's rate ramps over its own steps (3: 1/3, 2/3, 1 of critic_lr),
+    the actor's lr_warmup_iters does not reach it."""
+    batch = make_batch(samples, PAD)
+    returns = torch.tensor([s.reward for s in samples])[:, None] * batch.loss_mask  # [N, T]
+    reduce = Reducer(False, num_samples=len(samples), num_tokens=float(batch.loss_mask.sum()))
+
+    def rates(**over):
+        trainer = TorchTrainer(lm(), cfg(advantage_estimator="ppo", critic_lr=3e-2, **over), pad_id=PAD)
+        out = []
+        for _ in range(4):
+            out.append(_critic_step(trainer, batch, trainer.engine.values(batch), returns, reduce)["train/critic-lr-pg_0"])
+            trainer.steps_done += 1  # what RLTrainer._optimizer_step counts after the actor and critic steps
+        return out
+
+    assert rates(critic_lr_warmup_iters=3) == pytest.approx([1e-2, 2e-2, 3e-2, 3e-2])
+    assert rates(lr_warmup_iters=3) == pytest.approx([3e-2] * 4)

@@ -179,3 +179,44 @@ def test_torch_compile_needs_a_layer_list_and_the_torch_backend(tiny_tokenizer):
         _trainer(Flat(), tiny_tokenizer, torch_compile=True)
     with pytest.raises(ValueError, match="torch_compile .*train_backend megatron"):
         load_config("tiny", {"torch_compile": True, "runtime": "ray", "train_backend": "megatron"})
+
+
+def test_debug_disable_optimizer_computes_the_step_but_never_updates(tiny_model_dir, tiny_tokenizer):
+    """The reference's --debug-disable-optimizer: the same losses and grad norm as a real step, the weights as loaded."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    w0 = torch.cat([p.detach().flatten() for p in base.parameters()])
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    runs = {}
+    for off in (False, True):
+        model = copy.deepcopy(base)
+        _, steps = _trainer(model, tiny_tokenizer, micro_batch_size=8, debug_disable_optimizer=off).train_rollout(samples, rewards)
+        runs[off] = (steps[0], (torch.cat([p.detach().flatten() for p in model.parameters()]) - w0).abs().max())
+    (real, moved), (debug, still) = runs[False], runs[True]
+    assert moved > 1e-6 and still == 0
+    assert debug["train/grad_norm"] == pytest.approx(real["train/grad_norm"], rel=1e-5) and debug["train/grad_norm"] > 0
+    assert debug["train/loss"] == pytest.approx(real["train/loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="debug_disable_optimizer is not supported yet with train_backend megatron"):
+        load_config("tiny", {"debug_disable_optimizer": True, "runtime": "ray", "train_backend": "megatron"})
+
+
+def test_log_probs_chunk_size_takes_the_log_softmax_a_chunk_at_a_time(tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """The reference's --log-probs-chunk-size: the forward-only log-probs are the same, from log_softmax inputs of at most
+    chunk positions ([N, 2, V] here, the uneven batch's T is 5) instead of the whole [N, T, V]."""
+    from transformers import AutoModelForCausalLM
+
+    from miles_core.training.batch import make_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    batch = make_batch(_samples(tiny_tokenizer), tiny_tokenizer.pad_token_id)
+    widths, real = [], torch.log_softmax
+    monkeypatch.setattr(torch, "log_softmax", lambda x, dim: widths.append(x.shape[1]) or real(x, dim=dim))  # records, then computes
+    whole = _trainer(model, tiny_tokenizer, micro_batch_size=8).engine.compute_log_probs(model, batch)
+    assert widths == [batch.loss_mask.shape[1]] == [5]
+    widths.clear()
+    chunked = _trainer(model, tiny_tokenizer, micro_batch_size=8, log_probs_chunk_size=2).engine.compute_log_probs(model, batch)
+    assert widths == [2, 2, 1]
+    assert torch.allclose(chunked, whole, atol=1e-6)
+    with pytest.raises(ValueError, match="log_probs_chunk_size is not supported yet with train_backend megatron"):
+        load_config("tiny", {"log_probs_chunk_size": 2, "runtime": "ray", "train_backend": "megatron"})

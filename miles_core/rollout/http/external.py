@@ -51,5 +51,5 @@ def external_fleet(cfg: TrainConfig, backend: str = "gloo") -> HTTPFleet:
     sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync", backend=backend)
     fleet = HTTPFleet(external_router(cfg), sync, colocate=False)
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
-        fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout)
+        fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)
     return fleet

@@ -53,14 +53,15 @@ class HTTPFleet:
     def restarts(self) -> int:
         return self._restarts
 
-    def watch(self, interval_s: float, timeout_s: float) -> None:
-        """Start a health monitor: an engine failing /health_generate is restarted (with a launcher), or, without
-        one (external engines), marked dead: out of the router until a probe finds it serving again."""
+    def watch(self, interval_s: float, timeout_s: float, first_wait_s: float = 0.0) -> None:
+        """Start a health monitor (first round after first_wait_s, then every interval_s): an engine failing
+        /health_generate is restarted (with a launcher), or, without one (external engines), marked dead: out of the
+        router until a probe finds it serving again."""
         from .health import HealthMonitor
 
         on_dead = self._recover_engine if self.launcher is not None else self._mark_dead
         self.monitor = HealthMonitor(lambda: [s.url for s in self.router.slots], on_dead, interval_s, timeout_s,
-                                     self._weights_lock, busy=lambda: self._released).start()
+                                     self._weights_lock, busy=lambda: self._released, first_wait_s=first_wait_s).start()
 
     def _mark_dead(self, i: int) -> None:
         url = self.router.slots[i].url

@@ -1,6 +1,7 @@
 """HealthMonitor: a driver thread that polls every engine's GET /health_generate (use_fault_tolerance).
 
-Every ``interval_s`` it checks each engine with a timeout of ``timeout_s``; an engine that does not
+``first_wait_s`` after it starts (rollout_health_check_first_wait: engines still compiling kernels), then every
+``interval_s``, it checks each engine with a timeout of ``timeout_s``; an engine that does not
 answer 200 in time (process gone, hung, failing) is dead: ``on_dead(i)`` kills and restarts it (the
 runtime loads the current weights into the new server before the router sends it requests), or, for an
 engine miles did not launch, marks it dead in the router. A
@@ -20,9 +21,9 @@ log = logging.getLogger(__name__)
 
 class HealthMonitor:
     def __init__(self, urls: Callable[[], list[str]], on_dead: Callable[[int], None], interval_s: float, timeout_s: float,
-                 round_lock: threading.Lock, busy: Callable[[], bool] = lambda: False):
+                 round_lock: threading.Lock, busy: Callable[[], bool] = lambda: False, first_wait_s: float = 0.0):
         self.urls, self.on_dead, self.busy = urls, on_dead, busy
-        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.interval_s, self.timeout_s, self.first_wait_s = interval_s, timeout_s, first_wait_s
         self.round_lock = round_lock  # held for a whole round; a round is skipped if someone else holds it
         self.rounds = 0
         self._stop = threading.Event()
@@ -68,7 +69,9 @@ class HealthMonitor:
             self.round_lock.release()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait = self.first_wait_s
+        while not self._stop.wait(wait):
+            wait = self.interval_s
             try:
                 self.run_round()
             except Exception:  # noqa: BLE001 - a monitor must outlive a bad round; logged with its traceback

@@ -82,5 +82,5 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     fleet = HTTPFleet(router, WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend),
                       colocate=cl.colocate, launcher=engines, client=engines.client)  # its close() shuts the engines down
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
-        fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout)
+        fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)
     return train_group, fleet
