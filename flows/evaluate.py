@@ -40,11 +40,12 @@ from flows.promotion import judge_pending  # registered versions that wait for a
 def evaluate(target: str, which: Literal["latest", "all"] = "latest", overrides: dict[str, Any] | None = None) -> dict:
     """Evaluate checkpoints or HF snapshots of a training run, logged into that run at their eval/step.
 
-    target: a checkpoint dir, a save dir, an HF export dir (<export>/<rollout_id>/...) or one snapshot; or the
-        runs dir of a deployment (runs/<deployment>, flows/rundir.py): every run dir's save dir, each into its run.
-    which: latest = the newest complete one; all = every one the run has not evaluated yet.
-    overrides: config fields over the run's own (eval_prompt_data, eval_config, n_samples_per_eval_prompt,
-        mlflow_tracking_uri, recipe when the run's params are gone, ...).
+    Args:
+        target: A checkpoint dir, a save dir, an HF export dir (‹export›/‹rollout_id›/...) or one snapshot; or the
+            runs dir of a deployment (runs/‹deployment›): every run dir's save dir, each into its own run.
+        which: latest = the newest complete one; all = every one the run has not evaluated yet.
+        overrides: Config fields over the run's own (eval_prompt_data, eval_config, n_samples_per_eval_prompt,
+            mlflow_tracking_uri, recipe when the run's params are gone, ...).
     """
     save_dirs = deployment_save_dirs(Path(target))
     if save_dirs:

@@ -5,8 +5,8 @@ A run of a deployment (the UI's Quick run or Custom run, `prefect deployment run
 checkpoints and its own MLflow run; a Retry of that flow run (same flow-run id, same name) comes back to it and
 resumes. The deployment's runs share one MLflow store, ``<runs root>/<deployment>/mlflow.db`` (one experiment,
 every run in one runs table), unless ``tracking.mlflow_tracking_uri`` names one. A run dir named in the form is
-used as given: that is how a user continues a run in a new flow run. Runs outside a deployment (``miles train``)
-keep ``runs/<recipe>``. The runs root is ``runs`` under the worker's directory, or ``MILES_RUNS_ROOT``.
+used as given, with the MLflow store its ``mlflow_run.json`` records: that is how a user continues a run in a new
+flow run. Runs outside a deployment (``miles train``) keep ``runs/<recipe>``. The runs root is ``runs`` under the worker's directory, or ``MILES_RUNS_ROOT``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ def for_flow_run(cfg: TrainConfig, fr: FlowRun | None = None) -> TrainConfig:
     """``cfg`` with the run dir (and MLflow store) of this deployment flow run; unchanged outside a deployment or
     when the form names a run dir."""
     fr = fr if fr is not None else current_flow_run()
-    if fr is None or not fr.deployment or cfg.misc.run_dir:
+    if fr is None or not fr.deployment:
         return cfg
+    if cfg.misc.run_dir:
+        return _recorded_store(cfg)
     base = runs_root() / fr.deployment
     run_dir = _own_dir(base, fr)
     misc = cfg.misc.model_copy(update={"run_dir": str(run_dir)})
@@ -43,6 +45,19 @@ def for_flow_run(cfg: TrainConfig, fr: FlowRun | None = None) -> TrainConfig:
     if not tracking.mlflow_tracking_uri:
         tracking = tracking.model_copy(update={"mlflow_tracking_uri": f"sqlite:///{base / 'mlflow.db'}"})
     return cfg.model_copy(update={"misc": misc, "tracking": tracking})
+
+
+def _recorded_store(cfg: TrainConfig) -> TrainConfig:
+    """A run dir named in the form with no ``tracking.mlflow_tracking_uri``: the store its mlflow_run.json records
+    (a dir a deployment run made logs into the deployment's store, not ``<run dir>/mlflow.db``), so continuing it in
+    a new flow run re-attaches its MLflow run."""
+    marker = cfg.run_dir / "mlflow_run.json"
+    if cfg.tracking.mlflow_tracking_uri or not marker.is_file():
+        return cfg
+    uri = json.loads(marker.read_text()).get("tracking_uri")
+    if not uri:
+        return cfg
+    return cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"mlflow_tracking_uri": uri})})
 
 
 def _own_dir(base: Path, fr: FlowRun) -> Path:

@@ -26,6 +26,9 @@ from .runlog import attach_prefect_logs
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
 MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run", "tracking.mlflow_ui_url"}
+# nor is the spelling of the run dir (a form continuing a deployment run names the dir its run was given: the
+# dir's own mlflow_run.json, not this param, says which run it holds)
+MUTABLE_PARAMS |= {"misc.run_dir"}
 # nor are the trackers that watch it (a resume may turn a mirror on or off, or move its endpoint)
 MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_wandb", "wandb_mode", "wandb_dir", "use_tensorboard", "tensorboard_dir",
                                              "use_prometheus", "prometheus_port", "prometheus_host")}

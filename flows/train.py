@@ -89,6 +89,12 @@ def _on_failure(flow, flow_run, state) -> None:
 
 @flow(name="train", on_failure=[_on_failure], on_crashed=[_on_failure], validate_parameters=True)
 def train(config: TrainConfig) -> dict:
+    """Train a recipe end to end: convert, rollouts, training steps, evaluation, checkpoints and exports, tracked in MLflow.
+
+    Args:
+        config: The recipe's resolved config, by argument group. A run of a deployment trains in its own run dir
+            (runs/‹deployment›/‹flow-run name›) unless misc.run_dir names one to continue; a Retry resumes it.
+    """
     rearm()  # the CLI's SIGINT/SIGTERM: recorded, acted on between stages (flows/interrupt.py)
     assemble.check(config, "flow parameter config")  # names against the registries: a deployment run's form skips the CLI
     config = for_flow_run(config)  # a deployment run's own run dir (flows/rundir.py)

@@ -28,6 +28,12 @@ def test_each_deployment_flow_run_gets_its_own_run_dir_and_a_retry_the_same(tmp_
     assert for_flow_run(cfg, same_name).run_dir == tmp_path / "runs" / "tiny" / "brave-otter-cccccccc"
     named = load_config("tiny", {"run_dir": str(tmp_path / "mine")})
     assert for_flow_run(named, b) == named  # a run dir named in the form is used as given
+    # ... and a dir a deployment run made keeps logging into the store its mlflow_run.json records (the deployment's)
+    (ca.run_dir / "mlflow_run.json").write_text(json.dumps({"run_id": "r1", "tracking_uri": ca.tracking_uri}))
+    again = for_flow_run(load_config("tiny", {"run_dir": str(ca.run_dir)}), b)
+    assert again.run_dir == ca.run_dir and again.tracking_uri == ca.tracking_uri != f"sqlite:///{ca.run_dir / 'mlflow.db'}"
+    uri = f"sqlite:///{tmp_path / 'other.db'}"  # a store named in the form wins
+    assert for_flow_run(load_config("tiny", {"run_dir": str(ca.run_dir), "mlflow_tracking_uri": uri}), b).tracking_uri == uri
     assert for_flow_run(cfg, FlowRun("d" * 36, "x", None, None)) == cfg  # a flow run outside a deployment (miles train)
 
 

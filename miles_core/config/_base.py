@@ -12,6 +12,19 @@ from pydantic import BaseModel, ConfigDict, model_validator
 FORM_BRACKETS = str.maketrans({"<": "‹", ">": "›"})
 
 
+def _unset_as_empty(prop: dict[str, Any]) -> None:
+    """An optional field (``X | None = None``) as its one type with no default: the form shows an empty X input where
+    the anyOf would offer a "None" choice rendered as 'Property is type "None"'. The server's validation of a run's
+    parameters still takes a null there: prefect.utilities.schema_tools.validation._fix_null_typing makes a property
+    with a type and no default nullable. Choices (enum) keep the anyOf: a null would fail the enum."""
+    branches = prop.get("anyOf", [])
+    if len(branches) == 2 and {"type": "null"} in branches and prop.get("default", ...) is None:
+        (typed,) = [b for b in branches if b != {"type": "null"}]
+        if "type" in typed and "enum" not in typed and typed["type"] != "object":
+            del prop["anyOf"], prop["default"]
+            prop.update(typed)
+
+
 def _form_order(schema: dict[str, Any], cls: type) -> None:
     """json_schema_extra: the properties named in ``cls.form_first`` first, in that order, then the rest; descriptions
     with angle brackets that survive the form's HTML."""
@@ -19,6 +32,7 @@ def _form_order(schema: dict[str, Any], cls: type) -> None:
     for name, prop in props.items():
         if "description" in prop:
             prop["description"] = prop["description"].translate(FORM_BRACKETS)
+        _unset_as_empty(prop)
     first = [k for k in getattr(cls, "form_first", ()) if k in props]
     schema["properties"] = {**{k: props[k] for k in first}, **{k: v for k, v in props.items() if k not in first}}
 

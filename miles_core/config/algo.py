@@ -13,6 +13,8 @@ KLType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
 class AlgoConfig(Group):
+    """How rewards become advantages and the losses, KL terms and AdamW settings of each optimizer step."""
+
     form_first = ("lr", "advantage_estimator")
 
     advantage_estimator: AdvantageEstimator = Field("grpo", description="How rewards become advantages.")

@@ -10,6 +10,8 @@ from ._base import Group
 
 
 class CheckpointConfig(Group):
+    """The model to start from, checkpoint save and load, HF exports and the MLflow model registry."""
+
     hf_checkpoint: str = Field("builtin://tiny-qwen2", description="Initial model: an HF directory, a hub id, or builtin://<name> built offline.")
     ref_load: str | None = Field(None, description="Reference model for KL terms (default hf_checkpoint).")
     load: str | None = Field(None, description="Checkpoint dir to resume from (default: save); missing -> fresh start from hf_checkpoint.")

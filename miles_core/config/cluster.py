@@ -10,6 +10,8 @@ from ._base import Group
 
 
 class ClusterConfig(Group):
+    """Where the work runs (one process or a Ray cluster), the trainer backend and rollout engine, GPU placement, weight sync and fault tolerance."""
+
     runtime: Literal["local", "ray"] = Field("local", description="Where the work runs: one process (local) or a Ray cluster (ray).")
     ray_address: str | None = Field(None, description="Ray cluster address (ray://host:port); None starts a local Ray.")
     train_backend: Literal["torch", "megatron"] = Field("torch", description="Trainer backend.")

@@ -10,6 +10,8 @@ from ._base import Group
 
 
 class DataConfig(Group):
+    """The prompt dataset: its file, row keys, chat template, shuffling and epochs."""
+
     prompt_data: str | None = Field(None, description="Prompt dataset: a jsonl or parquet path, optionally sliced as path@[start:end]; builtin://<name> for a generated task.")
     input_key: str = Field("input", description="Row key of the prompt.")
     label_key: str | None = Field("label", description="Row key of the label (None: no label).")

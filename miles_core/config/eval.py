@@ -10,6 +10,8 @@ from ._base import Group
 
 
 class EvalConfig(Group):
+    """Periodic evaluation: when it runs, its datasets and its sampling settings."""
+
     eval_interval: int | None = Field(None, ge=1, description="Evaluate after rollout i when (i+1) % eval_interval == 0, and after the last.")
     eval_prompt_data: list[str] | None = Field(None, description="Eval datasets as name path pairs: [name1, path1, name2, path2, ...].")
     eval_config: str | None = Field(None, description="Eval config YAML (defaults + datasets).")

@@ -36,6 +36,8 @@ def module_names(value: str | list[str] | None) -> tuple[str, ...]:
 
 
 class LoraConfig(Group):
+    """LoRA adapters: rank 0 (the default) trains the full model."""
+
     form_first = ("lora_rank", "lora_alpha", "target_modules")
 
     lora_rank: int = Field(0, ge=0, description="LoRA rank r; 0 = off (full fine-tuning). With r > 0 the torch trainer trains "

@@ -15,6 +15,8 @@ TASK_NAMES = ("convert", "prepare", "restore", "generate", "train", "update-weig
 
 
 class MiscConfig(Group):
+    """The run's identity (recipe, run dir, seed), its dtype, debug switches and task timeouts."""
+
     form_first = ("run_dir", "seed")
 
     recipe: str = Field("custom", description="Recipe name (set by the recipe file).")

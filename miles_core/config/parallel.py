@@ -14,6 +14,8 @@ from ._base import Group
 
 
 class ParallelConfig(Group):
+    """Megatron model parallelism (TP, PP, CP, EP), recompute, dynamic batching and train offload."""
+
     tensor_model_parallel_size: int = Field(1, ge=1, description="Tensor parallel size (TP): each layer's weights split over TP ranks (train_backend megatron).")
     pipeline_model_parallel_size: int = Field(1, ge=1, description="Pipeline parallel size (PP): the layers split into PP stages (train_backend megatron).")
     context_parallel_size: int = Field(1, ge=1, description="Context parallel size (CP): sequences split over CP ranks. Only 1 is supported yet (CP needs Transformer Engine's attention).")

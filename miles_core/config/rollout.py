@@ -33,6 +33,8 @@ def engine_url(addr: str) -> str:
 
 
 class RolloutConfig(Group):
+    """Rollout generation and rewards: how many rollouts, prompts and samples, sampling and the reward model."""
+
     form_first = ("num_rollout", "rollout_batch_size", "n_samples_per_prompt")
 
     rollout_batch_size: int = Field(..., ge=1, description="Prompts per rollout (required).")

@@ -16,6 +16,8 @@ from .server_args import validate
 
 
 class SglangConfig(Group):
+    """SGLang engines (rollout_engine sglang): server arguments and the router; unused by the other engines."""
+
     sglang_server_args: dict[str, Any] = Field(
         default_factory=dict, description="SGLang server arguments passed to every engine's `python -m sglang.launch_server`, "
         "by ServerArgs field name; set them as sglang_<field> keys or --sglang-<flag> flags (the reference's form). Checked at "

@@ -10,6 +10,8 @@ from ._base import Group
 
 
 class TrackingConfig(Group):
+    """MLflow, W&B, TensorBoard and Prometheus: where the run's params and metrics go."""
+
     form_first = ("mlflow_new_run", "mlflow_run_name")
 
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default sqlite:///<run_dir>/mlflow.db).")

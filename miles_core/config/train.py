@@ -40,17 +40,17 @@ class TrainConfig(Group):
 
     form_first = ("rollout", "algo", "misc", "tracking", "checkpoint", "eval", "data")  # the run form: cluster etc. after
 
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    rollout: RolloutConfig
-    sglang: SglangConfig = Field(default_factory=SglangConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-    lora: LoraConfig = Field(default_factory=LoraConfig)
-    misc: MiscConfig = Field(default_factory=MiscConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Runtime, backend, engine and placement.")
+    rollout: RolloutConfig = Field(description="Rollout generation and rewards.")
+    sglang: SglangConfig = Field(default_factory=SglangConfig, description="SGLang engine settings (rollout_engine sglang).")
+    data: DataConfig = Field(default_factory=DataConfig, description="The prompt dataset.")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="Advantages, losses and the optimizer.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Initial model, checkpoints and exports.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Periodic evaluation.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and the mirrors.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Megatron parallelism, recompute and batching.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
+    misc: MiscConfig = Field(default_factory=MiscConfig, description="Run identity, dtype, debug switches.")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "TrainConfig":

@@ -59,3 +59,21 @@ def test_every_deployments_defaults_pass_the_servers_validation_of_its_form():
     for d in doc["deployments"]:
         errors = validate(d["parameters"], schemas[d["name"]], raise_on_error=False)
         assert not errors, f"{d['name']}: {[e.message for e in errors][:3]}"
+
+
+def test_every_field_and_group_of_every_deployments_form_says_what_it_is():
+    """No property whose only help is its type: every flow parameter, group and field has a description (the group's
+    class docstring heads its section), and an optional field is an empty input of its type, not a choice the form
+    renders as 'Property is type "None"' (choices, multi-type unions and a None that is not the default keep the
+    branch: a null there needs it)."""
+    for name, schema in _schemas().items():
+        bare = [f"top.{k}" for k, p in schema["properties"].items() if not p.get("description", "").strip()]
+        bare += [g for g, d in schema.get("definitions", {}).items() if not d.get("description", "").strip()]
+        bare += [k for k, p in _properties(schema) if not p.get("description", "").strip()]
+        assert not bare, f"{name}: fields with no help but their type: {bare[:5]}"
+        none_choice = [k for k, p in _properties(schema) if {"type": "null"} in p.get("anyOf", [])
+                       and len(p["anyOf"]) == 2 and not any("enum" in b for b in p["anyOf"]) and p.get("default") is None]
+        assert not none_choice, f"{name}: optional fields offered as a 'None' choice: {none_choice[:5]}"
+    tiny = _schemas()["tiny"]["definitions"]
+    assert tiny["CheckpointConfig"]["properties"]["ref_load"]["type"] == "string"  # an empty text input, no default
+    assert "default" not in tiny["CheckpointConfig"]["properties"]["ref_load"]
