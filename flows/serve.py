@@ -63,8 +63,21 @@ def train_deployment(recipe: str) -> dict:
     return {
         "name": recipe, "description": _description(recipe), "entrypoint": "flows/train.py:train",
         "tags": ["train", f"recipe:{recipe}"], "work_pool": {"name": POOL}, "enforce_parameter_schema": True,
-        "parameters": {"config": load_config(recipe).model_dump(mode="json")},
+        "parameters": {"config": form_values(load_config(recipe))},
     }
+
+
+def form_values(cfg) -> dict:
+    """The config as the deployment's parameters: every value but the unset optional ones (None, a field whose default
+    is None). The run form shows those as empty inputs of their type (miles_core/config/_base.py), so a null there
+    would fail the schema check the server runs when the deployment is created (prefect/_internal/schemas/
+    validators.py::validate_values_conform_to_schema, which makes no property nullable); the flow's config fills
+    them with the same None."""
+    out = cfg.model_dump(mode="json")
+    for group, values in out.items():
+        fields = type(getattr(cfg, group)).model_fields
+        out[group] = {k: v for k, v in values.items() if not (v is None and fields[k].default is None)}
+    return out
 
 
 def nightly_deployment() -> dict:

@@ -2,8 +2,10 @@
 deploy` of deployments/prefect.yaml and process worker (a temporary PREFECT_HOME); `prefect
 deployment run train/tiny` to Completed with its MLflow run; `eval/nightly` over that save dir
 landing eval/step metrics in the same run; the cron schedule producing scheduled runs;
-`train/glm4-5` run at debug scale with the recipe's algorithm settings as MLflow params; a failed
-run retried with `prefect flow-run retry` resuming from its last checkpoint.
+`train/glm4-5` run at debug scale with the recipe's algorithm settings as MLflow params; runs whose
+form names no run dir each in a dir and MLflow run of their own; one of them SIGKILLed mid-run (Crashed),
+marked FAILED as crashed by its Retry (`prefect flow-run retry`, as the UI's button) before that resumes it
+in the same dir and MLflow run to the uninterrupted run's metrics.
 
 Runs are launched together (the worker runs them in parallel) to keep the file near 3 minutes.
 """
@@ -31,17 +33,20 @@ from flows.recipes import list_recipes, load_config
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"num_rollout": 2, "rollout_batch_size": 2, "save_interval": 1, "eval_interval": 100, "skip_eval_before_train": True,
         "eval_prompt_data": ["arith", "builtin://arith-test@[0:8]"], "num_threads": 1, "log_samples": 2}
-FLAKY_RM = '''
+KILL_RM = '''
 import os
+import signal
 from pathlib import Path
 
 from miles_core.rewards import score
 
 
 def reward(sample):
-    """Fails rollout 1 while the arm file exists: a reward service that is down for a while."""
-    if sample.rollout_id == 1 and Path(os.environ["MILES_TEST_FLAKY_ARM"]).exists():
-        raise RuntimeError("flaky reward service is down")
+    """SIGKILLs its own process (the flow run's) at rollout 1 while the arm file exists: a worker lost mid-run."""
+    arm = Path(os.environ["MILES_TEST_KILL_ARM"])
+    if sample.rollout_id == 1 and arm.exists():
+        arm.unlink(missing_ok=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     return score("math", sample.response, sample.label)
 '''
 
@@ -76,12 +81,12 @@ def served(tmp_path_factory):
     from flows.serve import serve, stop
 
     tmp = tmp_path_factory.mktemp("served")
-    (tmp / "flaky_rm.py").write_text(FLAKY_RM)
+    (tmp / "kill_rm.py").write_text(KILL_RM)
     env = {"PREFECT_HOME": str(tmp / "prefect"), "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")])),
-           "MILES_TEST_FLAKY_ARM": str(tmp / "armed"), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+           "MILES_TEST_KILL_ARM": str(tmp / "armed"), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
            "MILES_RUNS_ROOT": str(tmp / "runs")}
     info = serve(_free_port(), tmp / "serve", env=env, poll_seconds=1)
-    sys.path.insert(0, str(tmp))  # configs naming flaky_rm are validated here too (extension points resolve at load)
+    sys.path.insert(0, str(tmp))  # configs naming kill_rm are validated here too (extension points resolve at load)
     try:
         yield {**info, "tmp": tmp, "env": {**os.environ, **env, "PREFECT_API_URL": info["url"]}}
     finally:
@@ -131,7 +136,8 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
     tmp = served["tmp"]
     tiny = load_config("tiny", {**TINY, "run_dir": str(tmp / "tiny")})
     glm = load_config("glm4-5-debug", {"run_dir": str(tmp / "glm"), "num_threads": 1})
-    flaky = load_config("tiny", {**TINY, "run_dir": str(tmp / "flaky"), "custom_rm_path": "flaky_rm:reward"})
+    # a Custom run (a changed field, no run dir) whose flow-run process is SIGKILLed at rollout 1 (its reward)
+    killed = load_config("tiny", {**TINY, "custom_rm_path": "kill_rm:reward"}).model_dump(mode="json")
     (tmp / "armed").touch()
     cli = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "train/tiny",
                           "--params", json.dumps({"config": tiny.model_dump(mode="json")})],
@@ -142,7 +148,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
     with _client(served["url"]) as client:
         # train/glm4-5 at debug scale: the glm4-5 deployment with the debug-scale config as its parameters
         glm_run = _run(client, "train/glm4-5", {"config": glm.model_dump(mode="json")})
-        flaky_run = _run(client, "train/tiny", {"config": flaky.model_dump(mode="json")})
+        killed_run = _run(client, "train/tiny", {"config": killed})
         # two runs of train/tiny whose form names no run dir: two flow runs, two run dirs, two MLflow runs
         own = load_config("tiny", TINY).model_dump(mode="json")
         own_runs = [_run(client, "train/tiny", {"config": own}) for _ in range(2)]
@@ -165,6 +171,7 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         assert run.info.status == "FINISHED" and run.data.params["rollout.rollout_batch_size"] == "2"
         assert [m.step for m in mlflow.get_metric_history(run_id, "rollout/raw_reward")] == [0, 1]
         assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [3]  # the last rollout only
+        uninterrupted = _history(mlflow, run_id)
 
         # each run of its own trained in runs/tiny/<flow-run name>, into its own MLflow run of the deployment's store
         dirs = [tmp / "runs" / "tiny" / _wait(client, r).name for r in own_runs]
@@ -181,21 +188,30 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [2, 3]
         assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith/weight_version/mean")} == {2: 2.0, 3: 3.0}
 
-        # a failed run, retried from the CLI, resumes from its last checkpoint
-        failed = _wait(client, flaky_run)
-        assert failed.state.is_failed(), failed.state
-        fmlflow, frun_id = _mlflow(flaky.run_dir)
-        assert fmlflow.get_run(frun_id).data.tags["miles.resume_from_rollout"] == "1"
-        first_rollout = (flaky.run_dir / "rollouts" / "0.pt").stat().st_mtime_ns
-        (tmp / "armed").unlink()
-        retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", str(flaky_run)], cwd=ROOT, env=served["env"],
+        # the SIGKILLed Custom run: Crashed, in a dir of its own, its MLflow run left RUNNING (no hook ran) ...
+        crashed = _wait(client, killed_run)
+        kdir = tmp / "runs" / "tiny" / crashed.name
+        assert crashed.state.is_crashed(), crashed.state
+        assert kdir not in dirs and not (tmp / "armed").exists()
+        kmlflow, krun_id = _mlflow(kdir)
+        assert kmlflow.get_run(krun_id).info.status == "RUNNING" and kmlflow.get_run(krun_id).data.params["rollout.custom_rm_path"] == "kill_rm:reward"
+        first_rollout = (kdir / "rollouts" / "0.pt").stat().st_mtime_ns
+        # ... the rollout it died in lost at most its own logs: rollout 0's were flushed to Prefect before it
+        logs_before = _logs(client, killed_run)
+        assert [m.split(":")[0] for _, m, _ in logs_before if re.match(r"rollout \d", m)] == ["rollout 0 (1/2)"], logs_before
+        # ... and a Retry (from the CLI, as the UI's button) resumes it in the same dir and MLflow run ...
+        retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", str(killed_run)], cwd=ROOT, env=served["env"],
                                capture_output=True, text=True, timeout=300)
         assert retry.returncode == 0, retry.stdout + retry.stderr
-        assert _wait(client, flaky_run).state.is_completed()
-        frun = fmlflow.get_run(frun_id)
-        assert frun.info.status == "FINISHED"
-        assert [m.step for m in fmlflow.get_metric_history(frun_id, "rollout/raw_reward")] == [0, 1]  # none twice
-        assert (flaky.run_dir / "rollouts" / "0.pt").stat().st_mtime_ns == first_rollout  # rollout 0 was not redone
+        assert _wait(client, killed_run).state.is_completed()
+        assert json.loads((kdir / "mlflow_run.json").read_text())["run_id"] == krun_id and kmlflow.get_run(krun_id).info.status == "FINISHED"
+        assert (kdir / "rollouts" / "0.pt").stat().st_mtime_ns == first_rollout  # rollout 0 was not redone
+        # ... with the uninterrupted run's metrics (same config, the same reward as the built-in math one), none twice
+        assert _history(kmlflow, krun_id) == uninterrupted
+        # ... having marked the dead run FAILED as crashed before the Retry's first rollout
+        (mark,) = [(t, m) for t, m, _ in _logs(client, killed_run) if "left RUNNING by a flow run that died" in m]
+        assert "miles.failure=crashed, resume from rollout 1" in mark[1]
+        assert mark[0] < _task_run(client, killed_run, "generate-r1").start_time  # the Retry's (the latest) generate of rollout 1
 
         # train/glm4-5 at debug scale completed; its MLflow run carries the recipe's algorithm settings
         assert _wait(client, glm_run).state.is_completed()
@@ -216,6 +232,29 @@ def test_stop_ends_worker_and_server(served):
     assert [s.split()[0] for s in stopped] == ["worker", "server"]
     assert not running(served["dir"]) and not _alive(served["worker_pid"]) and not _alive(served["server_pid"])
     assert stop(served["dir"]) == []  # nothing left to stop
+
+
+def _history(client, run_id) -> dict[str, list[tuple[int, float]]]:
+    """Every metric's (step, value) history but timings."""
+    keys = [k for k in client.get_run(run_id).data.metrics if not k.startswith("perf/") and k != "eval/duration_seconds"]
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def _logs(client, flow_run_id) -> list[tuple]:
+    """The flow run's Prefect logs, oldest first: (timestamp, message, task run id)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    return sorted((e.timestamp, e.message, e.task_run_id) for e in logs)
+
+
+def _task_run(client, flow_run_id, name: str):
+    """The flow run's latest task run of that name."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
+
+    runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                                 task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name])))
+    return max(runs, key=lambda r: r.start_time)
 
 
 def _scheduled_runs(client, deployment_id, timeout_s: float = 60):

@@ -8,6 +8,7 @@ import re
 import yaml
 
 import flows  # noqa: F401  (environment first)
+from flows.recipes import load_config
 from flows.serve import PREFECT_YAML
 
 TAG = re.compile(r"<[^>]*>")
@@ -50,15 +51,24 @@ def _properties(schema: dict):
 
 
 def test_every_deployments_defaults_pass_the_servers_validation_of_its_form():
-    """What the server runs on a flow run of a deployment with enforce_parameter_schema (prefect/server/api/deployments.py):
-    prefect.utilities.schema_tools.validate of the parameters against the schema, nulls of optional fields included."""
+    """What the server runs with enforce_parameter_schema: on `prefect deploy` (DeploymentCreate in
+    prefect/server/schemas/actions.py: prefect._internal.schemas.validators.validate_values_conform_to_schema, no
+    property made nullable), and on a flow run of the deployment (prefect/server/api/deployments.py:
+    prefect.utilities.schema_tools.validate, where a typed property with no default takes a null)."""
+    from prefect._internal.schemas.validators import validate_values_conform_to_schema
     from prefect.utilities.schema_tools.validation import validate
 
     doc = yaml.safe_load(PREFECT_YAML.read_text())
     schemas = _schemas()
     for d in doc["deployments"]:
+        validate_values_conform_to_schema(d["parameters"], schemas[d["name"]], ignore_required=True)
         errors = validate(d["parameters"], schemas[d["name"]], raise_on_error=False)
         assert not errors, f"{d['name']}: {[e.message for e in errors][:3]}"
+    # a run whose parameters hold every field, the unset ones as null (`prefect deployment run --params` of a full
+    # config), passes the flow run's check
+    full = {"config": load_config("tiny").model_dump(mode="json")}
+    assert full["config"]["checkpoint"]["ref_load"] is None
+    assert not validate(full, schemas["tiny"], raise_on_error=False)
 
 
 def test_every_field_and_group_of_every_deployments_form_says_what_it_is():
