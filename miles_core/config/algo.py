@@ -49,9 +49,10 @@ class AlgoConfig(Group):
     value_clip: float = Field(0.2, gt=0, description="Critic value clip (ppo).")
     critic_lr: float | None = Field(None, gt=0, description="Critic learning rate (default lr).")
     log_probs_chunk_size: int = Field(
-        -1, description="train_backend torch: the forward-only log-prob passes (old policy, reference) take the log-softmax "
-                        "this many response positions at a time, holding [N, chunk, V] float32 logits instead of [N, T, V] "
-                        "(-1: all at once). The train step's forward (which needs the entropy) is not chunked.")
+        -1, description="train_backend torch: the forward-only log-prob passes (old policy, reference) upcast the logits to "
+                        "float32 and take the log-softmax this many response positions at a time: a [N, chunk, V] float32 "
+                        "copy instead of [N, T, V] (-1: all at once). The model's own [N, T, V] logits are still computed "
+                        "in one forward, and the train step's forward (which needs the entropy) is not chunked.")
     critic_lr_warmup_iters: int = Field(
         0, ge=0, description="Linear warm-up optimizer steps of the critic (ppo; the actor's is lr_warmup_iters).")
     num_critic_only_steps: int = Field(0, ge=0, description="Rollouts that train only the critic before the actor starts (ppo).")
