@@ -53,6 +53,10 @@ class AlgoConfig(Group):
                         "float32 and take the log-softmax this many response positions at a time: a [N, chunk, V] float32 "
                         "copy instead of [N, T, V] (-1: all at once). The model's own [N, T, V] logits are still computed "
                         "in one forward, and the train step's forward (which needs the entropy) is not chunked.")
+    reset_optimizer_states: bool = Field(
+        False, description="Zero the AdamW state (step count and both moments) of the actor and the critic before each "
+                           "rollout's optimizer steps, as the reference's train loop does: every rollout's first step is a "
+                           "fresh Adam step on the weights so far.")
     critic_lr_warmup_iters: int = Field(
         0, ge=0, description="Linear warm-up optimizer steps of the critic (ppo; the actor's is lr_warmup_iters).")
     num_critic_only_steps: int = Field(0, ge=0, description="Rollouts that train only the critic before the actor starts (ppo).")

@@ -72,6 +72,8 @@ class RLTrainer:
         if self.on_policy:
             tensors.old, tensors.fill_old = torch.zeros_like(batch.loss_mask), True  # [N, T], written by the step
         train_actor = "critic" not in engine.roles or rollout_id >= self.algo.num_critic_only_steps
+        if self.algo.reset_optimizer_states:
+            engine.reset_optimizer_states()  # the reference's train loop, before each rollout's steps
         with finite.in_rollout(rollout_id):
             steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
         rollout = self._rollout_metrics(batch, tensors, adv_metrics) if engine.last_stage else {}

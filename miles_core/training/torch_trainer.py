@@ -24,6 +24,7 @@ from .engine import LossFn, Piece, RolloutTensors
 from .lora import AdapterView, NoAdapters
 from .precision import Precision
 from .rl_step import RLTrainer
+from .schedule import reset_adam_state
 from .teacher import Teacher
 
 
@@ -144,6 +145,11 @@ class TorchEngine:
             if actor:
                 return response_log_probs(self.model, row, self.temperature, False)[0].sum()
             return response_values(self.critic.module, row).sum()
+
+    def reset_optimizer_states(self) -> None:
+        """reset_optimizer_states: a fresh Adam state for the actor and the critic."""
+        for optimizer in (self.optimizer, *([] if self.critic is None else [self.critic.optimizer])):
+            reset_adam_state(optimizer)
 
     def optimizer_step(self, model: str, lr: float, check) -> float:
         """lr on every param group, grad-norm clip clip_grad, ``check(grad_norm)`` before the update, AdamW (not with

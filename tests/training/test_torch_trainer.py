@@ -220,3 +220,29 @@ def test_log_probs_chunk_size_takes_the_log_softmax_a_chunk_at_a_time(tiny_model
     assert torch.allclose(chunked, whole, atol=1e-6)
     with pytest.raises(ValueError, match="log_probs_chunk_size is not supported yet with train_backend megatron"):
         load_config("tiny", {"log_probs_chunk_size": 2, "runtime": "ray", "train_backend": "megatron"})
+
+
+def test_reset_optimizer_states_starts_each_rollout_with_a_fresh_adam(tiny_model_dir, tiny_tokenizer):
+    """The reference's --reset-optimizer-states: the second rollout's update equals that of a fresh trainer over the
+    weights after the first; without it the kept moments give another update."""
+    from transformers import AutoModelForCausalLM
+
+    def flat(m):
+        return torch.cat([p.detach().flatten() for p in m.parameters()])
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, first, second = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    after, mid = {}, None
+    for reset in (False, True):
+        model = copy.deepcopy(base)
+        trainer = _trainer(model, tiny_tokenizer, micro_batch_size=8, reset_optimizer_states=reset)
+        trainer.train_rollout(samples, first)
+        mid = copy.deepcopy(model)  # the same either way: the first rollout starts from an empty state
+        trainer.train_rollout(samples, second)
+        after[reset] = flat(model)
+        assert all(int(s["step"]) == (1 if reset else 2) for s in trainer.engine.optimizer.state.values())
+    fresh = copy.deepcopy(mid)
+    _trainer(fresh, tiny_tokenizer, micro_batch_size=8).train_rollout(samples, second)
+    update = (flat(fresh) - flat(mid)).norm()
+    assert (after[True] - flat(fresh)).norm() <= 1e-5 * update
+    assert (after[False] - flat(fresh)).norm() > 1e-2 * update  # the flag changes the update

@@ -34,6 +34,7 @@ from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch
 from miles_core.training.engine import LossFn, Piece, RolloutTensors
 from miles_core.training.rl_step import RLTrainer
+from miles_core.training.schedule import reset_adam_state
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .critic import MegatronCritic
@@ -182,6 +183,11 @@ class MegatronEngine:
     def _critic_piece(self, mb: batching.MicroBatch, out: torch.Tensor) -> Piece:
         return Piece(rows=mb.rows, loss_mask=mb.loss_mask, rollout_log_probs=mb.rollout_log_probs,
                      values=self.critic.response_values(mb, out))
+
+    def reset_optimizer_states(self) -> None:
+        """reset_optimizer_states: a fresh Adam state for the actor and the critic (megatron-core's inner AdamW)."""
+        for optimizer in (self.optimizer, *([] if self.critic is None else [self.critic.optimizer])):
+            reset_adam_state(optimizer)
 
     def optimizer_step(self, model: str, lr: float, check) -> float:
         """lr on every param group, then optim.step: the clip, ``check(grad_norm)`` (inside megatron's step for its

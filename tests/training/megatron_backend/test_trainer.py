@@ -65,6 +65,43 @@ def test_three_rollouts_move_the_policy_toward_reward(megatron_world, tmp_path, 
     assert mega.steps_done == 3 and all(torch.isfinite(torch.tensor(losses)))
 
 
+def _adam_steps(optimizer) -> set[int]:
+    """The step counts of the AdamW inside a trainer's optimizer (torch's, or megatron-core's wrapper around it)."""
+    inner = [c.optimizer for c in optimizer.chained_optimizers] if hasattr(optimizer, "chained_optimizers") else [
+        getattr(optimizer, "optimizer", optimizer)]
+    return {int(s["step"]) for o in inner for s in o.state.values()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reset_optimizer_states_starts_each_rollout_with_a_fresh_adam(megatron_world, tmp_path, lm, cfg, samples, dtype):
+    """The reference's --reset-optimizer-states on megatron-core's optimizers: in fp32 the second rollout's update
+    equals a fresh trainer's over the weights after the first; in bf16 (Float16OptimizerWithFloat16Params around
+    AdamW) the inner AdamW starts the rollout at step 0."""
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    first = [s.reward for s in samples]
+    second = first[1:] + first[:1]
+    trainers = {}
+    for reset in (False, True):
+        mega = MegatronTrainer(cfg(dtype=dtype, reset_optimizer_states=reset, **MEGATRON), tmp_path / "hf", pad_id=PAD)
+        mega.train_rollout(samples, first)
+        if reset:
+            mega.engine.hf_model().save_pretrained(tmp_path / "mid")
+        mega.train_rollout(samples, second)
+        assert _adam_steps(mega.engine.optimizer) == {1 if reset else 2}
+        trainers[reset] = mega
+    if dtype != "float32":
+        return  # the bf16 HF weights of the middle are not the fp32 main weights a fresh trainer would need
+    fresh = MegatronTrainer(cfg(**MEGATRON), tmp_path / "mid", pad_id=PAD)
+    mid = dict(fresh.named_tensors())
+    fresh.train_rollout(samples, second)
+    want = dict(fresh.named_tensors())
+    update = torch.cat([(want[k] - mid[k]).flatten() for k in mid]).norm()
+    for reset, mega in trainers.items():
+        got = dict(mega.named_tensors())
+        off = torch.cat([(got[k] - want[k]).flatten() for k in want]).norm()
+        assert off <= 1e-5 * update if reset else off > 1e-2 * update, (reset, off, update)
+
+
 def test_the_builder_makes_a_trainer_that_exports_hf(megatron_world, tmp_path, lm, cfg, samples, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
