@@ -53,6 +53,11 @@ class AlgoConfig(Group):
                         "float32 and take the log-softmax this many response positions at a time: a [N, chunk, V] float32 "
                         "copy instead of [N, T, V] (-1: all at once). The model's own [N, T, V] logits are still computed "
                         "in one forward, and the train step's forward (which needs the entropy) is not chunked.")
+    ref_update_interval: int | None = Field(
+        None, ge=1, description="Every this many rollouts (after rollout i when (i+1) % interval == 0) the reference model "
+                                "takes the policy's current weights, so the KL terms pull toward a recent policy (None: the "
+                                "reference stays the initial model). train_backend torch; the reference is then saved in "
+                                "each checkpoint.")
     reset_optimizer_states: bool = Field(
         False, description="Zero the AdamW state (step count and both moments) of the actor and the critic before each "
                            "rollout's optimizer steps, as the reference's train loop does: every rollout's first step is a "

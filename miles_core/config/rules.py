@@ -49,6 +49,16 @@ def _batch_invariant(c: "TrainConfig") -> None:
 
 def _algo_rules(c: "TrainConfig") -> None:
     a = c.algo
+    if a.ref_update_interval is not None:
+        if not c.needs_ref_model:
+            raise ValueError("ref_update_interval needs a reference model: set use_kl_loss with kl_loss_coef > 0, or kl_coef > 0 "
+                             "(without a KL term there is no reference to update); or drop ref_update_interval")
+        if c.cluster.train_backend != "torch":
+            raise ValueError(f"ref_update_interval is not supported yet with train_backend {c.cluster.train_backend} (its "
+                             "reference is a forward-only megatron stage with no update path); use train_backend torch, or drop it")
+        if c.lora.lora_rank > 0:
+            raise ValueError("ref_update_interval is not supported with LoRA (lora_rank > 0), as in the reference: the "
+                             "reference is the frozen base; drop one of them")
     if a.use_tis and a.use_rollout_logprobs:
         raise ValueError("use_tis and use_rollout_logprobs are mutually exclusive: TIS corrects trainer log-probs against rollout log-probs; set one of them")
     if a.advantage_estimator.startswith("reinforce_plus_plus") and not a.normalize_advantages:

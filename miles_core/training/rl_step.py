@@ -77,6 +77,9 @@ class RLTrainer:
         with finite.in_rollout(rollout_id):
             steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
         rollout = self._rollout_metrics(batch, tensors, adv_metrics) if engine.last_stage else {}
+        interval = self.algo.ref_update_interval
+        if interval and (rollout_id + 1) % interval == 0:
+            engine.update_ref()  # the KL terms of the next rollouts pull toward the policy as it is now
         rollout |= self._perf(batch, train_wait, time.perf_counter() - t0)
         self.timer.end_rollout()
         rollout, steps = engine.from_last_stage((rollout, steps))

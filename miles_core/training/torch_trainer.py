@@ -151,6 +151,10 @@ class TorchEngine:
         for optimizer in (self.optimizer, *([] if self.critic is None else [self.critic.optimizer])):
             reset_adam_state(optimizer)
 
+    def update_ref(self) -> None:
+        """ref_update_interval: the reference model takes the policy's weights (data parallel: gathered, a collective)."""
+        self.ref_model.load_state_dict(self.parallel.full_state(self.model))
+
     def optimizer_step(self, model: str, lr: float, check) -> float:
         """lr on every param group, grad-norm clip clip_grad, ``check(grad_norm)`` before the update, AdamW (not with
         debug_disable_optimizer: the gradients are dropped by the next backward's zero_grad)."""
@@ -250,11 +254,13 @@ class TorchEngine:
                         state[k] = v.to(device)
 
     def extra_modules(self) -> dict:
-        """Trained modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo
-        (data parallel: as data_parallel.FullModule, full tensors)."""
-        if self.critic is None:
-            return {}
-        return {"critic": self.parallel.checkpoint_parts(self.critic.module, self.critic.optimizer)[0]}
+        """Modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo (data
+        parallel: as data_parallel.FullModule, full tensors); {"ref": ...} with ref_update_interval (the reference is no
+        longer the initial model: a resume needs its weights)."""
+        extras = {} if self.critic is None else {"critic": self.parallel.checkpoint_parts(self.critic.module, self.critic.optimizer)[0]}
+        if self.algo.ref_update_interval and self.ref_model is not None:
+            extras["ref"] = self.ref_model  # the same full copy on every rank
+        return extras
 
     def extra_optimizers(self) -> dict:
         """Their optimizers, by the same names (data parallel: as data_parallel.FullOptimizer)."""

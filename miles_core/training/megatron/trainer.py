@@ -189,6 +189,11 @@ class MegatronEngine:
         for optimizer in (self.optimizer, *([] if self.critic is None else [self.critic.optimizer])):
             reset_adam_state(optimizer)
 
+    def update_ref(self) -> None:
+        """ref_update_interval is refused at load with train_backend megatron (miles_core/config/rules.py): the
+        reference is a forward-only stage with no update path, nor a place in the torch_dist checkpoint, yet."""
+        raise NotImplementedError("ref_update_interval is not supported yet with train_backend megatron")
+
     def optimizer_step(self, model: str, lr: float, check) -> float:
         """lr on every param group, then optim.step: the clip, ``check(grad_norm)`` (inside megatron's step for its
         optimizer) and the update; -> the grad norm."""
