@@ -5,6 +5,10 @@ With d = logp - logp_base (samples drawn from the first policy):
     k2 = d^2 / 2
     k3 = exp(-d) - 1 + d                     (Schulman's unbiased, non-negative estimator)
     low_var_kl = k3 with -d clamped to [-20, 20] and the result clamped to [-10, 10]
+
+use_unbiased_kl (the reference's, after DeepSeek-V3.2): each estimate times the importance ratio
+pi_theta / pi_old = exp(logp - logp_old) of its token, which stays in the graph (for low_var_kl the product is
+clamped, not the estimate).
 """
 
 from __future__ import annotations
@@ -40,8 +44,15 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def kl_estimate(log_probs: Tensor, base_log_probs: Tensor, kl_type: str) -> Tensor:
-    """Per-token KL(pi || pi_base) estimate. log_probs, base_log_probs [N, T] -> [N, T] (float32)."""
+def kl_estimate(log_probs: Tensor, base_log_probs: Tensor, kl_type: str, importance_ratio: Tensor | None = None) -> Tensor:
+    """Per-token KL(pi || pi_base) estimate. log_probs, base_log_probs [N, T] -> [N, T] (float32); with
+    ``importance_ratio`` [N, T] (use_unbiased_kl) each estimate is weighted by it."""
     if kl_type not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_type {kl_type!r}; expected one of {sorted(KL_ESTIMATORS)}")
-    return KL_ESTIMATORS[kl_type](log_probs.float() - base_log_probs.float())
+    d = log_probs.float() - base_log_probs.float()
+    if importance_ratio is None:
+        return KL_ESTIMATORS[kl_type](d)
+    if kl_type == "low_var_kl":
+        neg = torch.clamp(-d, -20.0, 20.0)
+        return torch.clamp(importance_ratio.float() * (torch.exp(neg) - 1 - neg), -10.0, 10.0)
+    return importance_ratio.float() * KL_ESTIMATORS[kl_type](d)

@@ -2,7 +2,8 @@
 
     loss_fn(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> (scalar loss, metrics: dict[str, Tensor])
 
-policy_loss:  Loss = R'(pg) - entropy_coef * R'(H) + kl_loss_coef * R'(kl(logp, logp_ref))      (use_kl_loss)
+policy_loss:  Loss = R'(pg) - entropy_coef * R'(H) + kl_loss_coef * R'(kl(logp, logp_ref))      (use_kl_loss;
+              use_unbiased_kl: kl weighted by exp(logp - logp_old), kl.py)
               pg = ppo_clip per-token loss (policy_loss.py), times the rollout-correction weights when on;
               R' = R with the loss mask returned by the correction (R when no correction).
 sft_loss:     Loss = -R(logp)
@@ -64,7 +65,8 @@ def _regularizers(algo: AlgoConfig, inputs: LossInputs, mask: Tensor, reduce: Re
     if algo.use_kl_loss:
         if inputs.ref_log_probs is None:
             raise ValueError("use_kl_loss needs LossInputs.ref_log_probs (load the reference model)")
-        kl = reduce(kl_estimate(inputs.log_probs, inputs.ref_log_probs, algo.kl_loss_type), mask)
+        ratio = torch.exp(inputs.log_probs - inputs.old_log_probs) if algo.use_unbiased_kl else None  # in the graph
+        kl = reduce(kl_estimate(inputs.log_probs, inputs.ref_log_probs, algo.kl_loss_type, ratio), mask)
         term = term + algo.kl_loss_coef * kl
         metrics["kl_loss"] = kl.detach()
     if inputs.teacher_log_probs is not None:

@@ -39,6 +39,10 @@ class AlgoConfig(Group):
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) loss term.")
     kl_loss_coef: float = Field(0.0, ge=0, description="Coefficient of the KL loss term.")
     kl_loss_type: KLType = Field("k1", description="KL estimator of the loss term.")
+    use_unbiased_kl: bool = Field(
+        False, description="use_kl_loss: weight each token's KL estimate by its importance ratio exp(logp - logp_old) "
+                           "(kept in the graph), the unbiased estimate of KL(pi_theta || pi_ref) from samples of the old "
+                           "policy (DeepSeek-V3.2); for low_var_kl the weighted value is clamped to [-10, 10].")
     kl_coef: float = Field(0.0, ge=0, description="Reward-level KL coefficient (ppo and reinforce++ only).")
     calculate_per_token_loss: bool = Field(False, description="Reduce losses as a token mean over the batch instead of a mean of per-sample means.")
     disable_grpo_std_normalization: bool = Field(False, description="GRPO without dividing by the group std (Dr.GRPO).")

@@ -49,6 +49,9 @@ def _batch_invariant(c: "TrainConfig") -> None:
 
 def _algo_rules(c: "TrainConfig") -> None:
     a = c.algo
+    if a.use_unbiased_kl and not a.use_kl_loss:
+        raise ValueError("use_unbiased_kl weights the KL loss term, which is off: set use_kl_loss (with kl_loss_coef), or drop "
+                         "use_unbiased_kl")
     if a.ref_update_interval is not None:
         if not c.needs_ref_model:
             raise ValueError("ref_update_interval needs a reference model: set use_kl_loss with kl_loss_coef > 0, or kl_coef > 0 "

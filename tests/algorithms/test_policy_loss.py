@@ -239,3 +239,30 @@ def test_value_loss_loop(make):
             clipped = vo + min(max(v - vo, -0.2), 0.2)
             total += max((clipped - r) ** 2, (v - r) ** 2) * b.mask[i, t].item()
     assert loss.item() == pytest.approx(total / b.mask.sum().item(), rel=1e-5)
+
+
+def test_unbiased_kl_weights_each_kl_estimate_by_its_importance_ratio_in_the_graph():
+    """The reference's --use-unbiased-kl: kl_t * exp(logp_t - logp_old_t), the ratio kept in the graph; low_var_kl
+    clamps the weighted value, not the estimate."""
+    from miles_core.algorithms.kl import kl_estimate
+
+    inputs = _one_row([math.log(2.0), 0.0], [0.0, 0.0])  # old 0: ratios [2, 1]; A = 0: no pg gradient
+    inputs.ref_log_probs = torch.tensor([[-0.2, -0.4]])
+    algo = AlgoConfig(use_kl_loss=True, kl_loss_coef=0.5, use_unbiased_kl=True)
+    loss, metrics = actor_loss(algo, inputs, Reducer(False, 1, 2))
+    d = [math.log(2.0) + 0.2, 0.4]  # k1
+    assert metrics["kl_loss"].item() == pytest.approx((2 * d[0] + d[1]) / 2)
+    loss.backward()
+    # d/dlogp of 0.5 * mean(r d) with r = exp(logp - old): 0.5 / 2 * r (d + 1)
+    assert inputs.log_probs.grad[0].tolist() == pytest.approx([0.25 * 2 * (d[0] + 1), 0.25 * (d[1] + 1)])
+    plain, _ = actor_loss(AlgoConfig(use_kl_loss=True, kl_loss_coef=0.5), _with_ref(), Reducer(False, 1, 2))
+    assert plain.item() == pytest.approx(0.5 * sum(d) / 2) != pytest.approx(loss.item())  # without: the plain estimate
+    logp, ref, half = torch.tensor([[0.0]]), torch.tensor([[3.0]]), torch.tensor([[0.5]])
+    assert kl_estimate(logp, ref, "low_var_kl").item() == pytest.approx(10.0)  # exp(3) - 4 = 16.1, clamped
+    assert kl_estimate(logp, ref, "low_var_kl", half).item() == pytest.approx(0.5 * (math.exp(3) - 4))  # 8.04: not clamped
+
+
+def _with_ref():
+    inputs = _one_row([math.log(2.0), 0.0], [0.0, 0.0])
+    inputs.ref_log_probs = torch.tensor([[-0.2, -0.4]])
+    return inputs
