@@ -40,9 +40,10 @@ def cmd_grpo_trl(a) -> None:
     from .grpo_trl import bench
 
     extra = {"use_rollout_logprobs": True} if a.rollout_logprobs else None
-    name = a.name or "grpo_vs_trl" + ("_rollout_logprobs" if a.rollout_logprobs else "") + ("_compiled" if a.compile else "")
+    name = a.name or "grpo_vs_trl" + ("" if a.model == "tiny-qwen2" else "_" + a.model.replace("-", "_")) + (
+        "_rollout_logprobs" if a.rollout_logprobs else "") + ("_compiled" if a.compile else "")
     warmup = a.warmup if a.warmup is not None else 6 if a.compile else 3  # compiling (and TRL's recompiles) in the warm-up
-    print(bench(a.shapes, a.steps, warmup, a.seed, a.tail, extra, name, a.compile).write(name=name))
+    print(bench(a.shapes, a.steps, warmup, a.seed, a.tail, extra, name, a.compile, a.model).write(name=name))
 
 
 def cmd_profile(a) -> None:
@@ -122,6 +123,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-logprobs", action="store_true", help="miles with use_rollout_logprobs (no old-logprob pass)")
     g.add_argument("--compile", action="store_true",
                    help="both sides through torch.compile: miles' training forward, TRL's torch_compile=True (compiles in the warm-up)")
+    g.add_argument("--model", default="tiny-qwen2", choices=["tiny-qwen2", "smollm2-135m"],
+                   help="the builtin model both sides train (smollm2-135m: the pretrained SmolLM2-135M, ~30-token answers)")
     g.add_argument("--name", default=None)
     g.set_defaults(fn=cmd_grpo_trl)
     pr = sub.add_parser("profile", help="where miles' GRPO step spends its time (torch profiler + stage timers)")

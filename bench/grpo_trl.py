@@ -1,6 +1,7 @@
 """One GRPO step of miles next to TRL's GRPOTrainer, alternating in one process.
 
-Same work on both sides: the builtin tiny Qwen2 (``builtin://tiny-qwen2``), the builtin ``arith``
+Same work on both sides: the same model (the builtin tiny Qwen2 ``builtin://tiny-qwen2``, or with ``--model
+smollm2-135m`` the pretrained SmolLM2-135M, whose answers run ~30 tokens: the real-model shape), the builtin ``arith``
 prompts (plain text, no chat template), the ``math`` reward (``miles_core.rewards.score``), B prompts
 x G samples x at most T new tokens (sampling stops at EOS on both sides), temperature 1, no top-k /
 top-p, one AdamW step per generation batch (lr, betas, eps, weight decay, grad clip from the miles
@@ -135,7 +136,7 @@ def math_reward(completions, label, **_) -> list[float]:
 
 
 def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, torch_compile: bool = False):
-    """GRPOTrainer on a fresh copy of the same builtin model, settings taken from the miles config."""
+    """GRPOTrainer on a fresh copy of the miles config's model (its hf_checkpoint), settings taken from that config."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -143,7 +144,7 @@ def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, torch_c
     from miles_core.env import cache_dir
     from miles_core.models import resolve_model_path
 
-    path = resolve_model_path("builtin://tiny-qwen2", cache_dir())
+    path = resolve_model_path(cfg.checkpoint.hf_checkpoint, cache_dir())
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     a, r = cfg.algo, cfg.rollout
@@ -246,9 +247,10 @@ def _round(d: dict) -> dict:
 
 
 def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, miles_extra: dict | None = None,
-          name: str = "grpo_vs_trl", torch_compile: bool = False) -> Result:
+          name: str = "grpo_vs_trl", torch_compile: bool = False, model: str = "tiny-qwen2") -> Result:
+    miles_extra = {**(miles_extra or {}), **({} if model == "tiny-qwen2" else {"hf_checkpoint": f"builtin://{model}"})}
     res = Result(name, {"shapes": shapes, "steps": steps, "warmup": warmup, "seed": seed, "tail": tail, "torch_compile": torch_compile,
-                        "model": "builtin://tiny-qwen2", "prompts": "builtin://arith", "reward": "math",
+                        "model": f"builtin://{model}", "prompts": "builtin://arith", "reward": "math",
                         "miles_core": _miles_core_dir()},
                  extra_packages=("trl", "accelerate", "datasets"))
     rows = []
