@@ -23,6 +23,10 @@ class EvalConfig(Group):
     eval_max_response_len: int | None = Field(None, ge=1, description="Eval max new tokens (default rollout_max_response_len).")
     eval_max_prompt_len: int | None = Field(
         None, ge=1, description="Eval prompts longer than this many tokens are dropped (default: rollout_max_prompt_len, else no limit).")
+    eval_max_context_len: int | None = Field(
+        None, ge=2, description="Eval prompt + response tokens at most: each eval response's budget is min(its max response "
+                                "length, this less the prompt's length, at least 1) (default: no cap beyond the max response "
+                                "length).")
     eval_input_key: str | None = Field(None, description="Key of the prompt in the eval datasets (default input_key); an eval_config dataset's own input_key (or its defaults') wins.")
     eval_label_key: str | None = Field(None, description="Key of the label in the eval datasets (default label_key); an eval_config dataset's own label_key (or its defaults') wins.")
     eval_function_path: str | None = Field(None, description="Dotted path of a custom eval function (may raise EvalSkip(reason)).")

@@ -103,7 +103,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "save_debug_rollout_data": "rollouts are always saved as <run_dir>/rollouts/<id>.pt",
     "load_debug_rollout_data": "a run reuses its own <run_dir>/rollouts/<id>.pt; loading another run's is not supported",
     "eval_tool_key": "no tool calls in eval",
-    "eval_max_context_len": "eval responses are bounded by eval_max_response_len and rollout_max_context_len",
     "eval_min_new_tokens": "no minimum response length",
 }
 KINDS = ("same", "alias", "backend", "unsupported")

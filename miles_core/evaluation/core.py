@@ -36,6 +36,15 @@ class EvalDataset:
     n_samples: int
     params: SamplingParams
     reward: RewardOptions | None = None
+    max_context_len: int | None = None  # eval_max_context_len: prompt + response tokens at most
+
+
+def request_params(ds: EvalDataset, prompt_length: int) -> SamplingParams:
+    """The dataset's params, the response budget capped to what eval_max_context_len leaves (at least 1 token)."""
+    if ds.max_context_len is None:
+        return ds.params
+    room = max(1, ds.max_context_len - prompt_length)
+    return ds.params if room >= ds.params.max_new_tokens else replace(ds.params, max_new_tokens=room)
 
 
 def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_key: str | None, seed: int,
@@ -59,7 +68,7 @@ def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_
 def generate_samples(engine, ds: EvalDataset, seed: int, decode) -> list[Sample]:
     """G samples per prompt of ``ds``, in prompt order (group i = prompt i)."""
     n = ds.n_samples
-    reqs = [GenerateRequest(p.input_ids, ds.params) for p in ds.prompts for _ in range(n)]
+    reqs = [GenerateRequest(p.input_ids, request_params(ds, len(p.input_ids))) for p in ds.prompts for _ in range(n)]
     results = engine.generate(reqs, seed=seed)
     samples = []
     for i, res in enumerate(results):

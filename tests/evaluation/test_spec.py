@@ -90,3 +90,26 @@ def test_eval_max_prompt_len_drops_the_longer_eval_prompts(tmp_path, tiny_tokeni
     counts = {limit: len(build_suite(load_config("tiny", {**base, "eval_max_prompt_len": limit}), tiny_tokenizer).datasets[0].prompts)
               for limit in (None, 20)}
     assert counts == {None: 2, 20: 1}
+
+
+def test_eval_max_context_len_caps_each_eval_responses_budget(tmp_path, tiny_tokenizer, tiny_model):
+    """The reference's --eval-max-context-len: a response's budget is what the context leaves after its prompt (at
+    least 1), asked of the real engine; unset, the dataset's max response length."""
+    from miles_core.evaluation import build_suite
+    from miles_core.evaluation.core import generate_samples
+    from miles_core.rollout.hf_engine import HFEngine
+
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"input": "1+1=", "label": "2"}\n{"input": "' + "1+" * 20 + '1=", "label": "21"}\n')
+    lengths = [len(tiny_tokenizer("1+1=")["input_ids"]), len(tiny_tokenizer("1+" * 20 + "1=")["input_ids"])]
+    base = {"eval_prompt_data": ["e", str(data)], "eval_max_response_len": 16, "n_samples_per_eval_prompt": 1}
+    engine, asked = HFEngine(tiny_model, tiny_tokenizer), []
+    generate = engine.generate
+    engine.generate = lambda reqs, seed: asked.append([r.params.max_new_tokens for r in reqs]) or generate(reqs, seed=seed)
+    ctx = lengths[0] + 10
+    assert lengths[1] > ctx
+    for limit in (None, ctx):
+        (ds,) = build_suite(load_config("tiny", {**base, "eval_max_context_len": limit}), tiny_tokenizer).datasets
+        samples = generate_samples(engine, ds, seed=1, decode=tiny_tokenizer.decode)
+        assert all(len(s.tokens) - n <= asked[-1][i] for i, (s, n) in enumerate(zip(samples, lengths)))
+    assert asked == [[16, 16], [10, 1]]  # 16 each; then the 10 tokens the context leaves, and 1 for the longer prompt
