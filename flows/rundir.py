@@ -6,7 +6,8 @@ checkpoints and its own MLflow run; a Retry of that flow run (same flow-run id, 
 resumes. The deployment's runs share one MLflow store, ``<runs root>/<deployment>/mlflow.db`` (one experiment,
 every run in one runs table), unless ``tracking.mlflow_tracking_uri`` names one. A run dir named in the form is
 used as given, with the MLflow store its ``mlflow_run.json`` records: that is how a user continues a run in a new
-flow run. Runs outside a deployment (``miles train``) keep ``runs/<recipe>``. The runs root is ``runs`` under the worker's directory, or ``MILES_RUNS_ROOT``.
+flow run. Runs outside a deployment (``miles train``) keep ``runs/<recipe>``. The runs root is ``runs`` under the
+worker's directory, or ``MILES_RUNS_ROOT``.
 """
 
 from __future__ import annotations

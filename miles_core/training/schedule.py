@@ -17,14 +17,20 @@ def learning_rate(base: float, warmup_iters: int, steps_done: int) -> float:
     return base * warmup_factor(warmup_iters, steps_done)
 
 
+def adam_optimizers(optimizer) -> list:
+    """The torch optimizers inside ``optimizer``: itself, megatron-core's wrapped one (``.optimizer``), or each of a
+    ChainedOptimizer's (``.chained_optimizers``)."""
+    if hasattr(optimizer, "chained_optimizers"):
+        return [c.optimizer for c in optimizer.chained_optimizers]
+    return [getattr(optimizer, "optimizer", optimizer)]
+
+
 def reset_adam_state(optimizer) -> None:
     """Zero the Adam state of ``optimizer``: each parameter's step count and first and second moments (the
     reference's --reset-optimizer-states: ``group["step"] = 0``, ``exp_avg`` and ``exp_avg_sq`` zeroed). The
     learning-rate schedule, which counts its own steps, is untouched. megatron-core's optimizers hold torch's inside
     (``.optimizer``; a ChainedOptimizer several, ``.chained_optimizers``)."""
-    inner = [c.optimizer for c in optimizer.chained_optimizers] if hasattr(optimizer, "chained_optimizers") else [
-        getattr(optimizer, "optimizer", optimizer)]
-    for opt in inner:
+    for opt in adam_optimizers(optimizer):
         for group in opt.param_groups:
             if "step" in group:
                 group["step"] = 0

@@ -67,9 +67,9 @@ def test_three_rollouts_move_the_policy_toward_reward(megatron_world, tmp_path, 
 
 def _adam_steps(optimizer) -> set[int]:
     """The step counts of the AdamW inside a trainer's optimizer (torch's, or megatron-core's wrapper around it)."""
-    inner = [c.optimizer for c in optimizer.chained_optimizers] if hasattr(optimizer, "chained_optimizers") else [
-        getattr(optimizer, "optimizer", optimizer)]
-    return {int(s["step"]) for o in inner for s in o.state.values()}
+    from miles_core.training.schedule import adam_optimizers
+
+    return {int(s["step"]) for o in adam_optimizers(optimizer) for s in o.state.values()}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
