@@ -1,5 +1,5 @@
-"""LoRA adapters (the reference's group ``lora``): with ``lora_rank`` > 0 the torch trainer trains PEFT LoRA adapters
-over a frozen base (miles_core/training/lora.py; docs/guide/lora.md).
+"""LoRA adapters (the reference's group ``lora``): with ``lora_rank`` > 0 the trainer trains PEFT LoRA adapters over a
+frozen base (torch: miles_core/training/lora.py; Megatron: miles_core/training/megatron/lora.py; docs/guide/lora.md).
 
 One adapter, merged into the engines' weights at every sync. The reference's other LoRA options (``lora_type``
 canonical_lora, ``lora_sync_from_tensor``, ``lora_train_only``, ``lora_base_cpu_backup``) are kept under their
@@ -40,8 +40,8 @@ class LoraConfig(Group):
 
     form_first = ("lora_rank", "lora_alpha", "target_modules")
 
-    lora_rank: int = Field(0, ge=0, description="LoRA rank r; 0 = off (full fine-tuning). With r > 0 the torch trainer trains "
-                           "LoRA adapters (PEFT) over the frozen base and the engines get the merged weights (docs/guide/lora.md).")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank r; 0 = off (full fine-tuning). With r > 0 the trainer (torch or megatron) "
+                           "trains LoRA adapters (PEFT's) over the frozen base and the engines get the merged weights (docs/guide/lora.md).")
     lora_alpha: int = Field(16, ge=1, description="LoRA alpha: the adapter's update is (lora_alpha / lora_rank) * B A.")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path (0.0 for RL: with dropout the "
                                 "trainer's forward differs from the engines', so the old-policy pass is recomputed).")

@@ -299,9 +299,10 @@ def _lora_rules(c: "TrainConfig") -> None:
         if set_:
             raise ValueError(f"{', '.join(set_)} apply only with lora_rank > 0 (got lora_rank 0, LoRA off); set lora_rank or drop them")
         return
-    if c.cluster.train_backend != "torch":
-        raise ValueError(f"lora_rank ({lo.lora_rank}) is not supported yet with train_backend {c.cluster.train_backend}: LoRA "
-                         "adapters are built in the torch trainer only (docs/decisions.md, LoRA); set train_backend: torch")
+    if c.cluster.train_backend == "megatron" and lo.lora_dropout > 0:
+        raise ValueError(f"lora_rank ({lo.lora_rank}) with train_backend megatron and lora_dropout {lo.lora_dropout} is not "
+                         "supported yet: dropout on the adapters' input would have to draw the same mask on every TP rank "
+                         "(docs/decisions.md, LoRA); set lora_dropout: 0.0, or use train_backend torch")
     world = c.cluster.actor_num_nodes * c.cluster.actor_num_gpus_per_node
     if c.cluster.runtime == "ray" and world > 1:
         raise ValueError(f"lora_rank ({lo.lora_rank}) with a train group of {world} ranks (actor_num_nodes * "

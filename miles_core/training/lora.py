@@ -111,17 +111,20 @@ class LoraAdapters:
     def save_adapter(self, model: torch.nn.Module, out: Path, dtype: torch.dtype | None = None) -> None:
         """adapter_config.json + adapter_model.safetensors as PeftModel.save_pretrained writes them."""
         from peft import get_peft_model_state_dict
+
+        self.write_adapter(get_peft_model_state_dict(model, adapter_name=ADAPTER, save_embedding_layers=False), out, dtype)
+
+    def write_adapter(self, state: dict[str, torch.Tensor], out: Path, dtype: torch.dtype | None = None) -> None:
+        """A PEFT adapter dir of ``state`` (``<module>.lora_{A,B}.weight``, the whole tensors) and this config."""
         from safetensors.torch import save_file
 
         out.mkdir(parents=True, exist_ok=True)
-        state = get_peft_model_state_dict(model, adapter_name=ADAPTER, save_embedding_layers=False)
         tensors = {PEFT_PREFIX + k: (v.to(dtype) if dtype is not None else v).detach().cpu().contiguous() for k, v in state.items()}
         save_file(tensors, out / ADAPTER_WEIGHTS, metadata={"format": "pt"})
         self.peft_config().save_pretrained(out)
 
-    def load_adapter(self, model: torch.nn.Module, path: Path) -> None:
-        """A PEFT adapter dir into the injected adapters; its rank, alpha and modules must be this config's."""
-        from peft import set_peft_model_state_dict
+    def read_adapter(self, path: Path) -> dict[str, torch.Tensor]:
+        """A PEFT adapter dir's tensors (``<module>.lora_{A,B}.weight``); its rank and alpha must be this config's."""
         from safetensors.torch import load_file
 
         cfg_file, weights = path / ADAPTER_CONFIG, path / ADAPTER_WEIGHTS
@@ -133,13 +136,20 @@ class LoraAdapters:
             if saved.get(key) != ours:
                 raise LoraError(f"lora_adapter_path {path}: its {key} is {saved.get(key)!r}, this config's {ours!r} "
                                 f"(lora_rank / lora_alpha); set them to the adapter's")
-        state = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(weights).items()}
+        return {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(weights).items()}
+
+    def load_adapter(self, model: torch.nn.Module, path: Path) -> None:
+        """A PEFT adapter dir into the injected adapters; its rank, alpha and modules must be this config's."""
+        from peft import set_peft_model_state_dict
+
+        state = self.read_adapter(path)
         before = self.adapter_state(model)
         result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER)
         loaded = {n for n in before if n not in {k for k in getattr(result, "missing_keys", []) if is_adapter(k)}}
         if len(loaded) != len(before) or len(state) != len(before):
             raise LoraError(f"lora_adapter_path {path}: {len(state)} adapter tensors for {len(before)} here; its "
-                            f"target_modules ({saved.get('target_modules')}) must be this config's ({f.target_modules})")
+                            f"target_modules ({json.loads((path / ADAPTER_CONFIG).read_text()).get('target_modules')}) must be "
+                            f"this config's ({self.lora.target_modules})")
 
     def check_base(self, saved: str | None, where: Path) -> None:
         """Refuse a checkpoint whose adapters were trained over another base."""

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from miles_core.checkpoint._fs import TMP_PREFIX, atomic_write_text, marker_problem, remove_tree, replace_dir, write_marker
 from miles_core import finite
 
+from .lora import adapters_only
 from .model_args import ModelArgs
 
 TORCH_DIST = "torch_dist"
@@ -82,6 +83,8 @@ def _sharded(trainer, optim_of: list[str], loading: bool) -> dict:
     sharded = {}
     for name, prefix, module, optimizer, params in _trained(trainer):
         sharded[name] = module.sharded_state_dict(prefix=prefix)
+        if name == "model" and trainer.lora:  # the frozen base is re-read from hf_checkpoint
+            sharded[name] = adapters_only(sharded[name])
         if name not in optim_of:
             continue
         if _is_megatron(optimizer):
@@ -164,6 +167,8 @@ def save(trainer, save_dir: Path, rollout_id: int, state: dict) -> Path:
         meta = {**state, "rollout_id": rollout_id, "world_size": dist.get_world_size(),
                 "optimizer": bool(optim_of), "optimizer_states": optim_of, "critic": "critic" in sharded,
                 "distributed_optimizer": trainer.p.use_distributed_optimizer}
+        if trainer.lora:
+            meta["lora_base_sha256"] = trainer.lora.adapters.base_sha256
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         write_marker(tmp)
         replace_dir(tmp, final)
@@ -267,6 +272,11 @@ def restore(trainer, load_dir: Path) -> dict | None:
         raise ValueError(f"torch_dist checkpoint {path} {'holds' if meta.get('critic') else 'has no'} a critic and this run "
                          f"{'has none' if meta.get('critic') else 'trains one'} (advantage_estimator ppo): load it with the "
                          "advantage_estimator it was saved with")
+    if trainer.lora:
+        trainer.lora.adapters.check_base(meta.get("lora_base_sha256"), path)
+    elif "lora_base_sha256" in meta:
+        raise ValueError(f"torch_dist checkpoint {path} holds LoRA adapters only (lora_base_sha256), and this run trains the "
+                         "whole model (lora_rank 0): resume with the LoRA config it was saved with")
     optim_of = meta.get("optimizer_states", ["model"] if meta["optimizer"] else [])
     if optim_of and meta.get("distributed_optimizer", False) != trainer.p.use_distributed_optimizer:
         raise ValueError(f"torch_dist checkpoint {path} holds the optimizer state of use_distributed_optimizer "
@@ -283,4 +293,5 @@ def restore(trainer, load_dir: Path) -> dict | None:
     rng = path / "rng" / f"{_rank()}.pt"
     if meta["world_size"] == dist.get_world_size() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=True))
-    return {k: v for k, v in meta.items() if k not in ("world_size", "optimizer", "optimizer_states", "critic", "distributed_optimizer")}
+    internal = ("world_size", "optimizer", "optimizer_states", "critic", "distributed_optimizer", "lora_base_sha256")
+    return {k: v for k, v in meta.items() if k not in internal}

@@ -13,6 +13,10 @@ What the engine does for the step:
     optimizer step: grad-norm clip clip_grad and Adam (optim.py), the NaN guard inside megatron's step.
 Outputs (advantages, metrics) are those of the last pipeline stage, broadcast to every rank (from_last_stage).
 
+With lora_rank > 0 the policy stage is the frozen base with LoRA adapters on its parallel linears (lora.py): the
+optimizer holds the adapters, weight sync and the export get the merged weights (plus a PEFT adapter dir in the
+export), checkpoints the adapters and the base's sha256.
+
 megatron's calculate_per_token_loss is set on its TransformerConfig so that its schedule and DDP
 neither divide the loss by the number of micro-batches nor average gradients over data-parallel ranks:
 the Reducer's denominators already make the loss the step's mean (REFERENCE §3).
@@ -33,12 +37,14 @@ from miles_core.device import resolve_device
 from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch
 from miles_core.training.engine import LossFn, Piece, RolloutTensors
+from miles_core.training.lora import LoraAdapters, base_checksum
 from miles_core.training.rl_step import RLTrainer
 from miles_core.training.schedule import reset_adam_state
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .critic import MegatronCritic
 from .logprobs import mask_padded_vocab
+from .lora import MegatronLora
 from .model_args import ModelArgs, from_hf_config
 from .weights import load_hf_state  # every HF load checked against config.json first (checkpoint/hf_load.py)
 
@@ -62,8 +68,10 @@ class MegatronEngine:
         self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
         self.device = resolve_device(cfg.cluster.device)  # batches, grad buffers and RNG live there
         self.device_type = self.device.type
+        self.lora = self._lora(cfg)  # before any weight is read: its refusals name the field
         parallel.init_parallel(self.p, cfg.misc.seed, self.device_type)
-        self.spec = model.layer_spec(self.device_type)  # TE on CUDA when it imports, else local (model.py)
+        # TE on CUDA when it imports, else local (model.py); LoRA's adapters wrap the local spec's linears (lora.py)
+        self.spec = model.LAYER_SPECS["local"] if self.lora else model.layer_spec(self.device_type)
         self.dtype = DTYPES[cfg.misc.dtype]
         self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=self.device_type == "cpu")
         self.tconfig.calculate_per_token_loss = True  # see the module docstring
@@ -84,9 +92,30 @@ class MegatronEngine:
         stage.load_state_dict({k: v.to(self.dtype) for k, v in local.items()}, strict=False)
         return stage
 
+    def _lora(self, cfg: TrainConfig) -> MegatronLora | None:
+        """The adapters of lora_rank > 0 (megatron/lora.py), or None; the models it does not build for refused by name
+        (lora_dropout and sequence_parallel are refused at load: config/rules.py)."""
+        if not cfg.lora.enabled:
+            return None
+        a, why = self.args, None
+        if a.num_experts:
+            why = f"an MoE model (num_experts {a.num_experts} in {self.model_path / 'config.json'}): adapters on the experts"
+        elif a.multi_latent_attention:
+            why = "multi-latent attention: adapters on its low-rank q/kv projections"
+        if why:
+            raise ValueError(f"lora_rank {cfg.lora.lora_rank} with train_backend megatron and {why} is not supported yet "
+                             "(docs/decisions.md, LoRA); use train_backend torch")
+        return MegatronLora(LoraAdapters(cfg.lora, cfg.checkpoint.hf_checkpoint), a, self.p.tensor_model_parallel_size)
+
     def _build_policy(self, hf_state):
         distributed = self.p.use_distributed_optimizer
-        ddp = optim.wrap_ddp(self.tconfig, self._stage(hf_state), distributed_optimizer=distributed)
+        stage = self._stage(hf_state)
+        if self.lora:  # the base loaded, then wrapped and frozen; the adapters from lora_adapter_path or a seeded init
+            self.lora.adapters.base_sha256 = base_checksum(hf_state.items())
+            self.lora.inject(stage)
+            path = self.cfg.lora.lora_adapter_path
+            self.lora.load(stage, self.lora.adapters.read_adapter(Path(path)) if path else self.lora.initial(self.cfg.misc.seed))
+        ddp = optim.wrap_ddp(self.tconfig, stage, distributed_optimizer=distributed)
         self.params = [p for p in ddp.parameters() if p.requires_grad]
         return ddp, optim.build(ddp, self.params, self.algo, self.algo.lr, self.dtype, distributed, self.device_type)
 
@@ -206,6 +235,8 @@ class MegatronEngine:
     def hf_state(self) -> dict[str, torch.Tensor]:
         """The whole policy in HF names (TP/PP/EP shards gathered; every rank gets it)."""
         hf = weights.full_to_hf(weights.gather_full(self.model.module), self.args)
+        if self.lora:  # the engines and the merged export get W + s B A under the base's names
+            hf = self.lora.merged(hf, self.lora.gather(self.model.module))
         if not self.args.untie_embeddings_and_output_weights:
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]  # as the tied HF model's state dict has it
         return hf
@@ -227,9 +258,13 @@ class MegatronEngine:
         from miles_core.checkpoint.export import export_hf
 
         hf = self.hf_model()  # every rank takes part in the gather
+        adapter = None
+        if self.lora:  # the PEFT adapter in adapter/, beside the merged model (the torch trainer's export)
+            tensors = self.lora.gather(self.model.module)
+            adapter = lambda tmp: self.lora.adapters.write_adapter(tensors, tmp / "adapter", self.dtype)  # noqa: E731
         path = Path(export_dir) / str(rollout_id)
         if dist.get_rank() == 0:
-            path = export_hf(hf, tokenizer, export_dir, rollout_id)
+            path = export_hf(hf, tokenizer, export_dir, rollout_id, extra=adapter)
         dist.barrier()
         return path
 

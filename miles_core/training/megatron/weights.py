@@ -198,12 +198,16 @@ def _mlp_to_hf(full, a: ModelArgs, i: int, src: str, dst: str) -> dict[str, torc
 
 # ---- this rank's share ---------------------------------------------------------------------------
 def local_tensors(model) -> dict[str, torch.Tensor]:
-    """This stage's parameters and buffers by local name (no _extra_state)."""
-    return {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
+    """This stage's parameters and buffers by local name (no _extra_state, no LoRA adapters: megatron/lora.py)."""
+    from miles_core.training.lora import is_adapter
+
+    return {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state") and not is_adapter(k)}
 
 
 def local_spec_name(name: str) -> str:
-    """A parameter name under either layer spec -> the local spec's (TE's folded norms unfolded)."""
+    """A parameter name under either layer spec -> the local spec's (TE's folded norms unfolded, a LoRA-wrapped
+    layer's ``base_layer.`` dropped)."""
+    name = name.replace(".base_layer.", ".")
     for te, local in TE_FOLDED_NORMS.items():
         if name.endswith("." + te):
             return name[: -len(te)] + local
@@ -261,7 +265,7 @@ def shard(full: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
         whole = full[_tied(model, global_name(model, name))]
         rank, size, _ = _tp(name)
         if _split(t) and size > 1:
-            pieces = whole.chunk(2) if name.endswith("linear_fc1.weight") else (whole,)
+            pieces = whole.chunk(2) if local_spec_name(name).endswith("linear_fc1.weight") else (whole,)
             whole = torch.cat([p.chunk(size, dim=t.partition_dim)[rank] for p in pieces], dim=t.partition_dim)
         if tuple(whole.shape) != tuple(t.shape):
             raise ValueError(f"tensor {global_name(model, name)}: shape {tuple(whole.shape)} does not fit this rank's {tuple(t.shape)}")
@@ -280,7 +284,7 @@ def gather(model) -> dict[str, torch.Tensor]:
         if _split(param) and size > 1:
             parts = [torch.empty_like(t) for _ in range(size)]
             dist.all_gather(parts, t.contiguous(), group=group)
-            if name.endswith("linear_fc1.weight"):
+            if local_spec_name(name).endswith("linear_fc1.weight"):
                 halves = [p.chunk(2) for p in parts]
                 t = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
             else:
