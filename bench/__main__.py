@@ -1,6 +1,6 @@
 """``python -m bench <name> [options]``: run one benchmark and write bench/results/<name>.json + .md.
 
-Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, weight-sync, megatron-step, summary, all
+Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, smollm2-lora, weight-sync, megatron-step, summary, all
 (``all`` = every benchmark of the harness, then the stand-alone scripts in bench/, then summary).
 ``python -m bench bg start -- <name> [options]`` runs one in the background, detached, after waiting
 for a quiet machine (bench/background.py). Every run holds the bench lock (one benchmark at a time)
@@ -80,6 +80,12 @@ def cmd_smollm2(a) -> None:
     print(bench(a.rollouts, a.repeats_peak, a.compile).write(name="smollm2_compiled" if a.compile else None))
 
 
+def cmd_smollm2_lora(a) -> None:
+    from .lora import bench
+
+    print(bench(a.rollouts, a.seed).write())
+
+
 def cmd_weight_sync(a) -> None:
     from .weight_sync import bench
 
@@ -100,7 +106,7 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["smollm2", "--compile"], ["weight-sync"], ["megatron-step"]):
+    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["smollm2", "--compile"], ["smollm2-lora"], ["weight-sync"], ["megatron-step"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
@@ -152,6 +158,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats-peak", type=int, default=10)
     s.add_argument("--compile", action="store_true", help="the recipe with torch_compile: true (result smollm2_compiled)")
     s.set_defaults(fn=cmd_smollm2)
+    sl = sub.add_parser("smollm2-lora", help="SmolLM2-135M full fine-tuning vs LoRA (rank 16, all-linear): s/step, peak RSS, "
+                        "optimizer state, reward")
+    sl.add_argument("--rollouts", type=int, default=None, help="default: the recipes' num_rollout")
+    sl.add_argument("--seed", type=int, default=None, help="default: the recipes' seed")
+    sl.set_defaults(fn=cmd_smollm2_lora)
     w = sub.add_parser("weight-sync", help="weight sync per mode (tensor, broadcast, disk) of a ~100M model vs memcpy")
     w.add_argument("--repeats", type=int, default=3)
     w.add_argument("--engines", type=int, default=1)

@@ -29,13 +29,13 @@ def _token_counts(rt, rollout_id: int) -> dict:
             "groups": [(len(p), r) for p, r in groups.items()]}
 
 
-def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2") -> dict:
+def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2", recipe: str = "smollm2-135m") -> dict:
     from flows.recipes import load_config
     from miles_core.runtime.placement import build_runtime
 
     run_dir = TMP / tag
     shutil.rmtree(run_dir, ignore_errors=True)
-    cfg = load_config("smollm2-135m", {"run_dir": str(run_dir), **({"num_rollout": rollouts} if rollouts else {}), **(overrides or {})})
+    cfg = load_config(recipe, {"run_dir": str(run_dir), **({"num_rollout": rollouts} if rollouts else {}), **(overrides or {})})
     t0 = time.perf_counter()
     rt = build_runtime(cfg)
     setup_s = time.perf_counter() - t0
@@ -61,7 +61,8 @@ def run(rollouts: int | None, overrides: dict | None = None, tag: str = "smollm2
     if cfg.eval.eval_prompt_data:
         evals.append(rt.evaluate().metrics)
     old_pass = not getattr(rt.trainer, "on_policy", False) and not cfg.algo.use_rollout_logprobs
-    return {"cfg": cfg, "model": rt.trainer.engine.model, "setup_s": setup_s, "steps": steps, "evals": evals, "old_pass": old_pass}
+    return {"cfg": cfg, "model": rt.trainer.engine.model, "optimizer": rt.trainer.engine.optimizer, "setup_s": setup_s,
+            "steps": steps, "evals": evals, "old_pass": old_pass}
 
 
 def bench(rollouts: int | None, peak_repeats: int, torch_compile: bool = False) -> Result:

@@ -1,6 +1,6 @@
-"""tiny-lora through the real Prefect flow and MLflow store: the adapters learn, the engine samples from the merged
-weights (trainer and engine log-probs agree at every rollout), the checkpoint holds adapters only and the export
-carries a PEFT adapter dir."""
+"""tiny-lora through the real Prefect flow and MLflow store, on both trainers: the adapters learn, the engine samples
+from the merged weights (trainer and engine log-probs agree at every rollout), the checkpoint holds adapters only and
+the export carries a PEFT adapter dir."""
 
 from __future__ import annotations
 
@@ -16,18 +16,31 @@ from flows.recipes import load_config
 # --num-rollout 9` on torch's AVX2 / AVX-512 CPU kernels (all 6 runs): +0.146 / +0.150 (seed 1234), +0.135 / +0.167
 # (seed 1), +0.089 / +0.141 (seed 2). Rank-8 adapters on the tiny model learn slowly (0.1 -> 0.25 in 9 rollouts); the
 # margin is about half the smallest gain, about one noise unit of the difference of two 3-rollout means of 64 samples
-# (~0.05): it shows the adapters moved the reward, not by how much. A longer or faster tiny-lora is left to issue 33.
+# (~0.05): it shows the adapters moved the reward, not by how much. On the Megatron trainer (train_backend megatron, its
+# own seeded adapter init), 2026-12-03, the same command: +0.078 (seed 1234), +0.156 (seed 1), +0.151 (seed 2).
 MARGIN = 0.05
 
 
-@pytest.mark.usefixtures("prefect_harness")
-def test_tiny_lora_learns_through_the_flow(tmp_path, tiny_model_dir):
-    from flows.train import train
+def _checkpoint_keys(latest, backend: str) -> list[str]:
+    """The model tensors a checkpoint holds: the torch trainer's safetensors, the Megatron trainer's torch_dist."""
+    if backend == "megatron":
+        from megatron.core.dist_checkpointing import load_tensors_metadata
+
+        return [k for k in load_tensors_metadata(str(latest / "torch_dist")) if not k.startswith("optimizer.")]
     from safetensors import safe_open
+
+    with safe_open(str(next((latest / "model").glob("*.safetensors"))), "pt") as f:
+        return list(f.keys())
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_tiny_lora_learns_through_the_flow(tmp_path, tiny_model_dir, backend):
+    from flows.train import train
 
     n = 9
     cfg = load_config("tiny-lora", {"run_dir": str(tmp_path / "run"), "num_rollout": n, "eval_prompt_data": None,
-                                    "export_interval": n})
+                                    "export_interval": n, "train_backend": backend})
     summary = train(cfg)
     client = MlflowClient(cfg.tracking_uri)
     run_id = summary["mlflow_run_id"]
@@ -40,7 +53,7 @@ def test_tiny_lora_learns_through_the_flow(tmp_path, tiny_model_dir):
     assert len(diff) == n and max(m.value for m in diff) < 1e-5  # every sync: the engine has the merged weights
 
     latest = cfg.save_dir / (cfg.save_dir / "latest").read_text().strip()
-    with safe_open(str(next((latest / "model").glob("*.safetensors"))), "pt") as f:
-        assert f.keys() and all(".lora_A." in k or ".lora_B." in k for k in f.keys())  # no frozen base
+    keys = _checkpoint_keys(latest, backend)
+    assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys)  # no frozen base
     export = cfg.export_dir / str(n - 1)
     assert (export / ".complete").is_file() and (export / "adapter" / "adapter_model.safetensors").is_file()
