@@ -234,7 +234,8 @@ class FullOptimizer:
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.module, self.optimizer, self._state = module, optimizer, None
-        self.names = [n for n, _ in module.named_parameters()]  # index i = the optimizer's i-th parameter
+        # index i = the optimizer's i-th parameter: the trained ones (LoRA: the adapters), in the module's order
+        self.names = [n for n, p in module.named_parameters() if p.requires_grad]
 
     def state_dict(self) -> dict:
         if self._state is None:

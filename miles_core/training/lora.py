@@ -108,11 +108,14 @@ class LoraAdapters:
         return {n: t for n, t in model.state_dict().items() if is_adapter(n)}
 
     # ---- PEFT adapter directories ---------------------------------------------------------------------------
-    def save_adapter(self, model: torch.nn.Module, out: Path, dtype: torch.dtype | None = None) -> None:
-        """adapter_config.json + adapter_model.safetensors as PeftModel.save_pretrained writes them."""
+    def save_adapter(self, model: torch.nn.Module, out: Path, dtype: torch.dtype | None = None,
+                     state: dict[str, torch.Tensor] | None = None) -> None:
+        """adapter_config.json + adapter_model.safetensors as PeftModel.save_pretrained writes them; ``state``: the
+        policy's full state dict (FSDP2 gathers it), default the model's own."""
         from peft import get_peft_model_state_dict
 
-        self.write_adapter(get_peft_model_state_dict(model, adapter_name=ADAPTER, save_embedding_layers=False), out, dtype)
+        peft_state = get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER, save_embedding_layers=False)
+        self.write_adapter(peft_state, out, dtype)
 
     def write_adapter(self, state: dict[str, torch.Tensor], out: Path, dtype: torch.dtype | None = None) -> None:
         """A PEFT adapter dir of ``state`` (``<module>.lora_{A,B}.weight``, the whole tensors) and this config."""
@@ -163,20 +166,21 @@ class LoraAdapters:
 
 class AdapterView:
     """What the checkpoint code reads and loads with LoRA: the adapter tensors only (``state_dict``), loaded back
-    strictly into the policy's adapters (``load_state_dict``); ``config`` the policy's."""
+    strictly into the policy's adapters (``load_state_dict``); ``config`` the policy's. ``module``: the policy as the
+    checkpoint code reads it (the model itself, or data_parallel.FullModule's full tensors under FSDP2)."""
 
-    def __init__(self, lora: LoraAdapters, model: torch.nn.Module):
-        self.lora, self.model, self.config = lora, model, getattr(model, "config", None)
+    def __init__(self, module):
+        self.module, self.config = module, getattr(module, "config", None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.lora.adapter_state(self.model)
+        return {n: t for n, t in self.module.state_dict().items() if is_adapter(n)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True):
         ours = set(self.state_dict())
         if strict and set(state) != ours:
             raise RuntimeError(f"adapter tensors differ: missing {sorted(ours - set(state))[:3]}, unexpected "
                                f"{sorted(set(state) - ours)[:3]}")
-        return self.model.load_state_dict(state, strict=False)
+        return self.module.load_state_dict(state, strict=False)
 
 
 def is_adapter(name: str) -> bool:

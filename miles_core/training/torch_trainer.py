@@ -213,9 +213,8 @@ class TorchEngine:
 
     def _checkpoint_parts(self):
         """(module, optimizer) as the checkpoint code reads them; with LoRA the adapters only (lora.AdapterView)."""
-        if self.lora.enabled:
-            return AdapterView(self.lora, self.model), self.optimizer
-        return self.parallel.checkpoint_parts(self.model, self.optimizer)
+        model, optimizer = self.parallel.checkpoint_parts(self.model, self.optimizer)
+        return (AdapterView(model) if self.lora.enabled else model), optimizer
 
     def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path:
         """An HF snapshot in the model dtype (the fp32 main weights converted); data parallel: every rank gathers, rank 0 writes.
@@ -223,8 +222,11 @@ class TorchEngine:
         from miles_core import checkpoint as ckpt
 
         if self.lora.enabled:
-            model, dtype = merged_model(self.model, self.lora), self.precision.model_dtype
-            adapter = lambda tmp: self.lora.save_adapter(self.model, tmp / "adapter", dtype)  # noqa: E731
+            state = self.parallel.full_state(self.model)  # every rank takes part in the gather
+            if self.parallel.rank != 0:
+                return Path(export_dir) / str(rollout_id)
+            model, dtype = merged_model(self.model.config, self.lora.merged_state(state)), self.precision.model_dtype
+            adapter = lambda tmp: self.lora.save_adapter(self.model, tmp / "adapter", dtype, state)  # noqa: E731
             return ckpt.export_hf(model, tokenizer, export_dir, rollout_id, dtype=dtype, extra=adapter)
         model = self.parallel.full_model(self.model)
         if self.parallel.rank != 0:
@@ -277,12 +279,11 @@ class TorchTrainer(RLTrainer):
         super().__init__(TorchEngine(model, cfg, pad_id, ref_model=ref_model, teacher=teacher, parallel=parallel, lora=lora), cfg)
 
 
-def merged_model(model, lora) -> torch.nn.Module:
-    """A plain HF model of the policy's class holding the merged weights (LoRA export)."""
+def merged_model(config, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A plain HF model of ``config`` holding the merged weights ``state`` (LoRA export)."""
     from transformers import AutoModelForCausalLM
 
-    state = lora.merged_state(model.state_dict())
-    plain = AutoModelForCausalLM.from_config(model.config, dtype=next(iter(state.values())).dtype)
+    plain = AutoModelForCausalLM.from_config(config, dtype=next(iter(state.values())).dtype)
     plain.load_state_dict(state)
     return plain.eval()
 

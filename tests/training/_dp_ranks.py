@@ -8,14 +8,22 @@ import copy
 
 
 def build(rank: int, world: int, policy, ref, cfg, pad_id: int):
+    """The trainer of one rank; with lora_rank > 0 the adapters drawn from torch's RNG seeded by cfg's seed (every rank
+    and the one-process peer draw the same)."""
+    import torch
+
     from miles_core.training.data_parallel import FSDPDataParallel
+    from miles_core.training.lora import adapters_of
     from miles_core.training.torch_trainer import TorchTrainer
 
-    return TorchTrainer(copy.deepcopy(policy), cfg, pad_id=pad_id, ref_model=copy.deepcopy(ref),
-                        parallel=FSDPDataParallel(rank, world, cfg.cluster.balance_data))
+    if cfg.lora.enabled:
+        torch.manual_seed(cfg.misc.seed)
+    return TorchTrainer(copy.deepcopy(policy), cfg, pad_id=pad_id, ref_model=None if ref is None else copy.deepcopy(ref),
+                        parallel=FSDPDataParallel(rank, world, cfg.cluster.balance_data), lora=adapters_of(cfg.lora))
 
 
-def run_rank(rank: int, world: int, port: int, policy, ref, cfg, samples, out: str, save_dir: str) -> None:
+def run_rank(rank: int, world: int, port: int, policy, ref, cfg, samples, out: str, save_dir: str, tokenizer=None) -> None:
+    """``tokenizer``: also export after the first rollout, into <save_dir>-export."""
     import torch
     import torch.distributed as dist
 
@@ -38,6 +46,8 @@ def run_rank(rank: int, world: int, port: int, policy, ref, cfg, samples, out: s
         first = trainer.train_rollout(samples, rewards, 0)
         after1 = dict(trainer.named_tensors())
         trainer.save(save_dir, 0, {"note": "dp"})
+        if tokenizer is not None:
+            trainer.engine.export(f"{save_dir}-export", 0, tokenizer)
         second = trainer.train_rollout(samples, rewards, 1)
         after2 = dict(trainer.named_tensors())
         resumed = build(rank, world, policy, ref, cfg, pad_id=0)

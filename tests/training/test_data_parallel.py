@@ -124,3 +124,51 @@ def test_checkpoint_resumes_the_ranks_exactly_and_loads_in_one_process(two_ranks
         for key in ("exp_avg", "exp_avg_sq"):
             assert (loaded[i][key] - state[key]).norm() <= 1e-4 * state[key].norm() + 1e-12, (i, key)
         assert float(loaded[i]["step"]) == float(state["step"]) == 2
+
+
+# LoRA under FSDP2: the frozen base and the adapters sharded alike, AdamW over the adapters only
+LORA_DP = {**DP, "use_kl_loss": False, "lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear", "lr": 1e-2}
+
+
+def test_lora_on_two_ranks_equals_one_process_resumes_exactly_and_exports_the_adapter(tmp_path, tiny_tokenizer):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from miles_core.training.lora import AdapterView, adapters_of
+
+    samples, cfg = _samples(), make_cfg(**LORA_DP)
+    out = tmp_path / "rank"
+    mp.spawn(_dp_ranks.run_rank, args=(2, _port(), tiny_lm(seed=0), None, cfg, samples, str(out), str(tmp_path / "save"),
+                                       tiny_tokenizer), nprocs=2, join=True)
+    ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
+    policy = tiny_lm(seed=0)
+    torch.manual_seed(cfg.misc.seed)  # the adapters' init, as each rank drew it
+    one = TorchTrainer(policy, cfg, pad_id=0, lora=adapters_of(cfg.lora))
+    before = dict(one.named_tensors())
+    steps = one.train_rollout(samples, [s.reward for s in samples], 0).steps
+    after = dict(one.named_tensors())
+    for a, b in zip(ranks[0]["first"], steps):
+        for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
+            assert _close(a[key], b[key]), (key, a[key], b[key])
+    moved = [n for n in after if not torch.equal(after[n], before[n])]
+    assert moved and all(n.endswith("_proj.weight") for n in moved)  # the merged weights of adapted layers only
+    for name in moved:
+        update = after[name] - before[name]
+        for r in ranks:
+            assert (r["after1"][name] - before[name] - update).norm() <= 1e-3 * update.norm(), name
+    for r in ranks:  # the checkpoint of the 2 ranks resumes them exactly
+        assert all(a == b for a, b in zip(r["second"], r["again"]))
+        assert all(torch.equal(r["again_tensors"][k], v) for k, v in r["after2"].items())
+    fresh = TorchTrainer(tiny_lm(seed=0), cfg, pad_id=0, lora=adapters_of(cfg.lora))  # one process loads the ranks' checkpoint
+    meta = ckpt.load_checkpoint(ckpt.find_latest(tmp_path / "save"), model=AdapterView(fresh.engine.model),
+                                optimizer=fresh.engine.optimizer)
+    assert meta["steps_done"] == 2 and all(torch.equal(v, ranks[0]["after1"][k]) for k, v in fresh.named_tensors())
+    assert sorted(fresh.engine.optimizer.state_dict()["state"]) == list(range(len(fresh.engine.optimizer.param_groups[0]["params"])))
+    export = tmp_path / "save-export" / "0"
+    base = AutoModelForCausalLM.from_config(tiny_lm(seed=0).config)
+    base.load_state_dict(tiny_lm(seed=0).state_dict())
+    peft, merged = PeftModel.from_pretrained(base, export / "adapter"), AutoModelForCausalLM.from_pretrained(export)
+    tokens = torch.tensor([samples[0].tokens])
+    with torch.no_grad():
+        assert (peft(tokens).logits - merged(tokens).logits).abs().max() < 1e-5
+    assert all(torch.equal(merged.state_dict()[k], v) for k, v in ranks[0]["after1"].items() if k in merged.state_dict())
