@@ -69,6 +69,11 @@ class AlgoConfig(Group):
     critic_lr_warmup_iters: int = Field(
         0, ge=0, description="Linear warm-up optimizer steps of the critic (ppo; the actor's is lr_warmup_iters).")
     num_critic_only_steps: int = Field(0, ge=0, description="Rollouts that train only the critic before the actor starts (ppo).")
+    use_opsm: bool = Field(
+        False, description="Off-Policy Sequence Masking: a sample with negative advantages whose mean log-prob under the "
+                           "current policy is below the old policy's by more than opsm_delta gets no policy-gradient loss "
+                           "on those tokens (train/opsm_clipfrac: the masked share).")
+    opsm_delta: float = Field(1e-4, description="use_opsm: the threshold on the sequence's mean logp_old - logp.")
     use_tis: bool = Field(False, description="Truncated importance sampling against the rollout log-probs.")
     tis_clip: float = Field(2.0, gt=0, description="Upper clamp of TIS weights.")
     tis_clip_low: float = Field(0.0, ge=0, description="Lower clamp of TIS weights.")

@@ -224,6 +224,8 @@ CATALOG: tuple[Metric, ...] = (
     Metric("train/train_rollout_kl", TRAIN, "R(low_var_kl(logp_roll vs logp_old))", "always", _CORR),
     Metric("train/ess_ratio", TRAIN, "mean over samples of the effective sample size ratio (sum w)^2 / (n sum w^2) of "
            "the policy ratio w = exp(logp - logp_old)", "loss_type: policy_loss", _LOSS),
+    Metric("train/opsm_clipfrac", TRAIN, "share of each sample's tokens OPSM masked (A < 0 and mean logp_old - logp > "
+           "opsm_delta), summed over samples / the step's denominator", "use_opsm", _LOSS),
     Metric("train/ois", TRAIN, "R(exp(logp - logp_old)), the PPO ratio", "use_tis or custom_tis_function_path", _LOSS),
     Metric("train/tis", TRAIN, "R(w) of the TIS weights before the clamp", "use_tis", "miles_core/algorithms/tis.py"),
     Metric("train/tis_clipfrac", TRAIN, "fraction of TIS weights outside [tis_clip_low, tis_clip]", "use_tis",

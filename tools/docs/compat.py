@@ -57,7 +57,6 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "perf/ref_model_update_time": "ref_update_interval is not supported",
     "perf/eval_rollout_time": "evals log eval/duration_seconds",
     "perf/cpu_memory_<label>_gb": "host memory is not sampled yet (observability issue)",
-    "train/opsm_clipfrac": "use_opsm is not supported yet",
     "train/mtp_loss": "multi-token prediction training is not implemented by the megatron trainer yet",
 }
 
