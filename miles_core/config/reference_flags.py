@@ -96,7 +96,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "get_mismatch_metrics": "the mismatch metrics are always logged; the MIS set with custom_tis_function_path: mis",
     "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
     "log_correct_samples": "the rollout/correct_* metrics are not computed",
-    "log_reward_category": "rollout/error_cat/* is not computed",
     "log_passrate": "passrate/pass@k is always logged with n_samples_per_prompt > 1",
     "debug_rollout_only": "no rollout-only mode yet",
     "debug_train_only": "no train-only mode yet",

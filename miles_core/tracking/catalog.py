@@ -34,6 +34,7 @@ PLACEHOLDERS: dict[str, str] = {
     "k": r"\d+",  # pass@k: 1, 2, 4, ... up to the group size
     "reason": r"[A-Za-z0-9_.\-]+",  # a dynamic-sampling drop reason
     "ds": r"[A-Za-z0-9_.\-]+?",  # an eval dataset name (eval_prompt_data)
+    "cat": r"[^/]+",  # a reward category (log_reward_category): the reward dict's value
 }
 _PLACEHOLDER = re.compile(r"<([a-z_]+)>")
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ CATALOG: tuple[Metric, ...] = (
     Metric("rollout/truncated", ROLLOUT, "fraction of truncated samples, the reference's train-side name", "always", _RM),
     Metric("rollout/repetition_frac", ROLLOUT, "fraction of responses > 10000 characters whose last 10000 compress > 10x",
            "always", _RM),
+    Metric("rollout/error_cat/<cat>", ROLLOUT, "fraction of the samples whose dict reward has reward[log_reward_category] "
+           "== <cat>", "log_reward_category", _RM),
     Metric("rollout/response_len/mean", ROLLOUT, "mean response length (tokens)", "always", _RM),
     Metric("rollout/response_len/median", ROLLOUT, "median response length (tokens)", "always", _RM),
     Metric("rollout/response_len/max", ROLLOUT, "longest response (tokens)", "always", _RM),
