@@ -12,7 +12,8 @@ custom_loss:  the callable at `custom_loss_function_path` (dotted path), same si
 
 Metrics are detached scalars reduced with R (global denominators), named without the `train/` prefix:
 loss, pg_loss, pg_clipfrac, ppo_kl, ess_ratio (policy_loss: the per-sample ESS of pi/pi_old over the original
-mask, as the reference), entropy_loss (entropy given), kl_loss (use_kl_loss),
+mask, as the reference), entropy_loss (policy_loss: 0 when no entropy is given, which the trainers compute only
+with entropy_coef > 0 or observe_training_entropy, as the reference), kl_loss (use_kl_loss),
 opd_reverse_kl = R'(logp - logp_teacher) (teacher given), the correction's metrics and ois (correction on),
 opsm_clipfrac (use_opsm),
 and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl (rollout log-probs given).
@@ -65,6 +66,8 @@ def _regularizers(algo: AlgoConfig, inputs: LossInputs, mask: Tensor, reduce: Re
         metrics["entropy_loss"] = entropy.detach()
     elif algo.entropy_coef > 0:
         raise ValueError(f"entropy_coef={algo.entropy_coef} needs LossInputs.entropy (see entropy_from_logits)")
+    else:
+        metrics["entropy_loss"] = term.detach().new_zeros(())  # not computed (entropy_coef 0): 0, as the reference
     if algo.use_kl_loss:
         if inputs.ref_log_probs is None:
             raise ValueError("use_kl_loss needs LossInputs.ref_log_probs (load the reference model)")

@@ -17,6 +17,11 @@ class AlgoConfig(Group):
 
     form_first = ("lr", "advantage_estimator")
 
+    @property
+    def train_entropy(self) -> bool:
+        """The train step computes the entropy: it is in the loss (entropy_coef) or observed."""
+        return self.entropy_coef != 0 or self.observe_training_entropy
+
     advantage_estimator: AdvantageEstimator = Field("grpo", description="How rewards become advantages.")
     num_steps_per_rollout: int | None = Field(None, ge=1, description="Optimizer steps per rollout; derives global_batch_size.")
     global_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step.")
@@ -36,6 +41,10 @@ class AlgoConfig(Group):
     eps_clip_high: float | None = Field(None, gt=0, description="PPO clip range (upper); defaults to eps_clip.")
     eps_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant for negative advantages (> 1).")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    observe_training_entropy: bool = Field(
+        False, description="Compute the policy's entropy in the train step even with entropy_coef 0, as a metric only "
+                           "(detached): train/entropy_loss. Otherwise, with entropy_coef 0, the entropy is not computed and "
+                           "train/entropy_loss is 0, as the reference.")
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) loss term.")
     kl_loss_coef: float = Field(0.0, ge=0, description="Coefficient of the KL loss term.")
     kl_loss_type: KLType = Field("k1", description="KL estimator of the loss term.")

@@ -217,7 +217,8 @@ CATALOG: tuple[Metric, ...] = (
            "miles_core/algorithms/policy_loss.py"),
     Metric("train/ppo_kl", TRAIN, "R'(logp_old - logp) (sequence-level with gspo)", "loss_type: policy_loss",
            "miles_core/algorithms/policy_loss.py"),
-    Metric("train/entropy_loss", TRAIN, "R'(entropy) of the current policy", "always (the trainer passes the entropy)", _LOSS),
+    Metric("train/entropy_loss", TRAIN, "R'(entropy) of the current policy (0 unless computed)", "always; computed with entropy_coef > 0 or "
+           "observe_training_entropy", _LOSS),
     Metric("train/kl_loss", TRAIN, "R'(kl(logp, logp_ref)) with kl_loss_type", "use_kl_loss with kl_loss_coef > 0", _LOSS),
     Metric("train/opd_reverse_kl", TRAIN, "R'(logp - logp_teacher) with the current policy", "use_opd", _LOSS),
     Metric("train/grad_norm", TRAIN, "global gradient norm before clipping", "always", _TRAINER),

@@ -187,7 +187,7 @@ def test_metric_names_snapshot(batch):
     ]
     bare = LossInputs(batch.logp, batch.old, batch.advantages, batch.mask)
     _, metrics = actor_loss(AlgoConfig(), bare, reduce)
-    assert sorted(metrics) == ["ess_ratio", "loss", "pg_clipfrac", "pg_loss", "ppo_kl"]
+    assert sorted(metrics) == ["entropy_loss", "ess_ratio", "loss", "pg_clipfrac", "pg_loss", "ppo_kl"]  # entropy 0: not given
     assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
 
 
