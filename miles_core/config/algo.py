@@ -84,6 +84,11 @@ class AlgoConfig(Group):
                            "on those tokens (train/opsm_clipfrac: the masked share).")
     opsm_delta: float = Field(1e-4, description="use_opsm: the threshold on the sequence's mean logp_old - logp.")
     use_tis: bool = Field(False, description="Truncated importance sampling against the rollout log-probs.")
+    get_mismatch_metrics: bool = Field(
+        False, description="Run the rollout correction as the reference does with this flag: the one of "
+                           "custom_tis_function_path, else vanilla TIS (so the pg loss IS weighted by the clamped "
+                           "exp(logp_old - logp_roll), as with use_tis), logging ois and the correction's metrics "
+                           "(train/tis, tis_clipfrac, tis_abs).")
     tis_clip: float = Field(2.0, gt=0, description="Upper clamp of TIS weights.")
     tis_clip_low: float = Field(0.0, ge=0, description="Lower clamp of TIS weights.")
     use_rollout_logprobs: bool = Field(False, description="Use the engine's log-probs as old-policy log-probs.")

@@ -93,7 +93,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "start_rollout_id": "the start comes from the latest checkpoint",
     "critic_load": "the critic is saved and loaded with the actor's checkpoint (extra/critic.safetensors)",
     "critic_save": "the critic is saved with the actor's checkpoint (extra/critic.safetensors)",
-    "get_mismatch_metrics": "the mismatch metrics are always logged; the MIS set with custom_tis_function_path: mis",
     "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
     "log_correct_samples": "the rollout/correct_* metrics are not computed",
     "log_passrate": "passrate/pass@k is always logged with n_samples_per_prompt > 1",
