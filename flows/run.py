@@ -106,7 +106,7 @@ def _run_with_bar(cfg: TrainConfig, console: Console, train) -> dict:
     task_id = bar.add_task("train", total=None, reward="-")
 
     def on_rollout(i: int, n: int, metrics: dict) -> None:
-        bar.update(task_id, total=n, completed=i + 1, reward=f"{metrics['rollout/raw_reward']:.3f}")
+        bar.update(task_id, total=n, completed=i + 1, reward=f"{metrics.get('rollout/raw_reward', float('nan')):.3f}")
 
     unsubscribe = progress.subscribe(on_rollout)
     try:

@@ -6,6 +6,7 @@
     2. generate + reward   3. train (old log-probs, advantages, optimizer steps)
     4. save if due         5. sync weights (version + 1)   6. eval if due   7. export if due
 
+debug_exit_after_rollout N stops the loop after N rollouts of this invocation (after their eval).
 A resume starts after the checkpoint's rollout i, first running what was due after that save and did
 not complete (its eval, its export; the sync is redone by restore): the stage ledger records them.
 async_mode one_step submits generate(i + 1) before train(i), so the two task runs overlap (rollout
@@ -16,6 +17,7 @@ weights sync every update_weights_interval rollouts.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -50,6 +52,7 @@ from .tracking import RunTracker, check_resume, check_resume_early, open_run
 # warn, once per task run): that task run has no timeout of its own, and the flow's wait on it is bounded instead.
 GENERATE_AHEAD = generate.with_options()
 GENERATE_AHEAD.timeout_seconds = None  # with_options(timeout_seconds=None) keeps the original's
+log = logging.getLogger("miles")
 PROGRESS_EVERY_S = 5.0  # the Prefect progress artifact is updated at most this often (and after the last rollout)
 
 
@@ -158,6 +161,12 @@ def _rollout_loop(run: TrainRun, start: int) -> list[dict]:
             shown = time.monotonic()
         progress.emit(i, n, rewards[-1])
         flush_prefect_logs()  # a kill loses the logs of the current rollout at most
+        stop_after = run.config.data.debug_exit_after_rollout
+        if stop_after is not None and i - start + 1 >= stop_after:  # the reference's train loop: after the eval
+            if pending is not None:
+                pending.wait()  # one_step's rollout i + 1, already started: written, reused by a resume
+            log.info("debug_exit_after_rollout=%d reached at rollout %d: stopping", stop_after, i)
+            break
     return rewards
 
 
@@ -239,7 +248,7 @@ def _record_run(config: TrainConfig, tracker: RunTracker) -> None:
 
 
 def _summary(config: TrainConfig, tracker: RunTracker, rewards: list[dict], start: int, n: int) -> dict:
-    raw = [m["rollout/raw_reward"] for m in rewards]
+    raw = [m["rollout/raw_reward"] for m in rewards if "rollout/raw_reward" in m]  # custom_rollout_log_function_path may drop it
     summary = {
         "mlflow_run_id": tracker.mlflow.run_id, "tracking_uri": config.tracking_uri, "experiment_id": tracker.mlflow.experiment_id,
         "rollouts": n, "resumed_from": start, "first_reward": raw[0] if raw else None, "last_reward": raw[-1] if raw else None,

@@ -45,3 +45,35 @@ def test_task_timeouts_name_the_pipeline_tasks_and_override_them():
         load_config("tiny", {"task_timeouts": {"genrate": 5.0}})
     with pytest.raises(ConfigError, match="task_timeouts: the timeout of save must be > 0"):
         load_config("tiny", {"task_timeouts": {"save": 0}})
+
+
+def test_debug_exit_after_rollout_stops_the_loop_after_that_many_rollouts_of_this_invocation(monkeypatch):
+    """The reference's train loop: break once (rollout_id - start + 1) >= debug_exit_after_rollout, after the
+    rollout's whole cycle; a one_step rollout already started is waited for."""
+    import types
+
+    import flows.train as train
+    from flows.recipes import load_config
+
+    done, waited = [], []
+
+    class Ahead:
+        def wait(self, timeout=None):
+            waited.append(True)
+
+    def one_rollout(run, i, pending):
+        done.append(i)
+        return {"rollout/raw_reward": float(i)}, Ahead()
+
+    monkeypatch.setattr(train, "_one_rollout", one_rollout)
+    monkeypatch.setattr(train, "create_progress_artifact", lambda **kw: None)
+    monkeypatch.setattr(train, "update_progress_artifact", lambda *a, **kw: None)
+    monkeypatch.setattr(train, "flush_prefect_logs", lambda: None)
+    monkeypatch.setattr(train.progress, "emit", lambda *a: None)
+    monkeypatch.setattr(train, "stop_if_interrupted", lambda: None)
+    run = types.SimpleNamespace(num_rollout=10, config=load_config("tiny", {"debug_exit_after_rollout": 2}))
+    assert [m["rollout/raw_reward"] for m in train._rollout_loop(run, start=3)] == [3.0, 4.0]
+    assert done == [3, 4] and waited == [True]
+    done.clear()
+    run = types.SimpleNamespace(num_rollout=5, config=load_config("tiny", {}))
+    assert len(train._rollout_loop(run, start=3)) == 2 and done == [3, 4]  # unset: to num_rollout

@@ -4,15 +4,18 @@
 
 policy_loss:  Loss = R'(pg) - entropy_coef * R'(H) + kl_loss_coef * R'(kl(logp, logp_ref))      (use_kl_loss;
               use_unbiased_kl: kl weighted by exp(logp - logp_old), kl.py)
-              pg = ppo_clip per-token loss (policy_loss.py), times the rollout-correction weights when on;
+              pg = ppo_clip per-token loss (policy_loss.py), times the OPSM keep mask (use_opsm, opsm.py), then
+              the rollout-correction weights when on;
               R' = R with the loss mask returned by the correction (R when no correction).
 sft_loss:     Loss = -R(logp)
 custom_loss:  the callable at `custom_loss_function_path` (dotted path), same signature.
 
 Metrics are detached scalars reduced with R (global denominators), named without the `train/` prefix:
 loss, pg_loss, pg_clipfrac, ppo_kl, ess_ratio (policy_loss: the per-sample ESS of pi/pi_old over the original
-mask, as the reference), entropy_loss (entropy given), kl_loss (use_kl_loss),
+mask, as the reference), entropy_loss (policy_loss: 0 when no entropy is given, which the trainers compute only
+with entropy_coef > 0 or observe_training_entropy, as the reference), kl_loss (use_kl_loss),
 opd_reverse_kl = R'(logp - logp_teacher) (teacher given), the correction's metrics and ois (correction on),
+opsm_clipfrac (use_opsm),
 and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl (rollout log-probs given).
 `use_rollout_logprobs`: the caller passes the engine log-probs as old_log_probs; nothing changes here.
 """
@@ -30,6 +33,7 @@ from miles_core.config.algo import AlgoConfig
 from miles_core.resolve import resolve, takes_reference_args
 
 from .kl import kl_estimate
+from .opsm import opsm_keep
 from .policy_loss import LOG_RATIO_BOUND, ppo_clip
 from .reducer import Reducer
 from .rollout_correction import mismatch_metrics, policy_ess_ratio, rollout_correction
@@ -62,6 +66,8 @@ def _regularizers(algo: AlgoConfig, inputs: LossInputs, mask: Tensor, reduce: Re
         metrics["entropy_loss"] = entropy.detach()
     elif algo.entropy_coef > 0:
         raise ValueError(f"entropy_coef={algo.entropy_coef} needs LossInputs.entropy (see entropy_from_logits)")
+    else:
+        metrics["entropy_loss"] = term.detach().new_zeros(())  # not computed (entropy_coef 0): 0, as the reference
     if algo.use_kl_loss:
         if inputs.ref_log_probs is None:
             raise ValueError("use_kl_loss needs LossInputs.ref_log_probs (load the reference model)")
@@ -78,6 +84,10 @@ def policy_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossRe
     """PPO-clip policy gradient with optional rollout correction, entropy bonus and KL loss."""
     pg, token_metrics = ppo_clip(algo, inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask)
     mask, metrics = inputs.loss_mask, {"ess_ratio": policy_ess_ratio(token_metrics["ppo_kl"], inputs.loss_mask, reduce)}
+    if algo.use_opsm:
+        keep, clipfrac = opsm_keep(inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.loss_mask,
+                                   algo.opsm_delta, reduce)
+        pg, metrics["opsm_clipfrac"] = pg * keep, clipfrac
     correction = rollout_correction(algo, inputs.old_log_probs, inputs.rollout_log_probs, inputs.loss_mask, reduce)
     if correction is not None:
         weights, mask, correction_metrics = correction

@@ -40,6 +40,11 @@ class Reducer:
         """R of a per-sample quantity [N] (each token of sample i carries values[i])."""
         return self(broadcast_tokens(values, mask), mask)
 
+    def normalize(self, total: Tensor) -> Tensor:
+        """A sum over this micro-batch's samples divided by the step's denominator (num_tokens with per_token,
+        else num_samples): how the reference normalises a metric it reports as a plain sum (opsm_clipfrac)."""
+        return total / (self.num_tokens if self.per_token else self.num_samples)
+
     def share(self, mask: Tensor) -> Tensor:
         """This micro-batch's share of the step: R(1). Sums to 1 over a step with no empty sample."""
         return self(mask.new_ones(mask.shape), mask)

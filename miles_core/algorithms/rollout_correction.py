@@ -14,7 +14,8 @@ Corrections (one module each, in the TIS_FUNCTIONS name table; signature in tis.
     in `custom_tis_function_path`; knobs come from the YAML at `custom_config_path` (inputs.options). A function
     written for the reference (keyword arguments, first parameter `args`) is adapted (reference_tis.py).
 With any correction on, also ois = R(exp(clamp(logp - logp_old, +-20))) (the PPO ratio, detached).
-A correction is active when `use_tis` is set or `custom_tis_function_path` is given.
+A correction is active when `use_tis` or `get_mismatch_metrics` is set (vanilla TIS unless a function is named,
+as the reference) or `custom_tis_function_path` is given.
 """
 
 from __future__ import annotations
@@ -62,11 +63,12 @@ def policy_ess_ratio(ppo_kl: Tensor, loss_mask: Tensor, reduce: Reducer) -> Tens
 
 
 def resolve_tis_function(algo: AlgoConfig) -> TISFunction | None:
-    """The active correction: custom_tis_function_path, else vanilla TIS with use_tis, else None."""
+    """The active correction: custom_tis_function_path, else vanilla TIS with use_tis or get_mismatch_metrics (the
+    reference's policy_loss_function runs vanilla TIS under either flag), else None."""
     if algo.custom_tis_function_path is not None:
         fn = resolve(algo.custom_tis_function_path, TIS_FUNCTIONS, "custom_tis_function_path")
         return reference_tis.adapt(fn) if takes_reference_args(fn) else fn
-    return vanilla_tis if algo.use_tis else None
+    return vanilla_tis if algo.use_tis or algo.get_mismatch_metrics else None
 
 
 def rollout_correction(

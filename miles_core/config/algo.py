@@ -17,6 +17,11 @@ class AlgoConfig(Group):
 
     form_first = ("lr", "advantage_estimator")
 
+    @property
+    def train_entropy(self) -> bool:
+        """The train step computes the entropy: it is in the loss (entropy_coef) or observed."""
+        return self.entropy_coef != 0 or self.observe_training_entropy
+
     advantage_estimator: AdvantageEstimator = Field("grpo", description="How rewards become advantages.")
     num_steps_per_rollout: int | None = Field(None, ge=1, description="Optimizer steps per rollout; derives global_batch_size.")
     global_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step.")
@@ -36,6 +41,10 @@ class AlgoConfig(Group):
     eps_clip_high: float | None = Field(None, gt=0, description="PPO clip range (upper); defaults to eps_clip.")
     eps_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant for negative advantages (> 1).")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    observe_training_entropy: bool = Field(
+        False, description="Compute the policy's entropy in the train step even with entropy_coef 0, as a metric only "
+                           "(detached): train/entropy_loss. Otherwise, with entropy_coef 0, the entropy is not computed and "
+                           "train/entropy_loss is 0, as the reference.")
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) loss term.")
     kl_loss_coef: float = Field(0.0, ge=0, description="Coefficient of the KL loss term.")
     kl_loss_type: KLType = Field("k1", description="KL estimator of the loss term.")
@@ -69,7 +78,17 @@ class AlgoConfig(Group):
     critic_lr_warmup_iters: int = Field(
         0, ge=0, description="Linear warm-up optimizer steps of the critic (ppo; the actor's is lr_warmup_iters).")
     num_critic_only_steps: int = Field(0, ge=0, description="Rollouts that train only the critic before the actor starts (ppo).")
+    use_opsm: bool = Field(
+        False, description="Off-Policy Sequence Masking: a sample with negative advantages whose mean log-prob under the "
+                           "current policy is below the old policy's by more than opsm_delta gets no policy-gradient loss "
+                           "on those tokens (train/opsm_clipfrac: the masked share).")
+    opsm_delta: float = Field(1e-4, description="use_opsm: the threshold on the sequence's mean logp_old - logp.")
     use_tis: bool = Field(False, description="Truncated importance sampling against the rollout log-probs.")
+    get_mismatch_metrics: bool = Field(
+        False, description="Run the rollout correction as the reference does with this flag: the one of "
+                           "custom_tis_function_path, else vanilla TIS (so the pg loss IS weighted by the clamped "
+                           "exp(logp_old - logp_roll), as with use_tis), logging ois and the correction's metrics "
+                           "(train/tis, tis_clipfrac, tis_abs).")
     tis_clip: float = Field(2.0, gt=0, description="Upper clamp of TIS weights.")
     tis_clip_low: float = Field(0.0, ge=0, description="Lower clamp of TIS weights.")
     use_rollout_logprobs: bool = Field(False, description="Use the engine's log-probs as old-policy log-probs.")

@@ -22,3 +22,7 @@ class DataConfig(Group):
     rollout_shuffle: bool = Field(False, description="Shuffle prompts, reshuffled per epoch with rollout_seed + epoch.")
     rollout_seed: int = Field(42, description="Seed of the prompt shuffle and of rollout sampling.")
     num_epoch: int = Field(1, ge=1, description="Passes over the dataset when num_rollout is not given.")
+    debug_exit_after_rollout: int | None = Field(
+        None, ge=1, description="Stop the run after this many rollouts of this invocation (counted from the rollout it "
+                                "starts or resumes at), after that rollout's save, sync and eval; num_rollout and every "
+                                "schedule keep their values, so a resume continues as if never stopped (no extra save).")

@@ -88,6 +88,11 @@ class RolloutConfig(Group):
     reward_key: str | None = Field(None, description="Field of a dict reward used as the scalar reward.")
     eval_reward_key: str | None = Field(None, description="Field of a dict reward used in evaluation (default reward_key).")
     custom_reward_post_process_path: str | None = Field(None, description="Dotted path of a function (samples, rewards) -> rewards.")
+    custom_rollout_log_function_path: str | None = Field(
+        None, description="Dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool, the "
+                          "reference's signature (args: the config under the reference's names), called after each "
+                          "rollout is generated and scored; True: the rollout's generation metrics (rollout/* of the "
+                          "samples, passrate/*, perf/rollout_time and throughputs) are not logged.")
     rm_timeout: float = Field(30.0, gt=0, description="Seconds per remote reward request.")
     rm_max_retries: int = Field(3, ge=0, description="Retries of a failed remote reward request.")
 

@@ -62,6 +62,9 @@ def _algo_rules(c: "TrainConfig") -> None:
         if c.lora.lora_rank > 0:
             raise ValueError("ref_update_interval is not supported with LoRA (lora_rank > 0), as in the reference: the "
                              "reference is the frozen base; drop one of them")
+    if a.get_mismatch_metrics and a.use_rollout_logprobs:
+        raise ValueError("get_mismatch_metrics with use_rollout_logprobs is not supported yet: the reference then also "
+                         "scores the batch with the trainer to compare it with the engine; drop one of them")
     if a.use_tis and a.use_rollout_logprobs:
         raise ValueError("use_tis and use_rollout_logprobs are mutually exclusive: TIS corrects trainer log-probs against rollout log-probs; set one of them")
     if a.advantage_estimator.startswith("reinforce_plus_plus") and not a.normalize_advantages:

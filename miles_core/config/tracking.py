@@ -21,6 +21,9 @@ class TrackingConfig(Group):
         None, description="Base URL of an MLflow UI serving this store (`mlflow ui --backend-store-uri ...`), for the run link in the "
                           "Prefect summary (default: the tracking URI when it is http(s); none for a SQLite store).")
     mlflow_new_run: bool = Field(False, description="On resume, log into a new MLflow run instead of re-attaching to the checkpoint's run (needed when params changed).")
+    log_reward_category: str | None = Field(
+        None, description="Key of a dict reward holding a category (why the reward function failed a response): "
+                          "rollout/error_cat/<category> = the fraction of the rollout's samples in each category.")
     log_samples: int = Field(8, ge=0, description="Sample completions logged per rollout as a table.")
     log_multi_turn: bool = Field(
         False, description="custom_generate_function_path: the sample table shows whole conversations (turn markers, tool "

@@ -15,6 +15,8 @@ Definitions (reference):
   included; all_zero / all_one_percentage = count_0.0 / count_1.0 over all groups; not for ppo.
 - rollout/weight_version/*: statistics of each sample's oldest weight version; mixed_version_ratio = the
   fraction of samples generated under more than one version.
+- rollout/error_cat/<c> (log_reward_category): the fraction of samples whose dict reward has that key equal to c
+  (rollouts only: the reference's eval metric names have none).
 - rollout/repetition_frac: fraction of responses longer than 10000 characters whose last 10000 compress
   more than 10x (zlib level 9).
 - perf/tokens_per_gpu_per_sec = response tokens / seconds / num_gpus; longest_sample_tokens_per_sec = the
@@ -131,6 +133,16 @@ def rollout_metrics(samples: list[Sample], rewards: list[float], group_size: int
               "rollout/weight_version/max": versions["max"], "rollout/weight_version/min": versions["min"],
               "rollout/weight_version/mixed_version_ratio": mixed}
     return m
+
+
+def reward_category_metrics(samples: list[Sample], key: str) -> dict[str, float]:
+    """rollout/error_cat/<c>: the fraction of samples whose dict reward has reward[key] == c (log_reward_category)."""
+    if not all(isinstance(s.reward, dict) and key in s.reward for s in samples):
+        bad = next(s for s in samples if not (isinstance(s.reward, dict) and key in s.reward))
+        raise ValueError(f"log_reward_category={key!r}: every reward must be a dict with that key (the reward function's "
+                         f"category); sample {bad.index} has reward {bad.reward!r}")
+    counts = Counter(str(s.reward[key]) for s in samples)
+    return {f"rollout/error_cat/{c}": n / len(samples) for c, n in counts.items()}
 
 
 def trainable_length(sample: Sample) -> int:

@@ -25,8 +25,10 @@ from miles_core.rewards import RewardOptions, reward_value
 from miles_core.rollout.fleet import EngineFleet, WeightSource
 from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
-from miles_core.rollout.metrics import generation_perf_metrics, rollout_metrics, staleness_metrics
+from miles_core.resolve import reference_args, resolve
+from miles_core.rollout.metrics import generation_perf_metrics, reward_category_metrics, rollout_metrics, staleness_metrics
 from miles_core.rollout.multi_turn import conversation_columns, turn_spec
+from miles_core.rollout.multi_turn.spec import reference_args as flat_reference_args
 from miles_core.rollout.protocol import SamplingParams
 from miles_core.tracking.samples import sample_rows
 from miles_core.training.protocol import Trainer, TrainOutput
@@ -144,12 +146,24 @@ class Runtime:
         else:
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
         dt = time.perf_counter() - t0
-        rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
-        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, self.cfg.algo)}
-        metrics |= generation_perf_metrics(rollout.samples, dt, num_gpus=self.cfg.cluster.rollout_num_gpus or 1)
+        metrics = self._generation_metrics(rollout, dt)
         self.rollouts.write(rollout_id, RolloutFile(samples=rollout.samples, metrics=metrics, weight_version=version,
                                                     cursor_after=self.source.state_dict()))
         return metrics
+
+    def _generation_metrics(self, rollout: Rollout, seconds: float) -> dict[str, float]:
+        """The reference's log_rollout_data: custom_rollout_log_function_path first (True: none of the rest), then
+        the extra metrics of the rollout, rollout/* of the samples (error_cat with log_reward_category), perf/*."""
+        c, r = self.cfg, self.cfg.rollout
+        if r.custom_rollout_log_function_path is not None:
+            custom = resolve(r.custom_rollout_log_function_path, what="custom_rollout_log_function_path")
+            if custom(rollout.rollout_id, reference_args(**flat_reference_args(c)), rollout.samples, rollout.metrics, seconds):
+                return {}
+        rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
+        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, c.algo)}
+        if c.tracking.log_reward_category is not None:
+            metrics |= reward_category_metrics(rollout.samples, c.tracking.log_reward_category)
+        return metrics | generation_perf_metrics(rollout.samples, seconds, num_gpus=c.cluster.rollout_num_gpus or 1)
 
     def load_rollout(self, rollout_id: int) -> list[Sample]:
         return self.rollouts.read(rollout_id).samples

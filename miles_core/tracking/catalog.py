@@ -34,6 +34,7 @@ PLACEHOLDERS: dict[str, str] = {
     "k": r"\d+",  # pass@k: 1, 2, 4, ... up to the group size
     "reason": r"[A-Za-z0-9_.\-]+",  # a dynamic-sampling drop reason
     "ds": r"[A-Za-z0-9_.\-]+?",  # an eval dataset name (eval_prompt_data)
+    "cat": r"[^/]+",  # a reward category (log_reward_category): the reward dict's value
 }
 _PLACEHOLDER = re.compile(r"<([a-z_]+)>")
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ CATALOG: tuple[Metric, ...] = (
     Metric("rollout/truncated", ROLLOUT, "fraction of truncated samples, the reference's train-side name", "always", _RM),
     Metric("rollout/repetition_frac", ROLLOUT, "fraction of responses > 10000 characters whose last 10000 compress > 10x",
            "always", _RM),
+    Metric("rollout/error_cat/<cat>", ROLLOUT, "fraction of the samples whose dict reward has reward[log_reward_category] "
+           "== <cat>", "log_reward_category", _RM),
     Metric("rollout/response_len/mean", ROLLOUT, "mean response length (tokens)", "always", _RM),
     Metric("rollout/response_len/median", ROLLOUT, "median response length (tokens)", "always", _RM),
     Metric("rollout/response_len/max", ROLLOUT, "longest response (tokens)", "always", _RM),
@@ -214,7 +217,8 @@ CATALOG: tuple[Metric, ...] = (
            "miles_core/algorithms/policy_loss.py"),
     Metric("train/ppo_kl", TRAIN, "R'(logp_old - logp) (sequence-level with gspo)", "loss_type: policy_loss",
            "miles_core/algorithms/policy_loss.py"),
-    Metric("train/entropy_loss", TRAIN, "R'(entropy) of the current policy", "always (the trainer passes the entropy)", _LOSS),
+    Metric("train/entropy_loss", TRAIN, "R'(entropy) of the current policy (0 unless computed)", "always; computed with entropy_coef > 0 or "
+           "observe_training_entropy", _LOSS),
     Metric("train/kl_loss", TRAIN, "R'(kl(logp, logp_ref)) with kl_loss_type", "use_kl_loss with kl_loss_coef > 0", _LOSS),
     Metric("train/opd_reverse_kl", TRAIN, "R'(logp - logp_teacher) with the current policy", "use_opd", _LOSS),
     Metric("train/grad_norm", TRAIN, "global gradient norm before clipping", "always", _TRAINER),
@@ -224,11 +228,13 @@ CATALOG: tuple[Metric, ...] = (
     Metric("train/train_rollout_kl", TRAIN, "R(low_var_kl(logp_roll vs logp_old))", "always", _CORR),
     Metric("train/ess_ratio", TRAIN, "mean over samples of the effective sample size ratio (sum w)^2 / (n sum w^2) of "
            "the policy ratio w = exp(logp - logp_old)", "loss_type: policy_loss", _LOSS),
-    Metric("train/ois", TRAIN, "R(exp(logp - logp_old)), the PPO ratio", "use_tis or custom_tis_function_path", _LOSS),
-    Metric("train/tis", TRAIN, "R(w) of the TIS weights before the clamp", "use_tis", "miles_core/algorithms/tis.py"),
-    Metric("train/tis_clipfrac", TRAIN, "fraction of TIS weights outside [tis_clip_low, tis_clip]", "use_tis",
+    Metric("train/opsm_clipfrac", TRAIN, "share of each sample's tokens OPSM masked (A < 0 and mean logp_old - logp > "
+           "opsm_delta), summed over samples / the step's denominator", "use_opsm", _LOSS),
+    Metric("train/ois", TRAIN, "R(exp(logp - logp_old)), the PPO ratio", "use_tis, get_mismatch_metrics or custom_tis_function_path", _LOSS),
+    Metric("train/tis", TRAIN, "R(w) of the TIS weights before the clamp", "use_tis or get_mismatch_metrics", "miles_core/algorithms/tis.py"),
+    Metric("train/tis_clipfrac", TRAIN, "fraction of TIS weights outside [tis_clip_low, tis_clip]", "use_tis or get_mismatch_metrics",
            "miles_core/algorithms/tis.py"),
-    Metric("train/tis_abs", TRAIN, "R(|w - 1|) of the TIS weights", "use_tis", "miles_core/algorithms/tis.py"),
+    Metric("train/tis_abs", TRAIN, "R(|w - 1|) of the TIS weights", "use_tis or get_mismatch_metrics", "miles_core/algorithms/tis.py"),
     Metric("train/mis_tis_weight_before_bound", TRAIN, "R(w) at tis_level", _MIS_ON, _MIS),
     Metric("train/mis_tis_weight_after_bound", TRAIN, "R(w) after the bound", _MIS_ON, _MIS),
     Metric("train/mis_tis_truncate_fraction", TRAIN, "R([w > upper])", f"{_MIS_ON}, tis_mode truncate", _MIS),

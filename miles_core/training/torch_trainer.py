@@ -130,7 +130,7 @@ class TorchEngine:
 
     def _actor_piece(self, piece: TokenBatch, idx: list[int]) -> Piece:
         with self.precision.autocast():
-            logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True,
+            logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=self.algo.train_entropy,
                                                entropy_grad=self.algo.entropy_coef > 0)
         return Piece(rows=idx, loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs, log_probs=logp, entropy=entropy)
 

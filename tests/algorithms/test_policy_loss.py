@@ -187,7 +187,7 @@ def test_metric_names_snapshot(batch):
     ]
     bare = LossInputs(batch.logp, batch.old, batch.advantages, batch.mask)
     _, metrics = actor_loss(AlgoConfig(), bare, reduce)
-    assert sorted(metrics) == ["ess_ratio", "loss", "pg_clipfrac", "pg_loss", "ppo_kl"]
+    assert sorted(metrics) == ["entropy_loss", "ess_ratio", "loss", "pg_clipfrac", "pg_loss", "ppo_kl"]  # entropy 0: not given
     assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
 
 
@@ -266,3 +266,28 @@ def _with_ref():
     inputs = _one_row([math.log(2.0), 0.0], [0.0, 0.0])
     inputs.ref_log_probs = torch.tensor([[-0.2, -0.4]])
     return inputs
+
+
+def test_opsm_masks_negative_advantage_sequences_that_moved_away():
+    """use_opsm: a sample whose mean logp_old - logp exceeds opsm_delta loses its A < 0 tokens' pg loss
+    (the reference's compute_opsm_mask); other samples and A >= 0 tokens keep theirs."""
+    # row 0: logp - logp_old = [-0.5, -0.5] (seq_kl 0.5 > delta), A = [-1, +1] -> token 0 dropped
+    # row 1: logp - logp_old = [0.5, 0.5] (seq_kl -0.5), A = [-1, -1] -> kept
+    logp = torch.tensor([[-1.5, -1.5], [-0.5, -0.5]], requires_grad=True)
+    old = torch.full((2, 2), -1.0)
+    adv = torch.tensor([[-1.0, 1.0], [-1.0, -1.0]])
+    inputs = LossInputs(logp, old, adv, torch.ones(2, 2))
+    reduce = Reducer(False, num_samples=2, num_tokens=4)
+    base_loss, base = actor_loss(AlgoConfig(), inputs, reduce)
+    loss, metrics = actor_loss(AlgoConfig(use_opsm=True, opsm_delta=0.1), inputs, reduce)
+    r = math.exp(-0.5)  # ratio of row 0; clipped to 0.8 for A = -1 -> L = max(r, 0.8) = 0.8; A = +1 -> -r
+    # without OPSM row 0 = (0.8 - r)/2, with it (0 - r)/2; row 1 (ratio e^0.5, A = -1): L = e^0.5 for both tokens
+    assert base["pg_loss"].item() == pytest.approx(((0.8 - r) / 2 + math.exp(0.5)) / 2, rel=1e-5)
+    assert metrics["pg_loss"].item() == pytest.approx((-r / 2 + math.exp(0.5)) / 2, rel=1e-5)
+    assert metrics["opsm_clipfrac"].item() == pytest.approx(0.5 / 2)  # row 0: 1 of 2 tokens, over 2 samples
+    assert "opsm_clipfrac" not in base
+    loss.backward()
+    assert logp.grad[0, 0].item() == 0.0 and logp.grad[0, 1].item() != 0.0  # the dropped token has no gradient
+    # a delta above the sequence KL masks nothing
+    _, loose = actor_loss(AlgoConfig(use_opsm=True, opsm_delta=0.6), inputs, reduce)
+    assert loose["pg_loss"].item() == pytest.approx(base["pg_loss"].item()) and loose["opsm_clipfrac"].item() == 0.0

@@ -46,6 +46,20 @@ def test_vanilla_tis_hand_values():
     assert m["ois"].item() == pytest.approx(1.0)
 
 
+def test_get_mismatch_metrics_runs_vanilla_tis_as_the_reference():
+    """The reference's policy_loss_function runs the TIS function under get_mismatch_metrics or use_tis: the same
+    weighted loss and metrics as use_tis (hand values above); neither flag: no correction, no tis/ois."""
+    logp = torch.zeros(1, 3, requires_grad=True)
+    rollout = torch.tensor([[-L3, math.log(2.0), 0.0]])
+    inputs = LossInputs(logp, torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3), rollout_log_probs=rollout)
+    loss, m = actor_loss(AlgoConfig(get_mismatch_metrics=True, tis_clip=2.0, tis_clip_low=0.6), inputs, Reducer(False, 1, 3))
+    assert loss.item() == pytest.approx(-1.2) and m["tis"].item() == pytest.approx(1.5) and m["ois"].item() == 1.0
+    plain, m0 = actor_loss(AlgoConfig(tis_clip=2.0, tis_clip_low=0.6), inputs, Reducer(False, 1, 3))
+    assert plain.item() == pytest.approx(-1.0) and "tis" not in m0 and "ois" not in m0
+    with pytest.raises(ConfigError, match="get_mismatch_metrics with use_rollout_logprobs is not supported yet"):
+        load_config("tiny", {"get_mismatch_metrics": True, "use_rollout_logprobs": True})
+
+
 def test_mismatch_metrics_hand_values():
     old = torch.tensor([[math.log(2.0), 0.0, 5.0]])
     rollout = torch.zeros(1, 3)

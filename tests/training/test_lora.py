@@ -54,7 +54,7 @@ def _hand_built_step(base, tok, cfg, samples):
         old_log_probs=logp.detach(), ref_log_probs=None, values=None, teacher_log_probs=None))
     reduce = Reducer(cfg.algo.calculate_per_token_loss, num_samples=len(samples), num_tokens=float(batch.loss_mask.sum()))
     loss, metrics = actor_loss(cfg.algo, LossInputs(log_probs=logp, old_log_probs=logp.detach(), advantages=adv,
-                                                    loss_mask=batch.loss_mask, entropy=entropy_from_logits(logits.detach()),
+                                                    loss_mask=batch.loss_mask, entropy=entropy_from_logits(logits.detach()) if cfg.algo.train_entropy else None,
                                                     rollout_log_probs=batch.rollout_log_probs), reduce)
     loss.backward()
     trained = [p for p in model.parameters() if p.requires_grad]

@@ -246,3 +246,20 @@ def test_reset_optimizer_states_starts_each_rollout_with_a_fresh_adam(tiny_model
     update = (flat(fresh) - flat(mid)).norm()
     assert (after[True] - flat(fresh)).norm() <= 1e-5 * update
     assert (after[False] - flat(fresh)).norm() > 1e-2 * update  # the flag changes the update
+
+
+def test_observe_training_entropy_logs_the_entropy_without_changing_the_step(tiny_model_dir, tiny_tokenizer):
+    """entropy_coef 0: the entropy is not computed and train/entropy_loss is 0 (the reference); with
+    observe_training_entropy it is computed and logged, detached: the same loss and update."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    out = {}
+    for observe in (False, True):
+        model = copy.deepcopy(base)
+        _, steps = _trainer(model, tiny_tokenizer, observe_training_entropy=observe).train_rollout(samples, rewards)
+        out[observe] = steps[0], torch.cat([p.detach().flatten() for p in model.parameters()])
+    (off, w_off), (on, w_on) = out[False], out[True]
+    assert off["train/entropy_loss"] == 0.0 and on["train/entropy_loss"] > 0.1  # a tiny random LM: high entropy
+    assert on["train/loss"] == pytest.approx(off["train/loss"], rel=1e-6) and torch.equal(w_on, w_off)

@@ -22,7 +22,6 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "rollout/prefix_cache_hit_rate": f"engine cache statistics: {SGLANG}",
     "rollout/avg_cached_tokens_per_sample": f"engine cache statistics: {SGLANG}",
     "eval/<ds>/prefix_cache_hit_rate": f"engine cache statistics: {SGLANG}",
-    "rollout/error_cat/<cat>": "log_reward_category is not supported yet",
     "rollout/tito_session_mismatch_rate/<v>": f"session server: {MULTI_TURN}",
     "rollout/tito_session_mismatch_rate/<v>/special_token_count": f"session server: {MULTI_TURN}",
     "rollout/tito_session_mismatch_rate/<v>/special_token_type": f"session server: {MULTI_TURN}",
@@ -57,7 +56,6 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "perf/ref_model_update_time": "ref_update_interval is not supported",
     "perf/eval_rollout_time": "evals log eval/duration_seconds",
     "perf/cpu_memory_<label>_gb": "host memory is not sampled yet (observability issue)",
-    "train/opsm_clipfrac": "use_opsm is not supported yet",
     "train/mtp_loss": "multi-token prediction training is not implemented by the megatron trainer yet",
 }
 

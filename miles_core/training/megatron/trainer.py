@@ -205,7 +205,7 @@ class MegatronEngine:
 
     def _actor_piece(self, mb: batching.MicroBatch, out: torch.Tensor) -> Piece:
         logits = self._response_logits(mb, out)
-        entropy = logprobs.entropy(logits if self.algo.entropy_coef > 0 else logits.detach())
+        entropy = logprobs.entropy(logits if self.algo.entropy_coef > 0 else logits.detach()) if self.algo.train_entropy else None
         return Piece(rows=mb.rows, loss_mask=mb.loss_mask, rollout_log_probs=mb.rollout_log_probs,
                      log_probs=logprobs.token_log_probs(logits, mb.resp_tokens), entropy=entropy)
 

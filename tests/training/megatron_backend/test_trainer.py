@@ -25,6 +25,7 @@ def _updates(before: dict, after: dict) -> dict:
 @pytest.mark.parametrize("model, overrides", [
     ("qwen2", {}),
     ("qwen2", {"use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_coef": 0.01, "num_steps_per_rollout": 2, "micro_batch_size": 2}),
+    ("qwen2", {"observe_training_entropy": True}),
     ("qwen2", {**MEGATRON, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 24, "calculate_per_token_loss": True}),
     ("glm4_moe", {"micro_batch_size": 4}),
     ("qwen2", {**MEGATRON, "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}),
@@ -46,6 +47,7 @@ def test_grpo_step_equals_the_torch_trainer(megatron_world, tmp_path, lm, cfg, s
         assert set(theirs) <= set(mine)
         for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy_loss"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
+        assert (mine["train/entropy_loss"] > 0) == cfg.algo.train_entropy  # 0 when not computed, as the reference
     assert out.rollout["rollout/log_probs"] == pytest.approx(torch_rollout["rollout/log_probs"], rel=1e-5)
     ours, torch_upd = _updates(before, dict(mega.named_tensors())), _updates(before, torch_trainer.engine.model.state_dict())
     for name, upd in torch_upd.items():
