@@ -1,9 +1,9 @@
 """LoRA adapters (the reference's group ``lora``): with ``lora_rank`` > 0 the trainer trains PEFT LoRA adapters over a
 frozen base (torch: miles_core/training/lora.py; Megatron: miles_core/training/megatron/lora.py; docs/guide/lora.md).
 
-One adapter, merged into the engines' weights at every sync. The reference's other LoRA options (``lora_type``
-canonical_lora, ``lora_sync_from_tensor``, ``lora_train_only``, ``lora_base_cpu_backup``) are kept under their
-names and refused when set (rules.NOT_SUPPORTED); the multi-LoRA flags are refused by config/reference_flags.py.
+One adapter, merged into the engines' weights at every sync. The reference's other LoRA options
+(``lora_sync_from_tensor``, ``lora_train_only``, ``lora_base_cpu_backup``) are kept under their names and refused
+when set (rules.NOT_SUPPORTED); the multi-LoRA flags are refused by config/reference_flags.py.
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ class LoraConfig(Group):
     lora_alpha: int = Field(16, ge=1, description="LoRA alpha: the adapter's update is (lora_alpha / lora_rank) * B A.")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path (0.0 for RL: with dropout the "
                                 "trainer's forward differs from the engines', so the old-policy pass is recomputed).")
-    lora_type: Literal["lora", "canonical_lora"] = Field("lora", description="The reference's LoRA variant: lora (one adapter per "
-                                                         "linear layer). canonical_lora is not supported yet.")
+    lora_type: Literal["lora", "canonical_lora"] = Field(
+        "lora", description="How adapters meet Megatron's fused layers (train_backend megatron): lora, one adapter per fused "
+        "layer (linear_qkv's q/k/v and linear_fc1's gate/up share one A, Megatron-Bridge's LoRA); canonical_lora, one adapter "
+        "per HF module (Megatron-Bridge's CanonicalLoRA). The torch trainer's HF modules are not fused: both are PEFT's "
+        "adapter per module there.")
     target_modules: str | list[str] | None = Field(
         None, description="Linear layers that get adapters (needed with lora_rank > 0): all-linear (every linear layer but the "
         "LM head), or module names, comma-separated or a list: HF names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"

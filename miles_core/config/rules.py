@@ -22,7 +22,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
-    "lora_type": "one LoRA adapter per linear layer (lora); canonical_lora's split Q/K/V adapters are not built",
     "lora_sync_from_tensor": "the engines get the merged weights (base + scaled BA) at every sync; adapter-only sync is not built",
     "lora_train_only": "the engines always serve the trained policy (the merged weights)",
     "lora_base_cpu_backup": "the engines get the merged weights at every sync; there is no engine-side copy of the base",

@@ -4,9 +4,15 @@ A targeted layer's HF module (q_proj, ..., down_proj) gets A [r, in] and B [out,
 
     y = x W^T + s * x A^T B^T        s = lora_alpha / lora_rank, B zero at the start (PEFT's LoraLayer)
 
-so the two trainers train the same adapters. Megatron fuses HF modules, and the adapters follow the fusion:
-``linear_qkv`` holds q/k/v (rows per query group [q heads; k; v]), ``linear_fc1`` [gate; up] (under TP each rank
-[gate_r; up_r]); each HF module keeps its own A and B and their outputs are laid out in the fused layer's rows.
+as PEFT computes it. Megatron fuses HF modules: ``linear_qkv`` holds q/k/v (rows per query group [q heads; k; v]),
+``linear_fc1`` [gate; up] (under TP each rank [gate_r; up_r]). The reference's ``lora_type`` says how the adapters
+meet the fusion (Megatron-Bridge's LoRA and CanonicalLoRA):
+    lora            one adapter per fused layer: A [r, in] shared by the HF modules it fuses, B [fused rows, r]
+    canonical_lora  one adapter per HF module (q, k, v, gate, up each their A and B), their outputs laid out in the
+                    fused layer's rows: the torch trainer's PEFT adapters, so the two trainers train the same ones
+In PEFT's names a fused adapter is each HF module's (A, its rows of B), the A repeated, so exports, the merged
+weights and lora_adapter_path are one format for both (a PEFT dir whose A differ within a fused layer is a
+canonical_lora adapter, refused under lora).
 
 Tensor parallel (the same layout as the weights, weights.py):
     column-parallel (linear_qkv, linear_fc1): x is whole on every rank; A whole (replicated), B this rank's rows.
@@ -47,9 +53,10 @@ LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 class LoraLinear(torch.nn.Module):
     """A megatron parallel linear (``base_layer``, frozen) plus the adapters of the HF modules it fuses.
 
-    ``pieces``: (HF module name, its output rows in this rank's share) for every module the layer fuses, in the
-    fused order; the adapted ones have ``lora_A[name]`` / ``lora_B[name]``. ``qkv``: (query groups on this rank,
-    q rows per group, kv rows per group) for linear_qkv, whose output interleaves q/k/v per group."""
+    ``pieces``: (adapter name, its output rows in this rank's share) in the fused order: the HF modules the layer fuses
+    (canonical_lora), or one piece named after the fused layer (lora); the adapted ones have ``lora_A[name]`` /
+    ``lora_B[name]``. ``qkv``: (query groups on this rank, q rows per group, kv rows per group) for canonical_lora's
+    linear_qkv, whose output interleaves q/k/v per group."""
 
     def __init__(self, base_layer, pieces: list[tuple[str, int]], adapted: list[str], rank: int, scaling: float,
                  column: bool, qkv: tuple[int, int, int] | None = None):
@@ -129,8 +136,21 @@ class MegatronLora:
             raise ValueError(f"target_modules {unknown} with train_backend megatron: its adapters go on the decoder's linear "
                              f"layers, {', '.join(HF_MODULES)} (or all-linear / linear_qkv, linear_proj, linear_fc1, linear_fc2)")
         self.modules = tuple(n for n in HF_MODULES if n in wanted and n not in fields.excluded)
+        self.fused = fields.lora_type == "lora"
+        for fused, (_, names, column) in FUSED.items():
+            part = [n for n in names if n in self.modules]
+            if self.fused and part and len(part) < len(names):
+                raise ValueError(f"lora_type lora with train_backend megatron puts one adapter on the fused {fused.split('.')[1]} "
+                                 f"({', '.join(names)}); target_modules adapts only {', '.join(part)} of it: target all of "
+                                 "them, or set lora_type canonical_lora (one adapter per HF module)")
 
     def _pieces(self, fused: str) -> tuple[list[tuple[str, int]], tuple[int, int, int] | None]:
+        pieces, qkv = self._module_pieces(fused)
+        if self.fused and FUSED[fused][2]:  # lora: the column-parallel fused layer as one adapter
+            return [(fused.split(".")[1], sum(rows for _, rows in pieces))], None
+        return pieces, qkv
+
+    def _module_pieces(self, fused: str) -> tuple[list[tuple[str, int]], tuple[int, int, int] | None]:
         a, tp = self.args, self.tp
         if fused == "self_attention.linear_qkv":
             groups, per = a.num_query_groups // tp, a.num_attention_heads // a.num_query_groups
@@ -151,6 +171,8 @@ class MegatronLora:
                 parent_name, child = fused.split(".")
                 parent = getattr(layer, parent_name)
                 pieces, qkv = self._pieces(fused)
+                if len(pieces) == 1:
+                    adapted = [pieces[0][0]]
                 setattr(parent, child, LoraLinear(getattr(parent, child), pieces, adapted, self.adapters.lora.lora_rank, s,
                                                   column, qkv))
         for name, p in stage.named_parameters():
@@ -170,12 +192,23 @@ class MegatronLora:
         """The starting adapters, PEFT-named (``<module>.lora_A.weight`` / ``.lora_B.weight``, whole): A kaiming-uniform
         with a = sqrt(5) (nn.Linear's and PEFT's init) from a generator seeded by ``seed``, B zero."""
         g = torch.Generator().manual_seed(seed)
-        out = {}
+        out, drawn = {}, {}
         for module, (rows, cols) in sorted(self.shapes().items()):
-            bound = 1.0 / math.sqrt(cols)  # kaiming_uniform_(a=sqrt(5)) on [r, in]: U(-1/sqrt(in), 1/sqrt(in))
-            out[f"{module}.lora_A.weight"] = (torch.rand(self.adapters.lora.lora_rank, cols, generator=g) * 2 - 1) * bound
+            group = self._group(module)  # lora: one A per fused layer
+            if group not in drawn:
+                bound = 1.0 / math.sqrt(cols)  # kaiming_uniform_(a=sqrt(5)) on [r, in]: U(-1/sqrt(in), 1/sqrt(in))
+                drawn[group] = (torch.rand(self.adapters.lora.lora_rank, cols, generator=g) * 2 - 1) * bound
+            out[f"{module}.lora_A.weight"] = drawn[group].clone()
             out[f"{module}.lora_B.weight"] = torch.zeros(rows, self.adapters.lora.lora_rank)
         return out
+
+    def _group(self, module: str) -> str:
+        """The module whose A an HF module's adapter uses: the fused layer's first module under lora, else itself."""
+        block, name = module.rsplit(".", 1)
+        for _, names, column in FUSED.values():
+            if self.fused and column and name in names:
+                return f"{block}.{names[0]}"
+        return module
 
     def shapes(self) -> dict[str, tuple[int, int]]:
         """HF module -> (out, in) of every adapted module of the whole model."""
@@ -201,16 +234,48 @@ class MegatronLora:
             for layer, fused, m in self._wrapped(stage):
                 for name in m.lora_A:
                     module = hf_module(layer, fused, name)
-                    a, b = whole[f"{module}.lora_A.weight"], whole[f"{module}.lora_B.weight"]
-                    if m.column:
-                        b = b.chunk(self.tp, dim=0)[rank]
+                    if name in HF_MODULES:
+                        a, b = whole[f"{module}.lora_A.weight"], whole[f"{module}.lora_B.weight"]
+                        b = b.chunk(self.tp, dim=0)[rank] if m.column else b
+                        a = a if m.column else a.chunk(self.tp, dim=1)[rank]
                     else:
-                        a = a.chunk(self.tp, dim=1)[rank]
+                        a, b = self._fused_share(whole, layer, fused, rank)
                     for target, src, what in ((m.lora_A[name], a, "lora_A"), (m.lora_B[name], b, "lora_B")):
                         if tuple(src.shape) != tuple(target.shape):
                             raise ValueError(f"LoRA adapter {module}.{what}: shape {tuple(src.shape)}, this rank's share "
                                              f"{tuple(target.shape)} (lora_rank {self.adapters.lora.lora_rank})")
                         target.copy_(src.to(target.dtype))
+
+    def _fused_share(self, whole: dict[str, torch.Tensor], layer: int, fused: str, rank: int):
+        """lora: the PEFT-named adapters of a fused layer's HF modules -> (A, this rank's rows of the fused B)."""
+        from .weights import _merge_qkv
+
+        names = FUSED[fused][1]
+        modules = [hf_module(layer, fused, n) for n in names]
+        a_s = [whole[f"{m}.lora_A.weight"] for m in modules]
+        if any(not torch.equal(a, a_s[0]) for a in a_s[1:]):
+            raise ValueError(f"LoRA adapters of {', '.join(modules)}: their lora_A differ, an adapter of one A per HF module; "
+                             "lora_type lora shares one A over the fused layer: set lora_type canonical_lora")
+        b_s = [whole[f"{m}.lora_B.weight"] for m in modules]
+        if len(names) == 3:  # linear_qkv: the fused rows per query group, TP ranks holding whole groups
+            return a_s[0], _merge_qkv(*b_s, self.args).chunk(self.tp, dim=0)[rank]
+        return a_s[0], torch.cat([b.chunk(self.tp, dim=0)[rank] for b in b_s])  # linear_fc1: [gate_r; up_r]
+
+    def _fused_whole(self, a: torch.Tensor, b: torch.Tensor, layer: int, fused: str) -> dict[str, torch.Tensor]:
+        """lora: a fused layer's A and whole fused B (TP shards concatenated) -> its HF modules' PEFT-named adapters."""
+        from .weights import _split_qkv
+
+        names = FUSED[fused][1]
+        if len(names) == 3:
+            parts = _split_qkv(b, self.args)
+        else:  # [gate_0; up_0; gate_1; up_1; ...] -> gate, up
+            halves = [p.chunk(2) for p in b.chunk(self.tp)]
+            parts = (torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves]))
+        out = {}
+        for n, part in zip(names, parts):
+            module = hf_module(layer, fused, n)
+            out[f"{module}.lora_A.weight"], out[f"{module}.lora_B.weight"] = a.clone(), part.contiguous().clone()
+        return out
 
     def initial_keys(self) -> list[str]:
         return [f"{m}.lora_{ab}.weight" for m in self.shapes() for ab in "AB"]
@@ -231,6 +296,9 @@ class MegatronLora:
                     dist.all_gather(parts, split.contiguous(), group=group)
                     whole = torch.cat(parts, dim=dim)
                     a, b = (a, whole) if m.column else (whole, b)
+                if name not in HF_MODULES:
+                    mine |= self._fused_whole(a, b, layer, fused)
+                    continue
                 module = hf_module(layer, fused, name)
                 mine[f"{module}.lora_A.weight"], mine[f"{module}.lora_B.weight"] = a.clone(), b.clone()
         if dist.get_world_size() == 1:

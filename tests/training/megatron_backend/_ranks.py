@@ -27,6 +27,28 @@ def run_rank(rank: int, world: int, port: int, cfg, model_dir: str, samples, out
     trainer.close()
 
 
+def run_configs(rank: int, world: int, port: int, cfgs: dict, model_dir: str, samples, out: str) -> None:
+    """One rollout per config of ``cfgs`` (name -> config), each on a fresh trainer; rank 0 writes {name: what it saw}."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from miles_core.training.batch import make_batch
+    from miles_core.training.megatron.parallel import from_last_stage
+    from miles_core.training.megatron.trainer import MegatronTrainer
+
+    seen = {}
+    for name, cfg in cfgs.items():
+        trainer = MegatronTrainer(cfg, model_dir, pad_id=0)
+        logp = from_last_stage(trainer.engine.compute_log_probs(trainer.engine.model, make_batch(samples, 0)))
+        steps = trainer.train_rollout(samples, [s.reward for s in samples]).steps
+        seen[name] = {"logp": logp, "steps": steps, "tensors": dict(trainer.named_tensors())}
+        trainer.close()
+    if rank == 0:
+        torch.save(seen, out)
+
+
 def run_distributed_optimizer(rank: int, world: int, port: int, cfgs: dict, model_dir: str, samples, ckpt: str, out: str) -> None:
     """DP=2: a rollout with torch's AdamW ("plain"), then with megatron's distributed optimizer ("sharded"), which saves
     a torch_dist checkpoint and trains a second rollout; a fresh trainer ("resumed") restores it and trains that rollout."""

@@ -1,6 +1,7 @@
 """LoRA in the Megatron trainer (miles_core/training/megatron/lora.py) is the torch trainer's (PEFT's): one GRPO step
-from the same adapters gives the same loss, grad norm and adapter update; the base stays bit-identical; TP=2 equals
-TP=1; the engines get the merged weights; a checkpoint holds the adapters only and resumes exactly; the export is a
+from the same adapters gives the same loss, grad norm and adapter update (canonical_lora: PEFT's adapters; lora: the
+fused layers' shared A, built in the torch trainer by sharing PEFT's lora_A modules); the base stays bit-identical;
+TP=2 equals TP=1; the engines get the merged weights; a checkpoint holds the adapters only and resumes exactly; the export is a
 PEFT adapter dir that PeftModel.from_pretrained loads over the base."""
 
 from __future__ import annotations
@@ -37,9 +38,25 @@ def hf_dir(tmp_path_factory):
     return path
 
 
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # what lora_type lora fuses (one A each)
+
+
+class SharedA(LoraAdapters):
+    """PEFT's adapters with one lora_A module shared by the HF modules a Megatron layer fuses: the torch form of
+    lora_type lora (Megatron-Bridge's LoRA on linear_qkv / linear_fc1), autograd summing the shared A's gradient."""
+
+    def apply(self, model):
+        model = super().apply(model)
+        for layer in model.model.layers:
+            for block, names in ((layer.self_attn, FUSED_GROUPS[0]), (layer.mlp, FUSED_GROUPS[1])):
+                for n in names[1:]:
+                    getattr(block, n).lora_A["default"] = getattr(block, names[0]).lora_A["default"]
+        return model
+
+
 def _adapter_dir(cfg, hf_dir: Path, out: Path) -> Path:
     """A PEFT adapter dir with random A and B (B is zero at init, which would leave A's gradient zero): both trainers
-    start from it through lora_adapter_path."""
+    start from it through lora_adapter_path. lora_type lora: one A per fused layer, repeated for its HF modules."""
     from transformers import AutoModelForCausalLM
 
     lora = LoraAdapters(cfg.lora, str(hf_dir))
@@ -49,25 +66,33 @@ def _adapter_dir(cfg, hf_dir: Path, out: Path) -> Path:
         for name, p in model.named_parameters():
             if p.requires_grad:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
+        if cfg.lora.lora_type == "lora":
+            for layer in model.model.layers:
+                for block, names in ((layer.self_attn, FUSED_GROUPS[0]), (layer.mlp, FUSED_GROUPS[1])):
+                    for n in names[1:]:
+                        getattr(block, n).lora_A["default"].weight.copy_(getattr(block, names[0]).lora_A["default"].weight)
     lora.save_adapter(model, out)
     return out
 
 
-def _cfg(cfg, hf_dir, tmp_path, targets, **over):
-    base = cfg(target_modules=targets, **LORA, **over)
-    path = _adapter_dir(base, hf_dir, tmp_path / f"adapter-{targets}")
-    return cfg(target_modules=targets, lora_adapter_path=str(path), **LORA, **over)
+def _cfg(cfg, hf_dir, tmp_path, targets, lora_type="canonical_lora", **over):
+    base = cfg(target_modules=targets, lora_type=lora_type, **LORA, **over)
+    path = _adapter_dir(base, hf_dir, tmp_path / f"adapter-{lora_type}-{targets}")
+    return cfg(target_modules=targets, lora_type=lora_type, lora_adapter_path=str(path), **LORA, **over)
 
 
-@pytest.mark.parametrize("targets", ["all-linear", PARTIAL])
+@pytest.mark.parametrize("lora_type, targets", [("canonical_lora", "all-linear"), ("canonical_lora", PARTIAL),
+                                                ("lora", "all-linear")])
 def test_a_lora_step_equals_the_torch_trainers_and_moves_only_the_adapters(megatron_world, tmp_path, hf_dir, cfg, samples,
-                                                                          targets):
+                                                                          lora_type, targets):
+    """canonical_lora: PEFT's adapters; lora: the fused layers' shared A, as SharedA builds it in the torch trainer."""
     from transformers import AutoModelForCausalLM
 
-    c = _cfg(cfg, hf_dir, tmp_path, targets, micro_batch_size=4, adam_eps=1.0)  # adam_eps 1: see tests/training/test_lora.py
+    c = _cfg(cfg, hf_dir, tmp_path, targets, lora_type, micro_batch_size=4, adam_eps=1.0)  # adam_eps 1: tests/training/test_lora.py
     rewards = [s.reward for s in samples]
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    torch_trainer = TorchTrainer(copy.deepcopy(hf), c, pad_id=PAD, lora=LoraAdapters(c.lora, str(hf_dir)))
+    strategy = (SharedA if lora_type == "lora" else LoraAdapters)(c.lora, str(hf_dir))
+    torch_trainer = TorchTrainer(copy.deepcopy(hf), c, pad_id=PAD, lora=strategy)
     mega = MegatronTrainer(c, hf_dir, pad_id=PAD)
     engine = mega.engine
     start = engine.lora.gather(engine.model.module)
@@ -100,22 +125,25 @@ def _peft_state(trainer) -> dict[str, torch.Tensor]:
 
 
 def test_two_tensor_parallel_ranks_equal_one(megatron_world, tmp_path, hf_dir, cfg, samples):
-    c = _cfg(cfg, hf_dir, tmp_path, PARTIAL, micro_batch_size=2)
-    one = MegatronTrainer(c, hf_dir, pad_id=PAD)
-    before = dict(one.named_tensors())
-    logp = one.engine.compute_log_probs(one.engine.model, make_batch(samples, 0))
-    steps = one.train_rollout(samples, [s.reward for s in samples]).steps
-    after = dict(one.named_tensors())
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_ranks.run_rank, args=(2, _port(), two_rank_cfg(lambda **o: c.model_copy(), {"tensor_model_parallel_size": 2}),
-                                    str(hf_dir), samples, str(out)), nprocs=2, join=True)
+    """Both lora types (fused B rows of linear_qkv / linear_fc1 split like their weights; per-module B's) in one 2-rank run."""
+    cfgs = {t: _cfg(cfg, hf_dir, tmp_path, "all-linear" if t == "lora" else PARTIAL, t, micro_batch_size=2)
+            for t in ("lora", "canonical_lora")}
+    out = tmp_path / "ranks.pt"
+    sized = {t: two_rank_cfg(lambda c=c, **o: c.model_copy(), {"tensor_model_parallel_size": 2}) for t, c in cfgs.items()}
+    mp.spawn(_ranks.run_configs, args=(2, _port(), sized, str(hf_dir), samples, str(out)), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
-    assert (two["logp"] - logp).abs().max() < 1e-5
-    for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
-        assert two["steps"][0][key] == pytest.approx(steps[0][key], rel=1e-5, abs=1e-7), key
-    for name, t in after.items():  # the merged weights: base + s B A, the adapters' update gathered over TP
-        update = t - before[name]
-        assert (two["tensors"][name] - before[name] - update).norm() <= 1e-3 * update.norm() + 1e-12, name
+    for t, c in cfgs.items():
+        one = MegatronTrainer(c, hf_dir, pad_id=PAD)
+        before = dict(one.named_tensors())
+        logp = one.engine.compute_log_probs(one.engine.model, make_batch(samples, 0))
+        steps = one.train_rollout(samples, [s.reward for s in samples]).steps
+        after = dict(one.named_tensors())
+        assert (two[t]["logp"] - logp).abs().max() < 1e-5, t
+        for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
+            assert two[t]["steps"][0][key] == pytest.approx(steps[0][key], rel=1e-5, abs=1e-7), (t, key)
+        for name, w in after.items():  # the merged weights: base + s B A, the adapters' update gathered over TP
+            update = w - before[name]
+            assert (two[t]["tensors"][name] - before[name] - update).norm() <= 1e-3 * update.norm() + 1e-12, (t, name)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -170,17 +198,28 @@ def test_the_export_is_a_peft_adapter_over_the_base_and_a_merged_hf_model(megatr
     assert (logp[0, :n] - ref).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("kind, match", [("glm4_moe", "an MoE model"), ("qwen2", r"target_modules \['lm_head'\]")])
-def test_what_it_does_not_build_is_refused_before_any_weight_is_read(megatron_world, tmp_path, cfg, kind, match):
+@pytest.mark.parametrize("kind, targets, match", [
+    ("glm4_moe", "all-linear", "an MoE model"),
+    ("qwen2", "lm_head", r"target_modules \['lm_head'\]"),
+    ("qwen2", PARTIAL, "lora_type lora .* fused linear_qkv .* adapts only q_proj, v_proj of it"),
+])
+def test_what_it_does_not_build_is_refused_before_any_weight_is_read(megatron_world, tmp_path, cfg, kind, targets, match):
     tiny_hf(kind).save_pretrained(tmp_path)
-    targets = "lm_head" if kind == "qwen2" else "all-linear"
     with pytest.raises(ValueError, match=match):
         MegatronTrainer(cfg(target_modules=targets, **LORA), tmp_path, pad_id=PAD)
 
 
+def test_a_per_module_adapter_is_refused_by_the_fused_lora_type(megatron_world, tmp_path, hf_dir, cfg):
+    """A PEFT dir whose q/k/v adapters have their own A (canonical_lora's) cannot be one fused adapter."""
+    per_module = _cfg(cfg, hf_dir, tmp_path, "all-linear", "canonical_lora").lora.lora_adapter_path
+    with pytest.raises(ValueError, match="their lora_A differ.* set lora_type canonical_lora"):
+        MegatronTrainer(cfg(target_modules="all-linear", lora_adapter_path=per_module, **LORA), hf_dir, pad_id=PAD)
+
+
 def test_three_rollouts_of_adapters_move_the_policy_toward_reward(megatron_world, tmp_path, lm, cfg, samples):
     """Reward 1 on odd samples of each group: from the zero-B init, their mean log-prob rises and the others' falls,
-    for each of three adapter inits (misc.seed); the margins measured were 0.21-0.24 up and 0.13-0.15 down."""
+    for each of three adapter inits (misc.seed); lora_type lora (one A per fused layer), the default: the margins
+    measured were 0.23-0.27 up and 0.14 down (canonical_lora: 0.21-0.24, 0.13-0.15)."""
     lm(seed=1).save_pretrained(tmp_path)
     rewards = [s.reward for s in samples]
     good = torch.tensor(rewards) == 1
