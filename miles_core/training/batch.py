@@ -85,9 +85,10 @@ def per_token(samples: list[Sample], name: str, T: int) -> torch.Tensor:
 
 
 def forward(model, batch: TokenBatch):
-    """The model's output on the padded sequences (position ids count real tokens only)."""
+    """The model's output on the padded sequences (position ids count real tokens only). No KV cache: nothing reads
+    it, and under torch_compile each layer's first cache write would compile a graph of its own."""
     pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
-    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos)
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False)
 
 
 def at_response(x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
@@ -198,7 +199,7 @@ PACKED_FORWARD = "miles_packed_logits"
 
 def packed_logits(model, ids, mask, pos, rows, cols) -> torch.Tensor:
     """lm_head(base_model(packed rows)) at [rows, cols]: ids, pos [R, W], mask [R, 1, W, W], rows, cols [N, T] -> [N, T, V]."""
-    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state  # [R, W, H]
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state  # [R, W, H]
     return model.get_output_embeddings()(hidden[rows, cols])
 
 

@@ -70,16 +70,35 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
+def _miles_many(cases: list[tuple[list[str], dict | None]]) -> list[dict]:
+    """Each (args, env) through the `miles` app, all in one fresh process (tests/config/_cli_cases.py) -> per case
+    {code, output, cpu_s, heavy}."""
+    payload = json.dumps([{"args": args, "env": env or {}} for args, env in cases])
+    p = subprocess.run([sys.executable, str(Path(__file__).with_name("_cli_cases.py"))], input=payload, cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
 def test_every_bad_input_is_one_message_and_exit_2_in_seconds(tmp_path):
+    """All cases in one process (one interpreter start, not 20): each its exit code and message, its CPU seconds (the
+    first one's with the CLI's imports) and no module of a run start imported by it or any case before it. One case
+    also as the real `miles` process."""
+    bad = _bad_inputs(tmp_path)
+    env = {case: {"MILES_FAULT_INJECT": "trian@1"} if case == "bad fault spec" else None for case in bad}
+    results = _miles_many([(["train", *args], env[case]) for case, (args, _) in bad.items()])
     failures = []
-    for case, (args, needle) in _bad_inputs(tmp_path).items():
-        env = {"MILES_FAULT_INJECT": "trian@1"} if case == "bad fault spec" else None
-        rc, out, seconds = _miles("train", *args, env=env)
-        lines = out.strip().splitlines()
-        ok = rc == 2 and needle in out and len(lines) <= MAX_LINES and "Traceback" not in out and seconds < MAX_SECONDS
+    for (case, (args, needle)), r in zip(bad.items(), results):
+        out, lines = r["output"], r["output"].strip().splitlines()
+        ok = (r["code"] == 2 and needle in out and len(lines) <= MAX_LINES and "Traceback" not in out and r["cpu_s"] < MAX_SECONDS
+              and r["heavy"] == [])
         if not ok:
-            failures.append(f"{case}: rc {rc}, {len(lines)} lines, {seconds:.1f} CPU s, {needle!r} in output: {needle in out}\n{out}")
+            failures.append(f"{case}: rc {r['code']}, {len(lines)} lines, {r['cpu_s']:.1f} CPU s, imported {r['heavy']}, "
+                            f"{needle!r} in output: {needle in out}\n{out}")
     assert not failures, "\n".join(failures)
+    args, needle = bad["lr inf"]
+    rc, out, seconds = _miles("train", *args)
+    assert rc == 2 and needle in out and len(out.strip().splitlines()) <= MAX_LINES and seconds < MAX_SECONDS, (rc, seconds, out)
     assert not (tmp_path / "run" / "mlflow.db").exists()  # nothing started
 
 

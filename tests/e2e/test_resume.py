@@ -26,8 +26,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
-N = 3  # checkpoints after rollouts 1 and 2: the kill after the first, the rerun does rollout 2 (with its eval)
-ARGS = ["--num-rollout", str(N), "--save-interval", "2", "--eval-interval", "3", "--rollout-batch-size", "4",
+N = 2  # checkpoints after rollouts 0 and 1: the kill after the first, the rerun does rollout 1 (with its eval)
+ARGS = ["--num-rollout", str(N), "--save-interval", "1", "--eval-interval", str(N), "--rollout-batch-size", "4",
         "--num-threads", "1"]
 
 
@@ -100,14 +100,14 @@ def test_a_killed_or_interrupted_run_reruns_to_the_uninterrupted_runs_metrics(re
     request.addfinalizer(lambda: _gone(proc.pid, 0) or os.killpg(proc.pid, signal.SIGKILL))
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 600
-    while time.time() < deadline and not (latest.exists() and latest.read_text().strip() == "1"):
+    while time.time() < deadline and not (latest.exists() and latest.read_text().strip() == "0"):
         assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.05)
     os.killpg(proc.pid, sig)
     assert _gone(proc.pid, 10.0), f"the process group of the run is still there 10 s after {sig.name}"
     proc.wait(timeout=5)
     said = (tmp_path / "killed.log").read_text()
-    assert latest.read_text().strip() == "1"
+    assert latest.read_text().strip() == "0"
     status, _ = _metrics(killed)
     if sig == signal.SIGKILL:
         assert status == "RUNNING"  # no hook ran
@@ -115,12 +115,12 @@ def test_a_killed_or_interrupted_run_reruns_to_the_uninterrupted_runs_metrics(re
         assert proc.returncode == 130, said
         tags = _tags(killed)
         assert status == "KILLED" and tags["miles.failure"] == "interrupted", (status, tags, said)
-        assert tags["miles.interrupted"].startswith("SIGINT") and tags["miles.resume_from_rollout"] == "2", tags
+        assert tags["miles.interrupted"].startswith("SIGINT") and tags["miles.resume_from_rollout"] == "1", tags
         assert "interrupted (SIGINT)" in said and "is KILLED" in said and "ConnectError" not in said, said
 
     rerun = subprocess.run(_cli(killed, mode, recipe, backend), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert "resumed from 2" in rerun.stdout
+    assert "resumed from 1" in rerun.stdout
     assert uninterrupted.wait(timeout=900) == 0, log.read_text()[-3000:]
 
     status_full, want = _metrics(full)
@@ -142,7 +142,8 @@ def test_sigkill_before_the_first_checkpoint_reattaches_the_run(tmp_path, tiny_m
     (issue 19 #4)."""
     env = {**os.environ, "COLUMNS": "120"}
     run_dir = tmp_path / "run"
-    cmd = [*_cli(run_dir, "off", "tiny", "torch"), "--save-interval", "5"]  # the only checkpoint: after the last rollout
+    # three rollouts, the only checkpoint after the last: the kill at rollout 1 has a whole rollout of slack before it
+    cmd = [*_cli(run_dir, "off", "tiny", "torch"), "--num-rollout", "3", "--save-interval", "5"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     second, deadline = run_dir / "rollouts" / "1.pt", time.time() + 600
     while time.time() < deadline and not second.exists():  # rollout 1 is generated after rollout 0 is trained and logged
@@ -162,6 +163,6 @@ def test_sigkill_before_the_first_checkpoint_reattaches_the_run(tmp_path, tiny_m
     for key, points in got.items():
         steps = [s for s, _ in points]
         assert len(steps) == len(set(steps)), f"duplicate steps in {key}: {steps}"
-    assert [s for s, _ in got["rollout/raw_reward"]] == list(range(N))
+    assert [s for s, _ in got["rollout/raw_reward"]] == [0, 1, 2]
     for step in before.get("rollout/raw_reward", []):
         assert step in got["rollout/raw_reward"]  # the rollouts redone gave the same numbers
