@@ -64,20 +64,26 @@ def _resume_from(run_dir: Path, params: dict[str, str]) -> int:
     return resume_rollout(Path(save) if save else run_dir / "checkpoints")
 
 
-def resume_rollout(save_dir: Path) -> int:
-    """The rollout a rerun resumes at: after the latest complete checkpoint of either trainer (the torch layout's,
-    checksums verified; else a torch_dist checkpoint of the Megatron trainer that ``latest`` names, complete by its
-    manifest), else 0."""
+def latest_meta(save_dir: Path) -> dict | None:
+    """The meta.json of the latest complete checkpoint of either trainer, None if there is none: a torch_dist
+    checkpoint of the Megatron trainer that ``latest`` names (complete by its manifest), else the torch layout's
+    (checksums verified). The Megatron layout is looked at first, so its dirs are not reported as broken torch ones."""
     from miles_core.checkpoint import find_latest
     from miles_core.checkpoint._fs import marker_problem
 
-    info = find_latest(save_dir)
-    if info is not None:
-        return info.rollout_id + 1
     pointer = Path(save_dir) / "latest"
     name = pointer.read_text().strip() if pointer.is_file() else ""
-    complete = name.isdigit() and (Path(save_dir) / name).is_dir() and marker_problem(Path(save_dir) / name) is None
-    return int(name) + 1 if complete else 0
+    path = Path(save_dir) / name
+    if name.isdigit() and (path / "torch_dist").is_dir():
+        return json.loads((path / "meta.json").read_text()) if marker_problem(path) is None else None
+    info = find_latest(save_dir)
+    return None if info is None else info.meta
+
+
+def resume_rollout(save_dir: Path) -> int:
+    """The rollout a rerun resumes at: after the latest complete checkpoint of either trainer (latest_meta), else 0."""
+    meta = latest_meta(save_dir)
+    return 0 if meta is None else int(meta["rollout_id"]) + 1
 
 
 def sweep(root: Path) -> list[str]:

@@ -66,10 +66,10 @@ def check_resume_early(cfg: TrainConfig) -> None:
     config fields is refused (its derived values are compared by check_resume, once the data is prepared)."""
     if cfg.tracking.mlflow_new_run:
         return
-    from miles_core.checkpoint import list_checkpoints
+    from flows.crashed import latest_meta
 
-    found = list_checkpoints(cfg.load_dir)
-    run_id = found[-1].meta.get("mlflow_run_id") if found else None
+    meta = latest_meta(cfg.load_dir)  # either trainer's checkpoints
+    run_id = None if meta is None else meta.get("mlflow_run_id")
     if run_id is not None:
         refuse_changed_params(mlflow_client(cfg.tracking_uri), run_id, cfg.model_dump(mode="json"), attach_prefect_logs())
 

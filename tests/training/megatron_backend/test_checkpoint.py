@@ -43,13 +43,19 @@ def test_resume_is_exact(megatron_world, tmp_path, lm, cfg, samples, dtype, dist
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["0", "latest"]  # the temp dir is gone
 
 
-def test_a_checkpoint_of_another_shape_is_named_and_keep_last_holds(megatron_world, tmp_path, lm, cfg):
+def test_a_checkpoint_of_another_shape_is_named_and_keep_last_holds(megatron_world, tmp_path, lm, cfg, caplog):
+    from flows.crashed import latest_meta, resume_rollout
+
     lm(seed=0).save_pretrained(tmp_path / "hf")
     trainer = MegatronTrainer(cfg(keep_last=2), tmp_path / "hf", pad_id=PAD)
     for rollout_id in (1, 2, 3):
-        path = checkpoint.save(trainer.engine, tmp_path / "ckpt", rollout_id, {})
+        path = checkpoint.save(trainer.engine, tmp_path / "ckpt", rollout_id, {"mlflow_run_id": f"run-{rollout_id}"})
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2", "3", "latest"]
     assert checkpoint.latest(tmp_path / "ckpt") == path
+    # what a rerun reads before any model loads (the changed-params check, the crash mark): the Megatron layout's
+    # meta, with no "skipping checkpoint" warning of the torch layout's scan
+    assert latest_meta(tmp_path / "ckpt")["mlflow_run_id"] == "run-3" and resume_rollout(tmp_path / "ckpt") == 4
+    assert "skipping" not in caplog.text
     wider = trainer.engine.args.__class__(**{**trainer.engine.args.__dict__, "hidden_size": 64})
     with pytest.raises(ValueError, match=r"another model shape: hidden_size 32 \(this model: 64\)"):
         checkpoint.check_args(path, wider)
