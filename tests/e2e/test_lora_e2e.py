@@ -17,7 +17,8 @@ from flows.recipes import load_config
 # (seed 1), +0.089 / +0.141 (seed 2). Rank-8 adapters on the tiny model learn slowly (0.1 -> 0.25 in 9 rollouts); the
 # margin is about half the smallest gain, about one noise unit of the difference of two 3-rollout means of 64 samples
 # (~0.05): it shows the adapters moved the reward, not by how much. On the Megatron trainer (train_backend megatron, its
-# own seeded adapter init), 2026-12-03, the same command: +0.078 (seed 1234), +0.156 (seed 1), +0.151 (seed 2).
+# own seeded adapter init, lora_type lora: one A per fused layer), 2026-12-03, the same command: +0.182 (seed 1234),
+# +0.135 (seed 1), +0.120 (seed 2); with canonical_lora +0.078, +0.156, +0.151.
 MARGIN = 0.05
 
 
