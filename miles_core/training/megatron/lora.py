@@ -225,7 +225,7 @@ class MegatronLora:
         from megatron.core import parallel_state as ps
 
         rank = ps.get_tensor_model_parallel_rank()
-        expected = {k for k in self.initial_keys()}
+        expected = set(self.initial_keys())
         if set(whole) != expected:
             missing, extra = sorted(expected - set(whole)), sorted(set(whole) - expected)
             raise ValueError(f"LoRA adapters: missing {missing[:3]}, unexpected {extra[:3]} for target_modules "
