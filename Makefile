@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # A local Prefect server + process worker on 127.0.0.1 with deployments/prefect.yaml applied
-# (prints the UI URL; pids and logs in .cache/serve), and stopping them (SIGINT: the worker ignores SIGTERM).
+# (prints the UI URL; pids and logs in .cache/serve), and stopping them (SIGINT; an idle worker is killed after 3 s).
 serve: $(STAMP)
 	$(BIN)/miles serve
 

@@ -3,7 +3,7 @@
     miles serve [--port 4200]    Prefect server on 127.0.0.1 -> work pool `miles` (type process)
                                  -> `prefect deploy --all` of deployments/prefect.yaml -> a process worker;
                                  prints the UI URL. pids, logs and state in .cache/serve/ (or --dir).
-    miles stop                   SIGINT to the worker, then the server (the worker ignores SIGTERM);
+    miles stop                   SIGINT to the worker (killed when idle after a few seconds), then the server;
                                  SIGKILL after a timeout.
     python -m flows.serve        (re)write deployments/prefect.yaml from deployments/recipes/*.yaml
     python -m flows.serve --check   exit 1 when the checked-in file is stale (a test runs this check)
@@ -218,8 +218,29 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+IDLE_WORKER_GRACE_S = 3.0
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (the process worker's flow runs)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid) and fields[0] not in ("Z", "X"):
+            kids.append(int(stat.parent.name))
+    return kids
+
+
 def stop(directory: str | Path | None = None, timeout_s: float = 30.0) -> list[str]:
-    """SIGINT the worker, then the server; SIGKILL what is left after ``timeout_s``. -> what was stopped."""
+    """SIGINT the worker, then the server; SIGKILL what is left after ``timeout_s``. -> what was stopped.
+
+    Prefect's process worker, on SIGINT, stops taking flow runs and waits for its running ones; with none left
+    its own shutdown still takes tens of seconds (prefect/cli/worker.py, setup_signal_handlers_worker): an idle
+    worker (no child process) is killed after IDLE_WORKER_GRACE_S, a busy one gets ``timeout_s``.
+    """
     d = state_dir(directory)
     stopped = []
     for name in ("worker", "server"):
@@ -229,8 +250,11 @@ def stop(directory: str | Path | None = None, timeout_s: float = 30.0) -> list[s
         pid = int(pid_file.read_text())
         if _alive(pid):
             _signal_group(pid, signal.SIGINT)
-            deadline = time.monotonic() + timeout_s
+            start = time.monotonic()
+            deadline = start + timeout_s
             while _alive(pid) and time.monotonic() < deadline:
+                if name == "worker" and time.monotonic() - start > IDLE_WORKER_GRACE_S and not _children(pid):
+                    break
                 time.sleep(0.2)
             if _alive(pid):
                 _signal_group(pid, signal.SIGKILL)

@@ -228,9 +228,9 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
 def test_stop_ends_worker_and_server(served):
     from flows.serve import _alive, running, stop
 
-    # Prefect's process worker outlives its SIGINT (> 40 s measured, no flow run left), so stop's SIGKILL after the
-    # grace is what ends it either way: a 5 s grace (the server exits in ~2 s) gets there 25 s before the default 30 s
-    stopped = stop(served["dir"], timeout_s=5.0)
+    # Prefect's process worker outlives its SIGINT by tens of seconds even with no flow run left; an idle one is
+    # killed after IDLE_WORKER_GRACE_S, not the 30 s default grace (no time bound asserted: the machine may be busy)
+    stopped = stop(served["dir"])
     assert [s.split()[0] for s in stopped] == ["worker", "server"]
     assert not running(served["dir"]) and not _alive(served["worker_pid"]) and not _alive(served["server_pid"])
     assert stop(served["dir"]) == []  # nothing left to stop
