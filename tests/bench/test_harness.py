@@ -57,6 +57,28 @@ def test_flop_accounting_on_a_small_llama():
     assert train_flops(model, [10], old_pass=True) == 4 * 10 * (12416 + 640)
 
 
+def test_decode_floor_bytes_on_a_small_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bench.bandwidth import decode_bytes
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    # 6208 matmul weights (above) + K and V of 2 layers x 1 kv head x head_dim 8 per context position and row, fp32
+    assert decode_bytes(model, batch=3, context=10) == 4 * (6208 + 2 * 2 * 1 * 8 * 10 * 3)
+    assert decode_bytes(model.to(torch.bfloat16), batch=1, context=0) == 2 * 6208
+
+
+def test_memory_bandwidth_result_has_each_kernel(tmp_path):
+    from bench.bandwidth import bandwidth_result
+
+    data = json.loads(bandwidth_result(mib=4, repeats=2).write(tmp_path).read_text())
+    by = data["figures"]["by_kernel"]
+    assert set(by) == {"sum", "gemv", "copy"} and all(v > 0 for v in by.values())
+    assert data["figures"]["bytes_per_s"] == max(by.values()) and data["figures"]["buffer_bytes"] == 1024 * 1024 * 4
+
+
 def test_miles_side_runs_one_step_through_the_library(tmp_path, monkeypatch, tiny_model_dir):
     import bench.common
     import bench.grpo_trl as g
