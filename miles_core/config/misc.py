@@ -33,6 +33,31 @@ class MiscConfig(Group):
     debug_disable_optimizer: bool = Field(
         False, description="train_backend torch: compute the losses, gradients and grad norms of every step, but never apply them "
                            "(no AdamW update: the policy and critic stay as loaded; the reference's --debug-disable-optimizer).")
+    # ---- the reference's ci group: the checks its CI runs (docs/guide/debugging.md)
+    ci_test: bool = Field(
+        False, description="Run the reference's CI checks: the first optimizer step of each rollout is on-policy (|train/ppo_kl| < 1e-9, "
+                           "|train/pg_clipfrac| < 1e-10; |train/kl_loss| < 1e-9 at the run's first step), at rollout 0 rollout/log_probs "
+                           "equals rollout/ref_log_probs (1e-8) and every rollout's rollout/log_probs is within 0.03 of "
+                           "rollout/rollout_log_probs, and the engines report the trainer's weight version after each sync; a failed "
+                           "check fails the run.")
+    ci_disable_kl_checker: bool = Field(False, description="With ci_test: skip its ppo_kl / pg_clipfrac / kl_loss check.")
+    ci_disable_logprobs_checker: bool = Field(False, description="With ci_test: skip its log-prob checks (trainer vs reference, trainer vs engine).")
+    ci_metric_checker_key: str | None = Field(
+        None, description="With ci_test: an eval metric (e.g. eval/gsm8k); the run fails at its end unless some eval point reached "
+                          "ci_metric_checker_threshold on it.")
+    ci_metric_checker_threshold: float | None = Field(None, description="The value ci_metric_checker_key must reach (>=) at some eval point.")
+    ci_save_grad_norm: str | None = Field(
+        None, description="With ci_test: save each optimizer step's grad norm to this path template ({role} actor|critic, "
+                          "{rollout_id}, {step_id}; torch.save of a float), for a rerun with ci_load_grad_norm.")
+    ci_load_grad_norm: str | None = Field(
+        None, description="With ci_test: compare each optimizer step's grad norm with the one saved at this path template "
+                          "(ci_save_grad_norm's); a difference beyond rel/abs 0.03, or a missing file, fails the run.")
+    ci_save_model_hash: bool = Field(
+        False, description="With ci_test: each checkpoint records a SHA-256 per layer of the trainer's weights (names, shapes, "
+                           "dtypes, bytes) in its meta.")
+    ci_check_model_hash: bool = Field(
+        False, description="With ci_test: after a checkpoint is restored, the trainer's weights must hash to what the checkpoint "
+                           "recorded (ci_save_model_hash); a mismatch or a checkpoint without hashes fails the run.")
     task_timeouts: dict[str, float] = Field(
         default_factory=dict, description="Seconds a Prefect task run may take, by task name (e.g. {generate: 600, eval: 900}); a "
         "task past it fails, then its retries, then the flow. Unset tasks keep their defaults (docs/reference/flows.md).")

@@ -337,6 +337,32 @@ def _torch_only_options(c: "TrainConfig") -> None:
                          "version, which stays 0; drop eval_prompt_data / eval_config, or debug_skip_weight_update")
 
 
+def _ci_rules(c: "TrainConfig") -> None:
+    """The ci group acts only with ci_test (as the reference, where its checks sit behind args.ci_test): set without it, a
+    flag would do nothing, so it is refused."""
+    m = c.misc
+    needs = [n for n in ("ci_disable_kl_checker", "ci_disable_logprobs_checker", "ci_save_model_hash", "ci_check_model_hash")
+             if getattr(m, n)] + [n for n in ("ci_metric_checker_key", "ci_save_grad_norm", "ci_load_grad_norm") if getattr(m, n) is not None]
+    if needs and not m.ci_test:
+        raise ValueError(f"{', '.join(needs)} act only with ci_test (the reference's CI checks): set ci_test, or drop them")
+    if (m.ci_metric_checker_key is None) != (m.ci_metric_checker_threshold is None):
+        raise ValueError("ci_metric_checker_key and ci_metric_checker_threshold go together: set both (the eval metric and the "
+                         "value it must reach), or neither")
+    if m.ci_save_grad_norm is not None and m.ci_load_grad_norm is not None:
+        raise ValueError("ci_save_grad_norm and ci_load_grad_norm: set one (save in the first run, compare in the rerun)")
+    for name in ("ci_save_grad_norm", "ci_load_grad_norm"):
+        template = getattr(m, name)
+        if template is not None:
+            try:
+                template.format(role="actor", rollout_id=0, step_id=0)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"{name} {template!r} is not a path template of {{role}}, {{rollout_id}}, {{step_id}}: "
+                                 f"{type(e).__name__} {e}") from None
+    if m.ci_metric_checker_key is not None and not c.eval.enabled:
+        raise ValueError("ci_metric_checker_key judges eval points, and this run has no eval datasets: set eval_prompt_data / "
+                         "eval_config, or drop ci_metric_checker_key")
+
+
 def _champion_rule(c: "TrainConfig") -> None:
     """champion_metric belongs to a registered model and is judged by an eval (the metric name itself is checked
     against the metrics catalog by miles_core/assemble.py)."""
@@ -360,5 +386,5 @@ def _not_supported(c: "TrainConfig") -> None:
 
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
-                 _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options):
+                 _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options, _ci_rules):
         rule(c)

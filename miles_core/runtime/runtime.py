@@ -33,6 +33,7 @@ from miles_core.rollout.protocol import SamplingParams
 from miles_core.tracking.samples import sample_rows
 from miles_core.training.protocol import Trainer, TrainOutput
 
+from . import ci_checks
 from .rollout_store import RolloutFile, RolloutStore
 
 
@@ -73,6 +74,9 @@ class Runtime:
         self._async_worker: FullyAsyncWorker | None = None
         self._taken: dict[int, tuple[list, dict]] = {}  # fully async: groups taken per rollout id (a retried task reuses them)
         self._accept_rollout: int | None = None  # one_step resume: the prefetched rollout file the checkpoint counts on
+        m = cfg.misc
+        self.metric_checker = (ci_checks.MetricChecker(m.ci_metric_checker_key, m.ci_metric_checker_threshold)
+                               if m.ci_test and m.ci_metric_checker_key is not None else None)
 
     # ---- facts --------------------------------------------------------------------------------------
     @property
@@ -180,6 +184,9 @@ class Runtime:
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
         self.fleet.before_train()
         out = self.trainer.train_rollout(samples, rewards, rollout_id)
+        if self.cfg.misc.ci_test:  # the reference's CI checks of the step (runtime/ci_checks.py)
+            ci_checks.check_train(self.cfg.misc, rollout_id, out.rollout, out.steps, self.cfg.num_steps_per_rollout,
+                                  lora=self.cfg.lora.lora_rank > 0)
         return TrainOutput(rollout=out.rollout | staleness_metrics(samples, self.weight_version), steps=out.steps)
 
     # ---- 4. save / restore -------------------------------------------------------------------------
@@ -187,6 +194,8 @@ class Runtime:
         t0 = time.perf_counter()
         with self.paused():
             state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version, **self.async_state()}
+            if self.cfg.misc.ci_test and self.cfg.misc.ci_save_model_hash:
+                state["model_hash"] = ci_checks.model_hashes(self.trainer.named_tensors())
             self.trainer.save(self.cfg.save_dir, rollout_id, state)
         self.rollouts.prune(rollout_id)
         return {"perf/save_model_time": time.perf_counter() - t0}
@@ -196,6 +205,9 @@ class Runtime:
         meta = self.trainer.restore(self.cfg.load_dir)
         if meta is None:
             return None
+        if self.cfg.misc.ci_test and self.cfg.misc.ci_check_model_hash:
+            ci_checks.compare_model_hashes(meta.get("model_hash"), ci_checks.model_hashes(self.trainer.named_tensors()),
+                                           f"{self.cfg.load_dir} (rollout {meta['rollout_id']})")
         self.source.load_state_dict(meta["data_source"])
         self.weight_version = meta["weight_version"]
         self.restore_async(meta)
@@ -212,6 +224,11 @@ class Runtime:
         with self.paused():
             metrics = self.fleet.update_weights(self.weights, self.weight_version + 1)
             self.weight_version += 1
+        if self.cfg.misc.ci_test:  # the reference's FSDP actor: the engines serve the version just sent
+            served = self.engine.get_weight_version()
+            if served != self.weight_version:
+                raise ci_checks.CICheckFailed(f"ci_test: after the weight sync the engines report weight version {served}, the "
+                                              f"trainer sent {self.weight_version}")
         return metrics
 
     # ---- 6. eval -----------------------------------------------------------------------------------
@@ -261,6 +278,12 @@ class Runtime:
             self._accept_rollout = meta["rollout_id"] + 1
         elif mode == "fully" and "async_buffer" in meta:
             self.fully_async_worker().load_state_dict(meta["async_buffer"])
+
+    def finish_checks(self) -> None:
+        """The run's end: ci_metric_checker_key must have reached its threshold at some eval point (the reference's
+        MetricChecker.dispose)."""
+        if self.metric_checker is not None:
+            self.metric_checker.dispose()
 
     def close(self) -> None:
         """Stop background generation, the fleet, then what the placement holds (in that order)."""
