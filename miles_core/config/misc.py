@@ -33,6 +33,35 @@ class MiscConfig(Group):
     debug_disable_optimizer: bool = Field(
         False, description="train_backend torch: compute the losses, gradients and grad norms of every step, but never apply them "
                            "(no AdamW update: the policy and critic stay as loaded; the reference's --debug-disable-optimizer).")
+    # ---- the reference's debug group: rollout dumps and one-sided runs (docs/guide/coming-from-the-reference.md)
+    save_debug_rollout_data: str | None = Field(
+        None, description="Also save each rollout's samples to this path template ({rollout_id}) in the reference's format: "
+                          "torch.save of {rollout_id, metadata, samples: [Sample.to_dict()]}, readable by load_debug_rollout_data "
+                          "(miles' own <run_dir>/rollouts/<id>.pt is written as always).")
+    save_debug_trajectory_data: str | None = Field(
+        None, description="With save_debug_rollout_data: one JSONL row per sample that recorded a conversation "
+                          "(metadata['messages'], moved out of the .pt) at this path template ({rollout_id}); no file when none did.")
+    load_debug_rollout_data: str | None = Field(
+        None, description="Train on the rollouts recorded at this path template ({rollout_id}; save_debug_rollout_data's) instead "
+                          "of generating: no rollout engine is built, no weight sync and no eval run (debug_train_only). Each "
+                          "file must hold rollout_batch_size * n_samples_per_prompt samples (after the subsample).")
+    load_debug_rollout_data_subsample: float | None = Field(
+        None, gt=0, le=1, description="Keep int(n * this) of each loaded rollout's n samples: the first and the last half of them.")
+    debug_rollout_only: bool = Field(
+        False, description="Generate (and score) rollouts only: no train step, no checkpoint, no weight sync (the engines keep "
+                           "the weights they loaded, weight_version 0); the trainer is built but never steps.")
+    debug_train_only: bool = Field(
+        False, description="Train only, without rollout engines: needs load_debug_rollout_data (set by it anyway); no weight "
+                           "sync, no eval.")
+    ci_inject_rollout_data_path: str | None = Field(
+        None, description="CI comparisons: from rollout ci_inject_rollout_data_start_rollout_id on, each rollout is generated "
+                          "as usual, checked against the recording at this path template ({rollout_id}) and then replaced "
+                          "by it for training (engines stay on, unlike load_debug_rollout_data).")
+    ci_inject_rollout_data_start_rollout_id: int | None = Field(
+        None, ge=0, description="The first rollout whose training data is the ci_inject_rollout_data_path recording.")
+    ci_inject_rollout_data_min_match_ratio: float = Field(
+        0.9, ge=0, le=1, description="The generated responses must match the recording's tokens at a mean ratio above this "
+                                     "(else the engine's weights diverged from the recorded run's: the rollout fails).")
     # ---- the reference's ci group: the checks its CI runs (docs/guide/debugging.md)
     ci_test: bool = Field(
         False, description="Run the reference's CI checks: the first optimizer step of each rollout is on-policy (|train/ppo_kl| < 1e-9, "
@@ -61,6 +90,11 @@ class MiscConfig(Group):
     task_timeouts: dict[str, float] = Field(
         default_factory=dict, description="Seconds a Prefect task run may take, by task name (e.g. {generate: 600, eval: 900}); a "
         "task past it fails, then its retries, then the flow. Unset tasks keep their defaults (docs/reference/flows.md).")
+
+    @property
+    def train_only(self) -> bool:
+        """No rollout engines: debug_train_only, or load_debug_rollout_data (which sets it in the reference)."""
+        return self.debug_train_only or self.load_debug_rollout_data is not None
 
     @field_validator("task_timeouts")
     @classmethod

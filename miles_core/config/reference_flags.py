@@ -95,10 +95,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
     "log_correct_samples": "the rollout/correct_* metrics are not computed",
     "log_passrate": "passrate/pass@k is always logged with n_samples_per_prompt > 1",
-    "debug_rollout_only": "no rollout-only mode yet",
-    "debug_train_only": "no train-only mode yet",
-    "save_debug_rollout_data": "rollouts are always saved as <run_dir>/rollouts/<id>.pt",
-    "load_debug_rollout_data": "a run reuses its own <run_dir>/rollouts/<id>.pt; loading another run's is not supported",
     "ci_disable_weight_update_checker": "ci_test does not turn on a weight-update equality check here (check_weight_update_equal "
                                         "is not implemented), so there is nothing to disable",
     "eval_tool_key": "no tool calls in eval",

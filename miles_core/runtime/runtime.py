@@ -33,7 +33,7 @@ from miles_core.rollout.protocol import SamplingParams
 from miles_core.tracking.samples import sample_rows
 from miles_core.training.protocol import Trainer, TrainOutput
 
-from . import ci_checks
+from . import ci_checks, debug_data
 from .rollout_store import RolloutFile, RolloutStore
 
 
@@ -147,13 +147,39 @@ class Runtime:
                 self._taken = {rollout_id: self.fully_async_worker().take(r.rollout_batch_size, rollout_id)}
             groups, async_metrics = self._taken[rollout_id]
             rollout = Rollout(rollout_id, [s for g in groups for s in g], dict(async_metrics))
+        elif self.cfg.misc.train_only:
+            rollout = Rollout(rollout_id, self._recorded(rollout_id))
         else:
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
+            rollout = self._maybe_inject(rollout)
         dt = time.perf_counter() - t0
+        m = self.cfg.misc
+        if m.save_debug_rollout_data is not None:
+            debug_data.save_rollout(m.save_debug_rollout_data, rollout.samples, rollout_id, m.save_debug_trajectory_data)
         metrics = self._generation_metrics(rollout, dt)
         self.rollouts.write(rollout_id, RolloutFile(samples=rollout.samples, metrics=metrics, weight_version=version,
                                                     cursor_after=self.source.state_dict()))
         return metrics
+
+    def _recorded(self, rollout_id: int) -> list[Sample]:
+        """load_debug_rollout_data: the recorded samples of ``rollout_id`` (subsampled), as many as a rollout trains on."""
+        m = self.cfg.misc
+        samples = debug_data.load_rollout(m.load_debug_rollout_data, rollout_id, m.load_debug_rollout_data_subsample)
+        if len(samples) != self.cfg.n_samples:
+            raise ValueError(f"load_debug_rollout_data: rollout {rollout_id} holds {len(samples)} samples (after "
+                             f"load_debug_rollout_data_subsample {m.load_debug_rollout_data_subsample}), the config trains on "
+                             f"rollout_batch_size * n_samples_per_prompt = {self.cfg.n_samples}; set those to match the recording")
+        return samples
+
+    def _maybe_inject(self, rollout: Rollout) -> Rollout:
+        """ci_inject_rollout_data_*: from the start rollout on, the generated batch is checked against the recording and
+        replaced by it (its generation metrics dropped, as the reference's)."""
+        m = self.cfg.misc
+        if m.ci_inject_rollout_data_path is None or rollout.rollout_id < m.ci_inject_rollout_data_start_rollout_id:
+            return rollout
+        injected = debug_data.load_rollout(m.ci_inject_rollout_data_path, rollout.rollout_id)
+        debug_data.check_injection(rollout.samples, injected, rollout.rollout_id, m.ci_inject_rollout_data_min_match_ratio)
+        return Rollout(rollout.rollout_id, injected)
 
     def _generation_metrics(self, rollout: Rollout, seconds: float) -> dict[str, float]:
         """The reference's log_rollout_data: custom_rollout_log_function_path first (True: none of the rest), then
@@ -180,6 +206,9 @@ class Runtime:
 
     # ---- 3. train ----------------------------------------------------------------------------------
     def train(self, rollout_id: int) -> TrainOutput:
+        """debug_rollout_only: no train step (nothing returned)."""
+        if self.cfg.misc.debug_rollout_only:
+            return TrainOutput(rollout={}, steps=[])
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
         self.fleet.before_train()
@@ -191,6 +220,9 @@ class Runtime:
 
     # ---- 4. save / restore -------------------------------------------------------------------------
     def save(self, rollout_id: int, state: dict) -> dict[str, float]:
+        """debug_rollout_only: nothing trained, nothing saved (the reference's actors skip it)."""
+        if self.cfg.misc.debug_rollout_only:
+            return {}
         t0 = time.perf_counter()
         with self.paused():
             state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version, **self.async_state()}
@@ -218,8 +250,10 @@ class Runtime:
     def sync_weights(self) -> dict[str, float]:
         """The trainer's weights -> every engine (version + 1); background generation is paused meanwhile.
         A failed sync leaves the version where it was (the engines resume generating on the weights they have).
-        debug_skip_weight_update: nothing is sent, the version stays."""
-        if self.cfg.misc.debug_skip_weight_update:
+        debug_skip_weight_update, debug_rollout_only (nothing trained), debug_train_only (no engines): nothing is sent, the
+        version stays."""
+        m = self.cfg.misc
+        if m.debug_skip_weight_update or m.debug_rollout_only or m.train_only:
             return {}
         with self.paused():
             metrics = self.fleet.update_weights(self.weights, self.weight_version + 1)
