@@ -62,15 +62,31 @@ class MiscConfig(Group):
     ci_inject_rollout_data_min_match_ratio: float = Field(
         0.9, ge=0, le=1, description="The generated responses must match the recording's tokens at a mean ratio above this "
                                      "(else the engine's weights diverged from the recorded run's: the rollout fails).")
+    check_weight_update_equal: bool = Field(
+        False, description="Check the first weight sync of a fresh run: the engines snapshot the weights they loaded "
+                           "(hf_checkpoint, the trainer's too) and overwrite them with random values; after the sync every "
+                           "parameter must equal its snapshot (SGLang's /weights_checker; the HF engine's own). A resumed "
+                           "run's first sync sends checkpoint weights: it is not checked.")
+    check_weight_update_selector: Literal["all", "target", "draft"] = Field(
+        "all", description="Which engine model the check covers: all and target check the policy (miles' engines have no "
+                           "draft / MTP model, so draft is refused).")
+    check_weight_update_skip_list: list[str] | None = Field(
+        None, description="Parameter-name substrings whose mismatches the check reports without failing.")
+    check_weight_update_allow_quant_error: bool = Field(
+        False, description="Let quantized tensors differ by 1 ULP of their dtype (passed to SGLang's checker; the HF "
+                           "engine's tensors are not quantized, so it compares exactly either way).")
     # ---- the reference's ci group: the checks its CI runs (docs/guide/debugging.md)
     ci_test: bool = Field(
         False, description="Run the reference's CI checks: the first optimizer step of each rollout is on-policy (|train/ppo_kl| < 1e-9, "
                            "|train/pg_clipfrac| < 1e-10; |train/kl_loss| < 1e-9 at the run's first step), at rollout 0 rollout/log_probs "
                            "equals rollout/ref_log_probs (1e-8) and every rollout's rollout/log_probs is within 0.03 of "
-                           "rollout/rollout_log_probs, and the engines report the trainer's weight version after each sync; a failed "
-                           "check fails the run.")
+                           "rollout/rollout_log_probs, the engines report the trainer's weight version after each sync, and the "
+                           "check of check_weight_update_equal (unless ci_disable_weight_update_checker or a one-sided run); "
+                           "a failed check fails the run.")
     ci_disable_kl_checker: bool = Field(False, description="With ci_test: skip its ppo_kl / pg_clipfrac / kl_loss check.")
     ci_disable_logprobs_checker: bool = Field(False, description="With ci_test: skip its log-prob checks (trainer vs reference, trainer vs engine).")
+    ci_disable_weight_update_checker: bool = Field(
+        False, description="With ci_test: do not turn on the weight-update check (check_weight_update_equal itself still does).")
     ci_metric_checker_key: str | None = Field(
         None, description="With ci_test: an eval metric (e.g. eval/gsm8k); the run fails at its end unless some eval point reached "
                           "ci_metric_checker_threshold on it.")
@@ -90,6 +106,13 @@ class MiscConfig(Group):
     task_timeouts: dict[str, float] = Field(
         default_factory=dict, description="Seconds a Prefect task run may take, by task name (e.g. {generate: 600, eval: 900}); a "
         "task past it fails, then its retries, then the flow. Unset tasks keep their defaults (docs/reference/flows.md).")
+
+    @property
+    def check_weights(self) -> bool:
+        """The weight-update check runs: check_weight_update_equal, or ci_test (not in a run without syncs, not with
+        ci_disable_weight_update_checker), as the reference's miles_validate_args sets it."""
+        return self.check_weight_update_equal or (self.ci_test and not self.debug_rollout_only and not self.train_only
+                                                  and not self.debug_skip_weight_update and not self.ci_disable_weight_update_checker)
 
     @property
     def train_only(self) -> bool:

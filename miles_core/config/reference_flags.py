@@ -95,8 +95,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
     "log_correct_samples": "the rollout/correct_* metrics are not computed",
     "log_passrate": "passrate/pass@k is always logged with n_samples_per_prompt > 1",
-    "ci_disable_weight_update_checker": "ci_test does not turn on a weight-update equality check here (check_weight_update_equal "
-                                        "is not implemented), so there is nothing to disable",
     "eval_tool_key": "no tool calls in eval",
     "eval_min_new_tokens": "no minimum response length",
 }

@@ -341,7 +341,8 @@ def _ci_rules(c: "TrainConfig") -> None:
     """The ci group acts only with ci_test (as the reference, where its checks sit behind args.ci_test): set without it, a
     flag would do nothing, so it is refused."""
     m = c.misc
-    needs = [n for n in ("ci_disable_kl_checker", "ci_disable_logprobs_checker", "ci_save_model_hash", "ci_check_model_hash")
+    needs = [n for n in ("ci_disable_kl_checker", "ci_disable_logprobs_checker", "ci_disable_weight_update_checker",
+                         "ci_save_model_hash", "ci_check_model_hash")
              if getattr(m, n)] + [n for n in ("ci_metric_checker_key", "ci_save_grad_norm", "ci_load_grad_norm") if getattr(m, n) is not None]
     if needs and not m.ci_test:
         raise ValueError(f"{', '.join(needs)} act only with ci_test (the reference's CI checks): set ci_test, or drop them")
@@ -358,6 +359,17 @@ def _ci_rules(c: "TrainConfig") -> None:
             except (KeyError, IndexError, ValueError) as e:
                 raise ValueError(f"{name} {template!r} is not a path template of {{role}}, {{rollout_id}}, {{step_id}}: "
                                  f"{type(e).__name__} {e}") from None
+    if m.check_weight_update_equal and (m.debug_rollout_only or m.train_only or m.debug_skip_weight_update):
+        raise ValueError("check_weight_update_equal checks a weight sync, and debug_rollout_only / debug_train_only / "
+                         "load_debug_rollout_data / debug_skip_weight_update send none: drop one of them")
+    if m.check_weight_update_selector == "draft":
+        raise ValueError("check_weight_update_selector draft: miles' engines serve no draft (MTP) model; use all or target")
+    changed = [n for n, off in (("check_weight_update_skip_list", m.check_weight_update_skip_list is None),
+                                ("check_weight_update_allow_quant_error", not m.check_weight_update_allow_quant_error),
+                                ("check_weight_update_selector", m.check_weight_update_selector == "all")) if not off]
+    if changed and not m.check_weights:
+        raise ValueError(f"{', '.join(changed)} shape the weight-update check, which is off: set check_weight_update_equal "
+                         "(or ci_test), or drop them")
     if m.ci_metric_checker_key is not None and not c.eval.enabled:
         raise ValueError("ci_metric_checker_key judges eval points, and this run has no eval datasets: set eval_prompt_data / "
                          "eval_config, or drop ci_metric_checker_key")

@@ -255,15 +255,26 @@ class Runtime:
         m = self.cfg.misc
         if m.debug_skip_weight_update or m.debug_rollout_only or m.train_only:
             return {}
+        check = m.check_weights and self.weight_version == 0  # a fresh run's first sync: the engines hold hf_checkpoint
         with self.paused():
+            if check:  # the reference's check_weight_update_equal: snapshot, scramble, sync, compare
+                self._check_weights("snapshot")
+                self._check_weights("reset_tensors")
             metrics = self.fleet.update_weights(self.weights, self.weight_version + 1)
             self.weight_version += 1
+            if check:
+                self._check_weights("compare")
         if self.cfg.misc.ci_test:  # the reference's FSDP actor: the engines serve the version just sent
             served = self.engine.get_weight_version()
             if served != self.weight_version:
                 raise ci_checks.CICheckFailed(f"ci_test: after the weight sync the engines report weight version {served}, the "
                                               f"trainer sent {self.weight_version}")
         return metrics
+
+    def _check_weights(self, action: str) -> None:
+        m = self.cfg.misc
+        self.engine.check_weights(action, m.check_weight_update_skip_list, m.check_weight_update_allow_quant_error,
+                                  m.check_weight_update_selector)
 
     # ---- 6. eval -----------------------------------------------------------------------------------
     def evaluate(self) -> PointResult:
