@@ -47,6 +47,15 @@ class MiscConfig(Group):
                           "file must hold rollout_batch_size * n_samples_per_prompt samples (after the subsample).")
     load_debug_rollout_data_subsample: float | None = Field(
         None, gt=0, le=1, description="Keep int(n * this) of each loaded rollout's n samples: the first and the last half of them.")
+    save_debug_train_data: str | None = Field(
+        None, description="Save each rollout's training data after its optimizer steps to this path template ({rollout_id}, "
+                          "{rank}): tokens, loss masks, rewards and the per-token log-probs, values, advantages and returns "
+                          "the steps used, in the reference's keys (miles_core/training/train_dump.py).")
+    dump_details: str | None = Field(
+        None, description="Dump everything under this dir, as the reference: rollout_data/{rollout_id}.pt "
+                          "(save_debug_rollout_data), train_data/{rollout_id}_{rank}.pt (save_debug_train_data) and "
+                          "trajectory/{rollout_id}.jsonl (save_debug_trajectory_data); the reference's events/ (its event "
+                          "logger) has no counterpart in miles and is not written.")
     debug_rollout_only: bool = Field(
         False, description="Generate (and score) rollouts only: no train step, no checkpoint, no weight sync (the engines keep "
                            "the weights they loaded, weight_version 0); the trainer is built but never steps.")
@@ -113,6 +122,19 @@ class MiscConfig(Group):
         ci_disable_weight_update_checker), as the reference's miles_validate_args sets it."""
         return self.check_weight_update_equal or (self.ci_test and not self.debug_rollout_only and not self.train_only
                                                   and not self.debug_skip_weight_update and not self.ci_disable_weight_update_checker)
+
+    @property
+    def rollout_dump(self) -> str | None:
+        """The rollout dump's path template: dump_details' rollout_data/, else save_debug_rollout_data."""
+        return f"{self.dump_details}/rollout_data/{{rollout_id}}.pt" if self.dump_details else self.save_debug_rollout_data
+
+    @property
+    def trajectory_dump(self) -> str | None:
+        return f"{self.dump_details}/trajectory/{{rollout_id}}.jsonl" if self.dump_details else self.save_debug_trajectory_data
+
+    @property
+    def train_dump(self) -> str | None:
+        return f"{self.dump_details}/train_data/{{rollout_id}}_{{rank}}.pt" if self.dump_details else self.save_debug_train_data
 
     @property
     def train_only(self) -> bool:

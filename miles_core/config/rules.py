@@ -389,10 +389,14 @@ def _debug_data_rules(c: "TrainConfig") -> None:
     m = c.misc
     for name in ("save_debug_rollout_data", "save_debug_trajectory_data", "load_debug_rollout_data", "ci_inject_rollout_data_path"):
         _template(name, getattr(m, name), rollout_id=0)
+    _template("save_debug_train_data", m.save_debug_train_data, rollout_id=0, rank=0)
+    given = [n for n in ("save_debug_rollout_data", "save_debug_train_data", "save_debug_trajectory_data") if getattr(m, n)]
+    if m.dump_details is not None and given:
+        raise ValueError(f"dump_details sets {', '.join(given)} itself (under {m.dump_details}/): drop one of them")
     if m.save_debug_trajectory_data is not None and m.save_debug_rollout_data is None:
         raise ValueError("save_debug_trajectory_data is written with the rollout dump: set save_debug_rollout_data too")
-    if m.save_debug_rollout_data is not None and c.eval.enabled:
-        raise ValueError("save_debug_rollout_data with eval datasets is not supported yet: the reference also dumps the eval "
+    if m.rollout_dump is not None and c.eval.enabled:
+        raise ValueError("save_debug_rollout_data (or dump_details) with eval datasets is not supported yet: the reference also dumps the eval "
                          "samples (eval_<id>), which miles' eval does not return; drop eval_prompt_data / eval_config, or use "
                          "log_samples for the eval completions")
     if m.load_debug_rollout_data_subsample is not None and m.load_debug_rollout_data is None:

@@ -154,8 +154,8 @@ class Runtime:
             rollout = self._maybe_inject(rollout)
         dt = time.perf_counter() - t0
         m = self.cfg.misc
-        if m.save_debug_rollout_data is not None:
-            debug_data.save_rollout(m.save_debug_rollout_data, rollout.samples, rollout_id, m.save_debug_trajectory_data)
+        if m.rollout_dump is not None:
+            debug_data.save_rollout(m.rollout_dump, rollout.samples, rollout_id, m.trajectory_dump)
         metrics = self._generation_metrics(rollout, dt)
         self.rollouts.write(rollout_id, RolloutFile(samples=rollout.samples, metrics=metrics, weight_version=version,
                                                     cursor_after=self.source.state_dict()))
