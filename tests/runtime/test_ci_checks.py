@@ -110,3 +110,25 @@ def test_the_metric_checker_fails_the_run_unless_a_point_reached_the_threshold()
 def test_ci_options_are_checked_at_load(over, match):
     with pytest.raises(ValueError, match=match):
         load_config("tiny", {**BASE, **over})
+
+
+def test_the_train_flows_eval_points_reach_the_metric_checker(tmp_path):
+    """flows/evaluate.py hands each eval point that ran to the runtime's checker; finish_checks (the flow's end) judges."""
+    from flows.evaluate import _ci_check
+    from miles_core.evaluation import PointResult
+    from miles_core.runtime import registry
+
+    rt = _runtime(tmp_path, eval_prompt_data=["arith", "builtin://arith@[0:4]"], n_samples_per_eval_prompt=1,
+                  ci_metric_checker_key="eval/arith", ci_metric_checker_threshold=2.0)  # a mean reward never reaches 2
+    registry.register("ci-test", rt)
+    try:
+        rt.sync_weights()
+        result = rt.evaluate()
+        _ci_check("ci-test", PointResult.skip(1, "busy"))  # a point that did not run is not judged
+        assert rt.metric_checker.best is None
+        _ci_check("ci-test", result)
+        assert rt.metric_checker.best == result.metrics["eval/arith"]
+        with pytest.raises(CICheckFailed, match="eval/arith never reached 2.0"):
+            rt.finish_checks()
+    finally:
+        registry.release("ci-test")
