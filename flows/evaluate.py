@@ -159,13 +159,16 @@ def publish(result: PointResult) -> None:
 def eval_at(run_key: str, tracker, config: TrainConfig) -> None:
     """An eval point of the train flow at the engines' weight version (inline, or started in the background)."""
     if config.eval.eval_mode == "inline":
-        _log(tracker, timed(evaluate_live, config)(run_key))
+        result = timed(evaluate_live, config)(run_key)
+        _log(tracker, result)
+        _ci_check(run_key, result)
         return
     skip = timed(snapshot_submit, config)(run_key)
     if skip is not None:
         _log(tracker, skip)
     for result in timed(snapshot_collect, config)(run_key):
         _log(tracker, result)
+        _ci_check(run_key, result)
         _judge(run_key, tracker, result)
 
 
@@ -174,7 +177,15 @@ def finish_evals(run_key: str, tracker, config: TrainConfig) -> None:
     if config.eval.eval_mode == "snapshot":
         for result in timed(snapshot_collect, config)(run_key, wait=True):
             _log(tracker, result)
+            _ci_check(run_key, result)
             _judge(run_key, tracker, result)
+
+
+def _ci_check(run_key: str, result: PointResult) -> None:
+    """ci_metric_checker_key: an eval point that ran is shown to the run's metric checker (judged at the run's end)."""
+    checker = registry.get_runtime(run_key).metric_checker
+    if checker is not None and not result.skipped:
+        checker.on_eval(result.metrics)
 
 
 def _judge(run_key: str, tracker, result: PointResult) -> None:

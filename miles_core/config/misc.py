@@ -33,9 +33,113 @@ class MiscConfig(Group):
     debug_disable_optimizer: bool = Field(
         False, description="train_backend torch: compute the losses, gradients and grad norms of every step, but never apply them "
                            "(no AdamW update: the policy and critic stay as loaded; the reference's --debug-disable-optimizer).")
+    # ---- the reference's debug group: rollout dumps and one-sided runs (docs/guide/coming-from-the-reference.md)
+    save_debug_rollout_data: str | None = Field(
+        None, description="Also save each rollout's samples to this path template ({rollout_id}) in the reference's format: "
+                          "torch.save of {rollout_id, metadata, samples: [Sample.to_dict()]}, readable by load_debug_rollout_data "
+                          "(miles' own <run_dir>/rollouts/<id>.pt is written as always).")
+    save_debug_trajectory_data: str | None = Field(
+        None, description="With save_debug_rollout_data: one JSONL row per sample that recorded a conversation "
+                          "(metadata['messages'], moved out of the .pt) at this path template ({rollout_id}); no file when none did.")
+    load_debug_rollout_data: str | None = Field(
+        None, description="Train on the rollouts recorded at this path template ({rollout_id}; save_debug_rollout_data's) instead "
+                          "of generating: no rollout engine is built, no weight sync and no eval run (debug_train_only). Each "
+                          "file must hold rollout_batch_size * n_samples_per_prompt samples (after the subsample).")
+    load_debug_rollout_data_subsample: float | None = Field(
+        None, gt=0, le=1, description="Keep int(n * this) of each loaded rollout's n samples: the first and the last half of them.")
+    save_debug_train_data: str | None = Field(
+        None, description="Save each rollout's training data after its optimizer steps to this path template ({rollout_id}, "
+                          "{rank}): tokens, loss masks, rewards and the per-token log-probs, values, advantages and returns "
+                          "the steps used, in the reference's keys (miles_core/training/train_dump.py).")
+    dump_details: str | None = Field(
+        None, description="Dump everything under this dir, as the reference: rollout_data/{rollout_id}.pt "
+                          "(save_debug_rollout_data), train_data/{rollout_id}_{rank}.pt (save_debug_train_data) and "
+                          "trajectory/{rollout_id}.jsonl (save_debug_trajectory_data); the reference's events/ (its event "
+                          "logger) has no counterpart in miles and is not written.")
+    debug_rollout_only: bool = Field(
+        False, description="Generate (and score) rollouts only: no train step, no checkpoint, no weight sync (the engines keep "
+                           "the weights they loaded, weight_version 0); the trainer is built but never steps.")
+    debug_train_only: bool = Field(
+        False, description="Train only, without rollout engines: needs load_debug_rollout_data (set by it anyway); no weight "
+                           "sync, no eval.")
+    ci_inject_rollout_data_path: str | None = Field(
+        None, description="CI comparisons: from rollout ci_inject_rollout_data_start_rollout_id on, each rollout is generated "
+                          "as usual, checked against the recording at this path template ({rollout_id}) and then replaced "
+                          "by it for training (engines stay on, unlike load_debug_rollout_data).")
+    ci_inject_rollout_data_start_rollout_id: int | None = Field(
+        None, ge=0, description="The first rollout whose training data is the ci_inject_rollout_data_path recording.")
+    ci_inject_rollout_data_min_match_ratio: float = Field(
+        0.9, ge=0, le=1, description="The generated responses must match the recording's tokens at a mean ratio above this "
+                                     "(else the engine's weights diverged from the recorded run's: the rollout fails).")
+    check_weight_update_equal: bool = Field(
+        False, description="Check the first weight sync of a fresh run: the engines snapshot the weights they loaded "
+                           "(hf_checkpoint, the trainer's too) and overwrite them with random values; after the sync every "
+                           "parameter must equal its snapshot (SGLang's /weights_checker; the HF engine's own). A resumed "
+                           "run's first sync sends checkpoint weights: it is not checked.")
+    check_weight_update_selector: Literal["all", "target", "draft"] = Field(
+        "all", description="Which engine model the check covers: all and target check the policy (miles' engines have no "
+                           "draft / MTP model, so draft is refused).")
+    check_weight_update_skip_list: list[str] | None = Field(
+        None, description="Parameter-name substrings whose mismatches the check reports without failing.")
+    check_weight_update_allow_quant_error: bool = Field(
+        False, description="Let quantized tensors differ by 1 ULP of their dtype (passed to SGLang's checker; the HF "
+                           "engine's tensors are not quantized, so it compares exactly either way).")
+    # ---- the reference's ci group: the checks its CI runs (docs/guide/debugging.md)
+    ci_test: bool = Field(
+        False, description="Run the reference's CI checks: the first optimizer step of each rollout is on-policy (|train/ppo_kl| < 1e-9, "
+                           "|train/pg_clipfrac| < 1e-10; |train/kl_loss| < 1e-9 at the run's first step), at rollout 0 rollout/log_probs "
+                           "equals rollout/ref_log_probs (1e-8) and every rollout's rollout/log_probs is within 0.03 of "
+                           "rollout/rollout_log_probs, the engines report the trainer's weight version after each sync, and the "
+                           "check of check_weight_update_equal (unless ci_disable_weight_update_checker or a one-sided run); "
+                           "a failed check fails the run.")
+    ci_disable_kl_checker: bool = Field(False, description="With ci_test: skip its ppo_kl / pg_clipfrac / kl_loss check.")
+    ci_disable_logprobs_checker: bool = Field(False, description="With ci_test: skip its log-prob checks (trainer vs reference, trainer vs engine).")
+    ci_disable_weight_update_checker: bool = Field(
+        False, description="With ci_test: do not turn on the weight-update check (check_weight_update_equal itself still does).")
+    ci_metric_checker_key: str | None = Field(
+        None, description="With ci_test: an eval metric (e.g. eval/gsm8k); the run fails at its end unless some eval point reached "
+                          "ci_metric_checker_threshold on it.")
+    ci_metric_checker_threshold: float | None = Field(None, description="The value ci_metric_checker_key must reach (>=) at some eval point.")
+    ci_save_grad_norm: str | None = Field(
+        None, description="With ci_test: save each optimizer step's grad norm to this path template ({role} actor|critic, "
+                          "{rollout_id}, {step_id}; torch.save of a float), for a rerun with ci_load_grad_norm.")
+    ci_load_grad_norm: str | None = Field(
+        None, description="With ci_test: compare each optimizer step's grad norm with the one saved at this path template "
+                          "(ci_save_grad_norm's); a difference beyond rel/abs 0.03, or a missing file, fails the run.")
+    ci_save_model_hash: bool = Field(
+        False, description="With ci_test: each checkpoint records a SHA-256 per layer of the trainer's weights (names, shapes, "
+                           "dtypes, bytes) in its meta.")
+    ci_check_model_hash: bool = Field(
+        False, description="With ci_test: after a checkpoint is restored, the trainer's weights must hash to what the checkpoint "
+                           "recorded (ci_save_model_hash); a mismatch or a checkpoint without hashes fails the run.")
     task_timeouts: dict[str, float] = Field(
         default_factory=dict, description="Seconds a Prefect task run may take, by task name (e.g. {generate: 600, eval: 900}); a "
         "task past it fails, then its retries, then the flow. Unset tasks keep their defaults (docs/reference/flows.md).")
+
+    @property
+    def check_weights(self) -> bool:
+        """The weight-update check runs: check_weight_update_equal, or ci_test (not in a run without syncs, not with
+        ci_disable_weight_update_checker), as the reference's miles_validate_args sets it."""
+        return self.check_weight_update_equal or (self.ci_test and not self.debug_rollout_only and not self.train_only
+                                                  and not self.debug_skip_weight_update and not self.ci_disable_weight_update_checker)
+
+    @property
+    def rollout_dump(self) -> str | None:
+        """The rollout dump's path template: dump_details' rollout_data/, else save_debug_rollout_data."""
+        return f"{self.dump_details}/rollout_data/{{rollout_id}}.pt" if self.dump_details else self.save_debug_rollout_data
+
+    @property
+    def trajectory_dump(self) -> str | None:
+        return f"{self.dump_details}/trajectory/{{rollout_id}}.jsonl" if self.dump_details else self.save_debug_trajectory_data
+
+    @property
+    def train_dump(self) -> str | None:
+        return f"{self.dump_details}/train_data/{{rollout_id}}_{{rank}}.pt" if self.dump_details else self.save_debug_train_data
+
+    @property
+    def train_only(self) -> bool:
+        """No rollout engines: debug_train_only, or load_debug_rollout_data (which sets it in the reference)."""
+        return self.debug_train_only or self.load_debug_rollout_data is not None
 
     @field_validator("task_timeouts")
     @classmethod

@@ -57,12 +57,9 @@ UNSUPPORTED_GROUPS: dict[str, str] = {
     "tensorboard": "the TensorBoard writer reads use_tensorboard and tensorboard_dir; this naming option is not wired yet",
     "prometheus": "the Prometheus exporter reads use_prometheus and prometheus_port; this option is not wired yet",
     "dashboard": "the reference's dashboard is not part of miles (MLflow and Prefect UIs instead)",
-    "debug": "the reference's debugging dumps and checkers are not implemented",
-    "ci": "the reference's CI harness flags; our tests are the CI",
+    "debug": "this debugging option of the reference is not implemented",
     "rollout_buffer": "no external rollout-buffer service",
     "reward_model": "no custom sample-to-train-data conversion hook",
-    "network": "no proxy / distributed POST options",
-    "fault_tolerance": "only use_fault_tolerance with the health monitor is implemented",
     "on_policy_distillation": "this OPD option is not implemented",
     "algo": "this algorithm option is not implemented in the torch trainer yet",
     "rollout": "this rollout option is not implemented yet",
@@ -96,10 +93,39 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
     "log_correct_samples": "the rollout/correct_* metrics are not computed",
     "log_passrate": "passrate/pass@k is always logged with n_samples_per_prompt > 1",
-    "debug_rollout_only": "no rollout-only mode yet",
-    "debug_train_only": "no train-only mode yet",
-    "save_debug_rollout_data": "rollouts are always saved as <run_dir>/rollouts/<id>.pt",
-    "load_debug_rollout_data": "a run reuses its own <run_dir>/rollouts/<id>.pt; loading another run's is not supported",
+    # the debug group: what stays refused, by component
+    **dict.fromkeys(["dumper_enable", "dumper_dir", "dumper_inference", "dumper_fwd_only", "dumper_fwd_bwd",
+                     "dumper_source_patcher_config_inference", "dumper_source_patcher_config_train"],
+                    "SGLang's tensor dumper (sglang.srt.debug_utils.dumper) and its Megatron forward hooks are not wired into "
+                    "miles' engines or trainers; dump the data with save_debug_rollout_data / save_debug_train_data"),
+    **dict.fromkeys(["memory_snapshot_dir", "memory_snapshot_num_steps", "memory_recorder"],
+                    "the reference's memory snapshot follows Megatron-LM's --record-memory-history, which miles does not "
+                    "implement; use torch.cuda.memory._record_memory_history around a run yourself"),
+    "profile_target": "the reference's profiler follows Megatron-LM's --use-pytorch-profiler, which miles does not "
+                      "implement; the perf/* metrics time every phase (docs/performance.md)",
+    **dict.fromkeys(["save_debug_event_data", "enable_event_analyzer", "save_local_weight_checksum"],
+                    "the reference's event logger (miles/utils/audit_utils) is not part of miles; ci_save_model_hash records "
+                    "per-layer weight hashes at each checkpoint"),
+    **dict.fromkeys(["enable_witness", "witness_buffer_size"],
+                    "the reference's forward/backward witness parameters (Megatron model patches) are not implemented"),
+    "ci_ft_test_actions": "the reference's fault-tolerant train cells are not part of miles; fault injection is "
+                          "MILES_FAULT_INJECT (miles_core/faults.py) and the engines' /debug/fail",
+    "check_lora_weight_equal": "the engines get the merged weights (base + scaled BA), not an adapter, so there is no "
+                               "adapter manifest to check; check_weight_update_equal checks the merged weights",
+    "env_report": "the reference's launcher report (pip inspect and git state per actor, into the W&B config) is not "
+                  "collected; miles logs its config and derived values as MLflow params",
+    "debug_deterministic_collective": "the reference's det_nccl process-group backend is not implemented; the collectives "
+                                      "follow device (NCCL with cuda, gloo with cpu)",
+    # network and fault tolerance
+    "http_proxy": "the reference registers it and no code reads it; miles' HTTP clients (httpx) follow the HTTP(S)_PROXY "
+                  "and NO_PROXY environment",
+    "use_distributed_post": "the reference's per-node Ray POST actors are not implemented: the driver's router sends every "
+                            "request (rollout/http/router.py)",
+    "control_server_port": "the reference's fault-tolerance control server (HTTP commands to stop / start train cells and "
+                           "engines) is not implemented; a run is stopped with SIGINT and resumed from its checkpoint",
+    **dict.fromkeys(["mini_ft_controller_enable", "mini_ft_controller_poll_interval", "mini_ft_controller_resume_delay"],
+                    "the reference's mini fault-tolerance controller needs its control server (control_server_port), "
+                    "which is not implemented; use_fault_tolerance restarts dead engines and Prefect retries failed stages"),
     "eval_tool_key": "no tool calls in eval",
     "eval_min_new_tokens": "no minimum response length",
 }

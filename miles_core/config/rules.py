@@ -337,6 +337,91 @@ def _torch_only_options(c: "TrainConfig") -> None:
                          "version, which stays 0; drop eval_prompt_data / eval_config, or debug_skip_weight_update")
 
 
+def _ci_rules(c: "TrainConfig") -> None:
+    """The ci group acts only with ci_test (as the reference, where its checks sit behind args.ci_test): set without it, a
+    flag would do nothing, so it is refused."""
+    m = c.misc
+    needs = [n for n in ("ci_disable_kl_checker", "ci_disable_logprobs_checker", "ci_disable_weight_update_checker",
+                         "ci_save_model_hash", "ci_check_model_hash")
+             if getattr(m, n)] + [n for n in ("ci_metric_checker_key", "ci_save_grad_norm", "ci_load_grad_norm") if getattr(m, n) is not None]
+    if needs and not m.ci_test:
+        raise ValueError(f"{', '.join(needs)} act only with ci_test (the reference's CI checks): set ci_test, or drop them")
+    if (m.ci_metric_checker_key is None) != (m.ci_metric_checker_threshold is None):
+        raise ValueError("ci_metric_checker_key and ci_metric_checker_threshold go together: set both (the eval metric and the "
+                         "value it must reach), or neither")
+    if m.ci_save_grad_norm is not None and m.ci_load_grad_norm is not None:
+        raise ValueError("ci_save_grad_norm and ci_load_grad_norm: set one (save in the first run, compare in the rerun)")
+    for name in ("ci_save_grad_norm", "ci_load_grad_norm"):
+        template = getattr(m, name)
+        if template is not None:
+            try:
+                template.format(role="actor", rollout_id=0, step_id=0)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"{name} {template!r} is not a path template of {{role}}, {{rollout_id}}, {{step_id}}: "
+                                 f"{type(e).__name__} {e}") from None
+    if m.check_weight_update_equal and (m.debug_rollout_only or m.train_only or m.debug_skip_weight_update):
+        raise ValueError("check_weight_update_equal checks a weight sync, and debug_rollout_only / debug_train_only / "
+                         "load_debug_rollout_data / debug_skip_weight_update send none: drop one of them")
+    if m.check_weight_update_selector == "draft":
+        raise ValueError("check_weight_update_selector draft: miles' engines serve no draft (MTP) model; use all or target")
+    changed = [n for n, off in (("check_weight_update_skip_list", m.check_weight_update_skip_list is None),
+                                ("check_weight_update_allow_quant_error", not m.check_weight_update_allow_quant_error),
+                                ("check_weight_update_selector", m.check_weight_update_selector == "all")) if not off]
+    if changed and not m.check_weights:
+        raise ValueError(f"{', '.join(changed)} shape the weight-update check, which is off: set check_weight_update_equal "
+                         "(or ci_test), or drop them")
+    if m.ci_metric_checker_key is not None and not c.eval.enabled:
+        raise ValueError("ci_metric_checker_key judges eval points, and this run has no eval datasets: set eval_prompt_data / "
+                         "eval_config, or drop ci_metric_checker_key")
+
+
+def _template(name: str, template: str | None, **keys) -> None:
+    if template is not None:
+        try:
+            template.format(**keys)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{name} {template!r} is not a path template of {', '.join('{' + k + '}' for k in keys)}: "
+                             f"{type(e).__name__} {e}") from None
+
+
+def _debug_data_rules(c: "TrainConfig") -> None:
+    """The reference's debug dumps and one-sided runs (debug_rollout_only, debug_train_only / load_debug_rollout_data)."""
+    m = c.misc
+    for name in ("save_debug_rollout_data", "save_debug_trajectory_data", "load_debug_rollout_data", "ci_inject_rollout_data_path"):
+        _template(name, getattr(m, name), rollout_id=0)
+    _template("save_debug_train_data", m.save_debug_train_data, rollout_id=0, rank=0)
+    given = [n for n in ("save_debug_rollout_data", "save_debug_train_data", "save_debug_trajectory_data") if getattr(m, n)]
+    if m.dump_details is not None and given:
+        raise ValueError(f"dump_details sets {', '.join(given)} itself (under {m.dump_details}/): drop one of them")
+    if m.save_debug_trajectory_data is not None and m.save_debug_rollout_data is None:
+        raise ValueError("save_debug_trajectory_data is written with the rollout dump: set save_debug_rollout_data too")
+    if m.rollout_dump is not None and c.eval.enabled:
+        raise ValueError("save_debug_rollout_data (or dump_details) with eval datasets is not supported yet: the reference also dumps the eval "
+                         "samples (eval_<id>), which miles' eval does not return; drop eval_prompt_data / eval_config, or use "
+                         "log_samples for the eval completions")
+    if m.load_debug_rollout_data_subsample is not None and m.load_debug_rollout_data is None:
+        raise ValueError("load_debug_rollout_data_subsample subsamples loaded rollouts: set load_debug_rollout_data")
+    if m.debug_rollout_only and m.train_only:
+        raise ValueError("debug_rollout_only and debug_train_only (or load_debug_rollout_data) cannot be set together: set one")
+    if m.debug_train_only and m.load_debug_rollout_data is None:
+        raise ValueError("debug_train_only runs without rollout engines, so the rollouts come from load_debug_rollout_data: set it")
+    one_sided = "debug_rollout_only" if m.debug_rollout_only else "debug_train_only / load_debug_rollout_data" if m.train_only else None
+    if one_sided and c.eval.enabled:
+        raise ValueError(f"{one_sided} with eval datasets is not supported: "
+                         + ("the weights never change (weight_version stays 0)" if m.debug_rollout_only else "there are no engines to evaluate with")
+                         + "; drop eval_prompt_data / eval_config")
+    if m.debug_rollout_only and c.checkpoint.export_interval is not None:
+        raise ValueError("debug_rollout_only never trains: an export would be the loaded weights; drop export_interval")
+    if m.train_only and (c.cluster.runtime != "local" or c.rollout.rollout_external_engine_addrs or c.rollout.async_mode != "off"):
+        raise ValueError("debug_train_only / load_debug_rollout_data is supported with runtime local, async_mode off and no "
+                         "rollout_external_engine_addrs (the Ray placement always starts its engines)")
+    if (m.ci_inject_rollout_data_path is None) != (m.ci_inject_rollout_data_start_rollout_id is None):
+        raise ValueError("ci_inject_rollout_data_path and ci_inject_rollout_data_start_rollout_id go together: set both")
+    if m.ci_inject_rollout_data_path is not None and m.train_only:
+        raise ValueError("ci_inject_rollout_data_path replaces generated rollouts while the engines run; it cannot be combined "
+                         "with load_debug_rollout_data / debug_train_only")
+
+
 def _champion_rule(c: "TrainConfig") -> None:
     """champion_metric belongs to a registered model and is judged by an eval (the metric name itself is checked
     against the metrics catalog by miles_core/assemble.py)."""
@@ -360,5 +445,6 @@ def _not_supported(c: "TrainConfig") -> None:
 
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
-                 _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options):
+                 _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options, _ci_rules,
+                 _debug_data_rules):
         rule(c)

@@ -318,6 +318,18 @@ class HFEngine(SeededGenerate):
                 raise KeyError(f"engine has no parameter {name!r}")
             params[name].copy_(tensor)
 
+    def check_weights(self, action: str, skip_list: Sequence[str] | None = None, allow_quant_error: bool = False,
+                      selector: str = "all") -> str:
+        """SGLang's weights checker (snapshot | reset_tensors | compare; rollout/weight_checker.py): one model, no
+        quantized tensors, so every selector but "draft" checks it and allow_quant_error changes nothing."""
+        from .weight_checker import WeightChecker
+
+        if selector == "draft":
+            raise ValueError("weights checker: this engine has no draft model (selector draft)")
+        if getattr(self, "_weight_checker", None) is None:
+            self._weight_checker = WeightChecker(self.model)
+        return self._weight_checker.handle(action, tuple(skip_list or ()))
+
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version
 

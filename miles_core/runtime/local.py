@@ -33,11 +33,32 @@ def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
 ENGINE_FLEETS = {"hf": hf_engine_fleet}
 
 
+class NoEngines:
+    """debug_train_only / load_debug_rollout_data: no rollout engine (the rollouts are loaded, the runtime sends no
+    weights and runs no eval)."""
+
+    restarts = 0
+
+    @property
+    def engine(self):
+        raise RuntimeError("debug_train_only: this run has no rollout engine (its rollouts come from load_debug_rollout_data)")
+
+    def before_train(self) -> None:
+        """Nothing to release."""
+
+    def update_weights(self, source, version: int) -> dict[str, float]:
+        raise RuntimeError("debug_train_only: this run has no rollout engine to send weights to")
+
+    def close(self) -> None:
+        """Nothing was started."""
+
+
 def build_local(cfg: TrainConfig, data: RunData) -> RunParts:
     if cfg.rollout.rollout_external_engine_addrs:
         return _with_external_engines(cfg, data)
     trainer = _trainer(cfg, data)
-    return RunParts(trainer=trainer, fleet=ENGINE_FLEETS[cfg.cluster.rollout_engine](cfg, data), weights=LocalWeights(trainer))
+    fleet = NoEngines() if cfg.misc.train_only else ENGINE_FLEETS[cfg.cluster.rollout_engine](cfg, data)
+    return RunParts(trainer=trainer, fleet=fleet, weights=LocalWeights(trainer))
 
 
 def _trainer(cfg: TrainConfig, data: RunData):

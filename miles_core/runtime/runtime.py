@@ -33,6 +33,7 @@ from miles_core.rollout.protocol import SamplingParams
 from miles_core.tracking.samples import sample_rows
 from miles_core.training.protocol import Trainer, TrainOutput
 
+from . import ci_checks, debug_data
 from .rollout_store import RolloutFile, RolloutStore
 
 
@@ -73,6 +74,9 @@ class Runtime:
         self._async_worker: FullyAsyncWorker | None = None
         self._taken: dict[int, tuple[list, dict]] = {}  # fully async: groups taken per rollout id (a retried task reuses them)
         self._accept_rollout: int | None = None  # one_step resume: the prefetched rollout file the checkpoint counts on
+        m = cfg.misc
+        self.metric_checker = (ci_checks.MetricChecker(m.ci_metric_checker_key, m.ci_metric_checker_threshold)
+                               if m.ci_test and m.ci_metric_checker_key is not None else None)
 
     # ---- facts --------------------------------------------------------------------------------------
     @property
@@ -143,13 +147,39 @@ class Runtime:
                 self._taken = {rollout_id: self.fully_async_worker().take(r.rollout_batch_size, rollout_id)}
             groups, async_metrics = self._taken[rollout_id]
             rollout = Rollout(rollout_id, [s for g in groups for s in g], dict(async_metrics))
+        elif self.cfg.misc.train_only:
+            rollout = Rollout(rollout_id, self._recorded(rollout_id))
         else:
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
+            rollout = self._maybe_inject(rollout)
         dt = time.perf_counter() - t0
+        m = self.cfg.misc
+        if m.rollout_dump is not None:
+            debug_data.save_rollout(m.rollout_dump, rollout.samples, rollout_id, m.trajectory_dump)
         metrics = self._generation_metrics(rollout, dt)
         self.rollouts.write(rollout_id, RolloutFile(samples=rollout.samples, metrics=metrics, weight_version=version,
                                                     cursor_after=self.source.state_dict()))
         return metrics
+
+    def _recorded(self, rollout_id: int) -> list[Sample]:
+        """load_debug_rollout_data: the recorded samples of ``rollout_id`` (subsampled), as many as a rollout trains on."""
+        m = self.cfg.misc
+        samples = debug_data.load_rollout(m.load_debug_rollout_data, rollout_id, m.load_debug_rollout_data_subsample)
+        if len(samples) != self.cfg.n_samples:
+            raise ValueError(f"load_debug_rollout_data: rollout {rollout_id} holds {len(samples)} samples (after "
+                             f"load_debug_rollout_data_subsample {m.load_debug_rollout_data_subsample}), the config trains on "
+                             f"rollout_batch_size * n_samples_per_prompt = {self.cfg.n_samples}; set those to match the recording")
+        return samples
+
+    def _maybe_inject(self, rollout: Rollout) -> Rollout:
+        """ci_inject_rollout_data_*: from the start rollout on, the generated batch is checked against the recording and
+        replaced by it (its generation metrics dropped, as the reference's)."""
+        m = self.cfg.misc
+        if m.ci_inject_rollout_data_path is None or rollout.rollout_id < m.ci_inject_rollout_data_start_rollout_id:
+            return rollout
+        injected = debug_data.load_rollout(m.ci_inject_rollout_data_path, rollout.rollout_id)
+        debug_data.check_injection(rollout.samples, injected, rollout.rollout_id, m.ci_inject_rollout_data_min_match_ratio)
+        return Rollout(rollout.rollout_id, injected)
 
     def _generation_metrics(self, rollout: Rollout, seconds: float) -> dict[str, float]:
         """The reference's log_rollout_data: custom_rollout_log_function_path first (True: none of the rest), then
@@ -176,17 +206,28 @@ class Runtime:
 
     # ---- 3. train ----------------------------------------------------------------------------------
     def train(self, rollout_id: int) -> TrainOutput:
+        """debug_rollout_only: no train step (nothing returned)."""
+        if self.cfg.misc.debug_rollout_only:
+            return TrainOutput(rollout={}, steps=[])
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
         self.fleet.before_train()
         out = self.trainer.train_rollout(samples, rewards, rollout_id)
+        if self.cfg.misc.ci_test:  # the reference's CI checks of the step (runtime/ci_checks.py)
+            ci_checks.check_train(self.cfg.misc, rollout_id, out.rollout, out.steps, self.cfg.num_steps_per_rollout,
+                                  lora=self.cfg.lora.lora_rank > 0)
         return TrainOutput(rollout=out.rollout | staleness_metrics(samples, self.weight_version), steps=out.steps)
 
     # ---- 4. save / restore -------------------------------------------------------------------------
     def save(self, rollout_id: int, state: dict) -> dict[str, float]:
+        """debug_rollout_only: nothing trained, nothing saved (the reference's actors skip it)."""
+        if self.cfg.misc.debug_rollout_only:
+            return {}
         t0 = time.perf_counter()
         with self.paused():
             state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version, **self.async_state()}
+            if self.cfg.misc.ci_test and self.cfg.misc.ci_save_model_hash:
+                state["model_hash"] = ci_checks.model_hashes(self.trainer.named_tensors())
             self.trainer.save(self.cfg.save_dir, rollout_id, state)
         self.rollouts.prune(rollout_id)
         return {"perf/save_model_time": time.perf_counter() - t0}
@@ -196,6 +237,9 @@ class Runtime:
         meta = self.trainer.restore(self.cfg.load_dir)
         if meta is None:
             return None
+        if self.cfg.misc.ci_test and self.cfg.misc.ci_check_model_hash:
+            ci_checks.compare_model_hashes(meta.get("model_hash"), ci_checks.model_hashes(self.trainer.named_tensors()),
+                                           f"{self.cfg.load_dir} (rollout {meta['rollout_id']})")
         self.source.load_state_dict(meta["data_source"])
         self.weight_version = meta["weight_version"]
         self.restore_async(meta)
@@ -206,13 +250,31 @@ class Runtime:
     def sync_weights(self) -> dict[str, float]:
         """The trainer's weights -> every engine (version + 1); background generation is paused meanwhile.
         A failed sync leaves the version where it was (the engines resume generating on the weights they have).
-        debug_skip_weight_update: nothing is sent, the version stays."""
-        if self.cfg.misc.debug_skip_weight_update:
+        debug_skip_weight_update, debug_rollout_only (nothing trained), debug_train_only (no engines): nothing is sent, the
+        version stays."""
+        m = self.cfg.misc
+        if m.debug_skip_weight_update or m.debug_rollout_only or m.train_only:
             return {}
+        check = m.check_weights and self.weight_version == 0  # a fresh run's first sync: the engines hold hf_checkpoint
         with self.paused():
+            if check:  # the reference's check_weight_update_equal: snapshot, scramble, sync, compare
+                self._check_weights("snapshot")
+                self._check_weights("reset_tensors")
             metrics = self.fleet.update_weights(self.weights, self.weight_version + 1)
             self.weight_version += 1
+            if check:
+                self._check_weights("compare")
+        if self.cfg.misc.ci_test:  # the reference's FSDP actor: the engines serve the version just sent
+            served = self.engine.get_weight_version()
+            if served != self.weight_version:
+                raise ci_checks.CICheckFailed(f"ci_test: after the weight sync the engines report weight version {served}, the "
+                                              f"trainer sent {self.weight_version}")
         return metrics
+
+    def _check_weights(self, action: str) -> None:
+        m = self.cfg.misc
+        self.engine.check_weights(action, m.check_weight_update_skip_list, m.check_weight_update_allow_quant_error,
+                                  m.check_weight_update_selector)
 
     # ---- 6. eval -----------------------------------------------------------------------------------
     def evaluate(self) -> PointResult:
@@ -261,6 +323,12 @@ class Runtime:
             self._accept_rollout = meta["rollout_id"] + 1
         elif mode == "fully" and "async_buffer" in meta:
             self.fully_async_worker().load_state_dict(meta["async_buffer"])
+
+    def finish_checks(self) -> None:
+        """The run's end: ci_metric_checker_key must have reached its threshold at some eval point (the reference's
+        MetricChecker.dispose)."""
+        if self.metric_checker is not None:
+            self.metric_checker.dispose()
 
     def close(self) -> None:
         """Stop background generation, the fleet, then what the placement holds (in that order)."""

@@ -30,6 +30,7 @@ from .engine import LossFn, Piece, RolloutTensors, StepShape, TrainEngine
 from .perf import PhaseTimer, perf_metrics
 from .protocol import TrainOutput
 from .schedule import learning_rate
+from .train_dump import save_train_data
 
 
 class RLTrainer:
@@ -43,6 +44,7 @@ class RLTrainer:
         self.loss_algo = cfg.algo.model_copy(update={"use_kl_loss": False}) if no_ref_kl else cfg.algo
         self.shape = StepShape(cfg.global_batch_size, cfg.algo.micro_batch_size, cfg.num_steps_per_rollout)
         self.timer, self.peak_tflops = PhaseTimer(), cfg.cluster.mfu_peak_tflops
+        self.train_dump = cfg.misc.train_dump  # save_debug_train_data (or dump_details'): the path template, or None
         self.steps_done = 0
 
     @property
@@ -77,6 +79,8 @@ class RLTrainer:
         with finite.in_rollout(rollout_id):
             steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
         rollout = self._rollout_metrics(batch, tensors, adv_metrics) if engine.last_stage else {}
+        if self.train_dump is not None and engine.last_stage:
+            save_train_data(self.train_dump, rollout_id, samples, rewards, batch, tensors)
         interval = self.algo.ref_update_interval
         if interval and (rollout_id + 1) % interval == 0:
             engine.update_ref()  # the KL terms of the next rollouts pull toward the policy as it is now

@@ -263,3 +263,30 @@ def test_observe_training_entropy_logs_the_entropy_without_changing_the_step(tin
     (off, w_off), (on, w_on) = out[False], out[True]
     assert off["train/entropy_loss"] == 0.0 and on["train/entropy_loss"] > 0.1  # a tiny random LM: high entropy
     assert on["train/loss"] == pytest.approx(off["train/loss"], rel=1e-6) and torch.equal(w_on, w_off)
+
+
+def test_save_debug_train_data_dumps_what_the_steps_trained_on(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """The reference's --save-debug-train-data (and --dump-details' train_data/): per rollout and rank, the tokens,
+    masks, rewards and the per-token tensors the steps used, one entry per sample."""
+    from transformers import AutoModelForCausalLM
+
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    template = str(tmp_path / "td" / "{rollout_id}_{rank}.pt")
+    trainer = _trainer(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer, save_debug_train_data=template)
+    rollout, _ = trainer.train_rollout(samples, rewards, 3)
+    dump = torch.load(tmp_path / "td" / "3_0.pt", weights_only=True)
+    data = dump["rollout_data"]
+    assert dump["rollout_id"] == 3 and dump["rank"] == 0 and data["rewards"] == rewards and data["values"] is None
+    assert [len(a) for a in data["advantages"]] == data["response_lengths"] == [s.response_length for s in samples]
+    assert [a.tolist() for a in data["loss_masks"]] == [[float(m) for m in s.loss_mask] for s in samples]
+    mask = torch.cat(data["loss_masks"])  # the logged means are over these tensors
+    assert float((torch.cat(data["log_probs"]) * mask).sum() / mask.sum()) == pytest.approx(rollout["rollout/log_probs"], rel=1e-5)
+    assert float((torch.cat(data["advantages"]) * mask).sum() / mask.sum()) == pytest.approx(rollout["rollout/advantages"], abs=1e-6)
+    assert [bool(a[0] > 0) for a in data["advantages"]] == [r == 1.0 for r in rewards]  # GRPO: above its group's mean
+    assert data["ref_log_probs"] is None and "rollout/ref_log_probs" not in rollout  # no reference model here
+    cfg = load_config("tiny", {"dump_details": str(tmp_path / "dd"), "eval_prompt_data": None}).misc
+    assert (cfg.train_dump, cfg.rollout_dump, cfg.trajectory_dump) == (
+        f"{tmp_path}/dd/train_data/{{rollout_id}}_{{rank}}.pt", f"{tmp_path}/dd/rollout_data/{{rollout_id}}.pt",
+        f"{tmp_path}/dd/trajectory/{{rollout_id}}.jsonl")
+    with pytest.raises(ValueError, match="dump_details sets save_debug_train_data itself"):
+        load_config("tiny", {"dump_details": "dd", "save_debug_train_data": template, "eval_prompt_data": None})

@@ -139,6 +139,14 @@ class HTTPEngineClient(SeededGenerate):
     def flush_cache(self) -> None:
         self.request("GET", "/flush_cache")
 
+    def check_weights(self, action: str, skip_list: list[str] | None = None, allow_quant_error: bool = False,
+                      selector: str = "all") -> str:
+        """SGLang's /weights_checker (snapshot | reset_tensors | compare); a failed compare raises EngineHTTPError."""
+        payload = {"action": action, "allow_quant_error": allow_quant_error, "selector": selector}
+        if skip_list is not None:
+            payload["skip_tensor_list"] = list(skip_list)  # SGLang's name for the reference's skip list
+        return str(self.request("POST", "/weights_checker", json=payload).json().get("message", ""))
+
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.request("POST", "/release_memory_occupation", json={"tags": tags} if tags else {})
 

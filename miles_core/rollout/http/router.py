@@ -252,6 +252,12 @@ class EngineRouter(SeededGenerate):
     def flush_cache(self, slots: list[EngineSlot] | None = None) -> None:
         self._broadcast("flush_cache", lambda c: c.flush_cache(), slots)
 
+    def check_weights(self, action: str, skip_list: list[str] | None = None, allow_quant_error: bool = False,
+                      selector: str = "all") -> None:
+        """The weights checker on every healthy engine; one failing engine fails the call."""
+        self._broadcast("check_weights", lambda c: c.check_weights(action, skip_list, allow_quant_error, selector),
+                        [s for s in self.slots if s.healthy])
+
     def abort(self) -> None:
         self._broadcast("abort", lambda c: c.abort())
 

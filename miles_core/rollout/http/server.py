@@ -15,6 +15,7 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
     POST /update_weights_from_disk      POST /update_weights_from_tensor   (ours: a safetensors body)
     POST /init_weights_update_group     POST /update_weights_from_distributed, /destroy_weights_update_group
     POST /update_weight_version         GET|POST /get_weights_by_name      (ours: the whole tensor)
+    GET|POST /weights_checker {action: snapshot|reset_tensors|compare, skip_tensor_list}
     GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
     GET  /model_info (+ /get_model_info) GET  /server_info (+ /get_server_info)  (fields: a subset; tp_size)
     POST /debug/fail                    (ours: rollout/sglang/protocol.py OUR_ROUTES; only with --enable-fault-injection)
@@ -58,6 +59,7 @@ from miles_core.config.rollout import API_KEY_ENV, engine_api_key  # the server'
 from miles_core.device import DEVICES
 from miles_core.rollout.hf_engine import WeightSessionError, outside_session
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+from miles_core.rollout.weight_checker import WeightCheckError
 
 from . import wire
 from .batcher import Batcher
@@ -143,7 +145,7 @@ class EngineServer:
             (post, "/init_weights_update_group", self.init_weights_update_group),
             (post, "/destroy_weights_update_group", self.destroy_weights_update_group),
             (post, "/update_weights_from_distributed", self.update_weights_from_distributed),
-            (both, "/get_weights_by_name", self.get_weights_by_name),
+            (both, "/get_weights_by_name", self.get_weights_by_name), (both, "/weights_checker", self.weights_checker),
             (both, "/release_memory_occupation", self.release_memory_occupation),
             (both, "/resume_memory_occupation", self.resume_memory_occupation),
             (get, "/model_info", self.model_info), (get, "/get_model_info", self.model_info),
@@ -446,6 +448,17 @@ class EngineServer:
         if body.get("name") not in params:
             raise wire.WireError(f"engine has no parameter {body.get('name')!r}")
         return web.json_response(params[body["name"]].float().cpu().tolist())
+
+    async def weights_checker(self, request: web.Request) -> web.Response:
+        """SGLang's CheckWeightsReqInput {action, skip_tensor_list, selector, allow_quant_error} (rollout/weight_checker.py);
+        a failed compare answers 400 with the differing names."""
+        body = await _json(request, default={})
+        try:
+            message = await self.batcher.run(self.engine.check_weights, body.get("action"), body.get("skip_tensor_list"),
+                                             bool(body.get("allow_quant_error")), body.get("selector") or "all")
+        except (WeightCheckError, ValueError) as e:
+            return _error(400, str(e))
+        return web.json_response({"success": True, "message": message})
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
         """Marks the tags released (generate answers 503 until resumed); weights: a CUDA model moves to
