@@ -30,6 +30,11 @@ class ParallelConfig(Group):
     use_dynamic_batch_size: bool = Field(False, description="train_backend megatron: pack each micro-batch's sequences (THD, no padding) up to max_tokens_per_gpu tokens instead of micro_batch_size samples.")
     max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed training micro-batch (use_dynamic_batch_size).")
     log_probs_max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed forward-only micro-batch (use_dynamic_batch_size); default max_tokens_per_gpu.")
+    qkv_format: Literal["thd", "bshd"] = Field(
+        "thd", description="Layout of a training or log-prob micro-batch: thd packs its samples into one sequence (a "
+        "block-diagonal causal mask on CPU, THD cu_seqlens with Transformer Engine on GPU: no padding), bshd right-pads "
+        "them to [micro_batch_size, longest]. train_backend torch packs its samples by prompt (training/batch.py): bshd "
+        "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference.")
     offload_train: bool = Field(False, description="Move the trainer's weights and optimizer state off the device between train stages. Not supported yet.")
     offload_train_target: Literal["cpu", "disk"] = Field("cpu", description="Where offload_train puts them: host memory (cpu) or offload_train_disk_dir (disk).")
     offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")

@@ -35,7 +35,7 @@ BACKEND_GROUPS: dict[str, str] = {
     "session": MULTI_TURN, "custom_megatron_plugins": MEGATRON, "mtp_training": MEGATRON, "miles": SGLANG, "": MULTI_TURN,
 }
 BACKEND_FLAGS: dict[str, str] = {
-    **dict.fromkeys(["qkv_format", "linear_attention_backend", "miles_dsa_topk_backend", "dsa_attention_backend",
+    **dict.fromkeys(["linear_attention_backend", "miles_dsa_topk_backend", "dsa_attention_backend",
                      "megatron_to_hf_mode", "extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
                      "custom_model_provider_path", "recompute_loss_function", "allgather_cp", "indep_dp",
                      "delay_split_train_data_by_dp", "rematerialize_param_from_master_weight",

@@ -230,6 +230,12 @@ def _parallel_rules(c: "TrainConfig") -> None:
         raise ValueError("recompute_method and recompute_num_layers apply only with recompute_granularity full; set it or drop them")
     if full and (p.recompute_method is None or p.recompute_num_layers is None):
         raise ValueError("recompute_granularity full needs recompute_method (uniform | block) and recompute_num_layers")
+    if p.qkv_format == "bshd" and backend != "megatron":
+        raise ValueError(f"qkv_format bshd (padded micro-batches) is only supported with train_backend megatron, as in the "
+                         f"reference; train_backend {backend} packs its samples: drop qkv_format or set it to thd")
+    if p.qkv_format == "bshd" and p.use_dynamic_batch_size:
+        raise ValueError("qkv_format bshd pads micro_batch_size samples per micro-batch; use_dynamic_batch_size packs them "
+                         "(thd), as in the reference: drop one of them")
     if p.use_dynamic_batch_size and p.max_tokens_per_gpu is None:
         raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu (tokens per packed micro-batch)")
     if not p.use_dynamic_batch_size and (p.max_tokens_per_gpu is not None or p.log_probs_max_tokens_per_gpu is not None):

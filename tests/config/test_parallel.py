@@ -40,6 +40,7 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
     ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
+    ({"qkv_format": "bshd", "use_dynamic_batch_size": True, "max_tokens_per_gpu": 64}, "qkv_format bshd pads .* drop one"),
     ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "builtin://tiny-qwen2"},
      "opd_type sglang and opd_teacher_load .* not supported yet on train_backend megatron"),
 ])
@@ -48,6 +49,13 @@ def test_rules_name_the_fields(values, match):
         build_config({**RAY, **values})
 
 
+
+
+def test_qkv_format_bshd_is_megatron_only_and_thd_is_the_default():
+    assert build_config(BASE).parallel.qkv_format == "thd" and build_config(RAY).parallel.qkv_format == "thd"
+    assert build_config({**RAY, "qkv_format": "bshd"}).parallel.qkv_format == "bshd"
+    with pytest.raises(ConfigError, match="qkv_format bshd .* only supported with train_backend megatron"):
+        build_config({**BASE, "qkv_format": "bshd"})
 
 
 def test_megatron_takes_the_distributed_optimizer():

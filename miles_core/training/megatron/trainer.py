@@ -6,8 +6,9 @@ What the engine does for the step:
     forward-only log-probs of the policy, reference (KL) and OPD teacher (opd_teacher_load: a stage of the
     teacher's own shape), on the last pipeline stage, with log_softmax(logits / rollout_temperature),
     vocab-parallel under TP; the critic's values (ppo, critic.py)
-    backward: this data-parallel rank's rows of a global batch in micro-batches (micro_batch_size samples, or
-    packed to max_tokens_per_gpu tokens with use_dynamic_batch_size) through megatron's forward-backward
+    backward: this data-parallel rank's rows of a global batch in micro-batches (micro_batch_size samples, packed
+    into one sequence with qkv_format thd or padded with bshd, or packed to max_tokens_per_gpu tokens with
+    use_dynamic_batch_size: batching.py) through megatron's forward-backward
     schedule, the loss on the last stage; gradients and metric totals are sums over micro-batches and
     data-parallel ranks (the Reducer's global denominators)
     optimizer step: grad-norm clip clip_grad and Adam (optim.py), the NaN guard inside megatron's step.
@@ -150,7 +151,7 @@ class MegatronEngine:
     def compute_log_probs(self, stage, batch: TokenBatch) -> torch.Tensor | None:
         """[N, T] response log-probs on the last pipeline stage (None on the others), micro-batched."""
         max_tokens = (self.p.log_probs_max_tokens_per_gpu or self.p.max_tokens_per_gpu) if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd)
+        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format)
         return batching.forward_only(stage, batch, mbs, lambda mb, out: logprobs.token_log_probs(self._response_logits(mb, out), mb.resp_tokens))
 
     def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
@@ -187,7 +188,7 @@ class MegatronEngine:
         stage); -> the metric totals summed over micro-batches and data-parallel ranks."""
         ddp, optimizer, _ = self._trained_parts(model)
         max_tokens = self.p.max_tokens_per_gpu if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd)
+        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format)
         ddp.train()
         ddp.zero_grad_buffer()
         optimizer.zero_grad(set_to_none=True)

@@ -1,6 +1,6 @@
 """The Megatron trainer runs the torch trainer's math: one GRPO step on the same batch and weights gives
-the same loss and grad norm (1e-5 relative) and the same weight update (within 1e-3 of its size), padded
-or packed (use_dynamic_batch_size), dense or MoE; and a few rollouts move the policy toward reward."""
+the same loss and grad norm (1e-5 relative) and the same weight update (within 1e-3 of its size), packed
+(qkv_format thd, the default; use_dynamic_batch_size) or padded (bshd), dense or MoE; and a few rollouts move the policy toward reward."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def _updates(before: dict, after: dict) -> dict:
     ("glm4_moe", {"micro_batch_size": 4}),
     ("qwen2", {**MEGATRON, "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}),
     ("qwen2", {**MEGATRON, "recompute_granularity": "selective"}),
+    ("qwen2", {**MEGATRON, "qkv_format": "bshd"}),  # padded micro-batches; the default thd packs them
 ])
 def test_grpo_step_equals_the_torch_trainer(megatron_world, tmp_path, lm, cfg, samples, model, overrides):
     hf = lm(seed=0) if model == "qwen2" else tiny_hf(model)
