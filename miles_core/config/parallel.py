@@ -39,6 +39,23 @@ class ParallelConfig(Group):
     offload_train_target: Literal["cpu", "disk"] = Field("cpu", description="Where offload_train puts them: host memory (cpu) or offload_train_disk_dir (disk).")
     offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")
 
+    # ---- the reference's Megatron plugin hooks (dotted paths; train_backend megatron; miles_core/training/megatron/hooks.py)
+    custom_megatron_init_path: str | None = Field(
+        None, description="Called as fn(args) once per trainer, after megatron's parallel groups and seeds are set up, "
+                          "before any model is built (args: the config under the reference's flag names).")
+    custom_megatron_before_log_prob_hook_path: str | None = Field(
+        None, description="Called as fn(args, model, store_prefix) before each forward-only pass (model: [the DDP stage], "
+                          "in eval mode; store_prefix '' for the policy's old log-probs and the critic's values, 'ref_', "
+                          "'teacher_').")
+    custom_megatron_before_train_step_hook_path: str | None = Field(
+        None, description="Called as fn(args, rollout_id, step_id, model, optimizer, opt_param_scheduler) before each "
+                          "optimizer step's forward-backward, gradients zeroed, for the actor and the ppo critic; "
+                          "opt_param_scheduler is None (miles sets the learning rate on the param groups).")
+    custom_megatron_post_save_hook_path: str | None = Field(
+        None, description="Called as fn(args, rollout_id, checkpoint_dir, hf_checkpoint_dir) on rank 0 after each checkpoint "
+                          "is complete (checkpoint_dir: <save>/<rollout_id>); hf_checkpoint_dir is None (HF snapshots are "
+                          "the export stage's, after the save).")
+
     @property
     def expert_tp(self) -> int:
         """expert_tensor_parallel_size, defaulting to tensor_model_parallel_size."""

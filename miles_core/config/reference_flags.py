@@ -41,7 +41,7 @@ BACKEND_FLAGS: dict[str, str] = {
                      "delay_split_train_data_by_dp", "rematerialize_param_from_master_weight",
                      "check_rematerialize_param_from_master_weight", "low_memory_resume", "stream_optimizer_state_to_disk", "stream_optimizer_state_moment_dtype",
                      "offload_train_disk_chunk_mb", "use_routing_replay", "use_rollout_routing_replay",
-                     "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer", "custom_megatron_post_save_hook_path",
+                     "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer",
                      "ref_ckpt_step", "async_save", "critic_num_nodes", "critic_num_gpus_per_node", "balance_by_flops"],
                     MEGATRON),
     **dict.fromkeys(["rollout_skip_special_tokens", "pause_generation_mode", "update_weight_transfer_mode",

@@ -196,6 +196,8 @@ MEGATRON_ONLY = {
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
     "use_distributed_optimizer": False, "distributed_timeout_minutes": 10,
+    "custom_megatron_init_path": None, "custom_megatron_before_log_prob_hook_path": None,
+    "custom_megatron_before_train_step_hook_path": None, "custom_megatron_post_save_hook_path": None,
 }
 
 
@@ -213,8 +215,10 @@ def _parallel_rules(c: "TrainConfig") -> None:
     if backend == "torch":
         for name, default in MEGATRON_ONLY.items():
             if getattr(p, name) != default:
-                raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only (the torch trainer is data "
-                                 f"parallel only); set train_backend: megatron or drop {name}")
+                why = "a hook of the reference's Megatron trainer" if name.startswith("custom_megatron_") else \
+                    "the torch trainer is data parallel only"
+                raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only ({why}); set "
+                                 f"train_backend: megatron or drop {name}")
     if p.offload_train:
         raise ValueError("offload_train is not supported yet; drop it (set offload_train: false)")
     if p.offload_train_target != "cpu" or p.offload_train_disk_dir is not None:

@@ -44,6 +44,7 @@ from miles_core.training.schedule import reset_adam_state
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .critic import MegatronCritic
+from .hooks import MegatronHooks
 from .logprobs import mask_padded_vocab
 from .lora import MegatronLora
 from .model_args import ModelArgs, from_hf_config
@@ -71,6 +72,8 @@ class MegatronEngine:
         self.device_type = self.device.type
         self.lora = self._lora(cfg)  # before any weight is read: its refusals name the field
         parallel.init_parallel(self.p, cfg.misc.seed, self.device_type)
+        self.hooks = MegatronHooks(cfg)  # the reference's plugin hooks (hooks.py)
+        self.hooks.init()
         # TE on CUDA when it imports, else local (model.py); LoRA's adapters wrap the local spec's linears (lora.py)
         self.spec = model.LAYER_SPECS["local"] if self.lora else model.layer_spec(self.device_type)
         self.dtype = DTYPES[cfg.misc.dtype]
@@ -159,10 +162,18 @@ class MegatronEngine:
 
     def log_probs(self, role: str, batch: TokenBatch) -> torch.Tensor | None:
         stage = {"actor": self.model, "ref": self.ref_model, "teacher": self.teacher_model}[role]
-        return None if stage is None else self.compute_log_probs(stage, batch)
+        if stage is None:
+            return None
+        stage.eval()
+        self.hooks.before_log_prob(role, stage)
+        return self.compute_log_probs(stage, batch)
 
     def values(self, batch: TokenBatch) -> torch.Tensor | None:
-        return None if self.critic is None else self.critic.values(batch)
+        if self.critic is None:
+            return None
+        self.critic.module.eval()
+        self.hooks.before_log_prob("critic", self.critic.module)
+        return self.critic.values(batch)
 
     @property
     def last_stage(self) -> bool:
@@ -192,6 +203,7 @@ class MegatronEngine:
         ddp.train()
         ddp.zero_grad_buffer()
         optimizer.zero_grad(set_to_none=True)
+        self.hooks.before_train_step(rows.start // len(rows), ddp, optimizer)  # step k of the rollout: rows k*gbs..
         piece = self._actor_piece if model == "actor" else self._critic_piece
         totals: dict[str, float] = {}
         for r in batching.run(ddp, mbs, partial(self._loss, loss_fn, piece), forward_only=False):
@@ -276,7 +288,9 @@ class MegatronEngine:
 
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
         """An atomic torch_dist checkpoint (checkpoint.py) holding ``state`` (with steps_done); collective over the train group."""
-        checkpoint.save(self, save_dir, rollout_id, state)
+        path = checkpoint.save(self, save_dir, rollout_id, state)
+        if dist.get_rank() == 0:
+            self.hooks.post_save(rollout_id, path)
 
     def restore(self, load_dir: Path) -> dict | None:
         return checkpoint.restore(self, load_dir)
@@ -314,6 +328,10 @@ class MegatronTrainer(RLTrainer):
 
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         super().__init__(MegatronEngine(cfg, model_path, pad_id), cfg)
+
+    def train_rollout(self, samples, rewards, rollout_id: int = 0):
+        self.engine.hooks.rollout_id = rollout_id  # the before-train-step hook's rollout_id
+        return super().train_rollout(samples, rewards, rollout_id)
 
     def close(self) -> None:
         self.engine.close()

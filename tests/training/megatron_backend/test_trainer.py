@@ -139,3 +139,27 @@ def test_a_nan_loss_stops_the_step_before_the_update_and_a_nan_weight_is_never_s
     with pytest.raises(NonFiniteTraining, match="checkpoint 3 .* holds NaN or Inf"):
         mega.save(tmp_path / "ckpt", 3, {})
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_the_megatron_plugin_hooks_are_called_with_the_reference_signatures_at_its_points(megatron_world, tmp_path, lm, cfg,
+                                                                                          samples):
+    """custom_megatron_init_path after the parallel groups, the before-log-prob hook per forward-only pass (policy '',
+    reference 'ref_'; eval mode), the before-train-step hook per optimizer step with its gradients zeroed, the
+    post-save hook once the checkpoint is in place (megatron_utils/initialize.py, model.py, actor.py)."""
+    import importlib
+
+    mod = "tests.training.megatron_backend._hooks"
+    hooks = importlib.import_module(mod)  # the module the trainer resolves the paths to
+    hooks.CALLS.clear()
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    c = cfg(**MEGATRON, use_kl_loss=True, kl_loss_coef=0.1, num_steps_per_rollout=2, micro_batch_size=2,
+            custom_megatron_init_path=f"{mod}.init", custom_megatron_before_log_prob_hook_path=f"{mod}.before_log_prob",
+            custom_megatron_before_train_step_hook_path=f"{mod}.before_train_step",
+            custom_megatron_post_save_hook_path=f"{mod}.post_save")
+    mega = MegatronTrainer(c, tmp_path / "hf", pad_id=PAD)
+    assert hooks.CALLS == [("init", 1, True)]
+    mega.train_rollout(samples, [s.reward for s in samples], rollout_id=5)
+    mega.save(tmp_path / "ckpt", 5, {})
+    assert hooks.CALLS[1:] == [("log_prob", "", 1, False), ("log_prob", "ref_", 1, False),
+                               ("train_step", 5, 0, True, None, 2, True), ("train_step", 5, 1, True, None, 2, True),
+                               ("post_save", 5, "5", True, None)]
