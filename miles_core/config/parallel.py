@@ -25,6 +25,10 @@ class ParallelConfig(Group):
     recompute_granularity: Literal["full", "selective"] | None = Field(None, description="Activation recompute: full (whole layers) or selective (core attention only); None = off.")
     recompute_method: Literal["uniform", "block"] | None = Field(None, description="With recompute_granularity full: uniform (chunks of recompute_num_layers) or block (the first recompute_num_layers layers of each stage).")
     recompute_num_layers: int | None = Field(None, ge=1, description="Layers per recompute chunk (uniform) or recomputed layers per stage (block).")
+    recompute_loss_function: bool = Field(
+        False, description="train_backend megatron: compute each micro-batch's loss from the model's output (log-softmax "
+        "over the vocab, entropy, loss terms) under activation checkpointing: its activations are recomputed in the "
+        "backward instead of kept (less memory, one more loss pass; same loss and gradients).")
     distributed_timeout_minutes: int = Field(10, ge=1, description="train_backend megatron: timeout of the trainer's collectives (megatron-core's model-parallel groups, and the world of the train group: the Ray ranks' or the local runtime's one rank): a rank that waits longer on a collective fails instead of hanging.")
     use_distributed_optimizer: bool = Field(False, description="train_backend megatron: shard the optimizer state (fp32 main parameters, Adam moments) over the data-parallel ranks with megatron-core's distributed optimizer.")
     use_dynamic_batch_size: bool = Field(False, description="train_backend megatron: pack each micro-batch's sequences (THD, no padding) up to max_tokens_per_gpu tokens instead of micro_batch_size samples.")

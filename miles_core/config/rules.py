@@ -195,9 +195,15 @@ MEGATRON_ONLY = {
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
-    "use_distributed_optimizer": False, "distributed_timeout_minutes": 10,
+    "use_distributed_optimizer": False, "distributed_timeout_minutes": 10, "recompute_loss_function": False,
     "custom_megatron_init_path": None, "custom_megatron_before_log_prob_hook_path": None,
     "custom_megatron_before_train_step_hook_path": None, "custom_megatron_post_save_hook_path": None,
+}
+
+
+MEGATRON_ONLY_WHY = {
+    "recompute_loss_function": "the torch trainer's log-probs come out of the model's forward (training/batch.py), with no "
+                               "separate loss from the logits to recompute",
 }
 
 
@@ -215,8 +221,8 @@ def _parallel_rules(c: "TrainConfig") -> None:
     if backend == "torch":
         for name, default in MEGATRON_ONLY.items():
             if getattr(p, name) != default:
-                why = "a hook of the reference's Megatron trainer" if name.startswith("custom_megatron_") else \
-                    "the torch trainer is data parallel only"
+                why = MEGATRON_ONLY_WHY.get(name, "a hook of the reference's Megatron trainer" if name.startswith(
+                    "custom_megatron_") else "the torch trainer is data parallel only")
                 raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only ({why}); set "
                                  f"train_backend: megatron or drop {name}")
     if p.offload_train:

@@ -25,7 +25,8 @@ def test_reference_defaults():
 
 @pytest.mark.parametrize("field, value", [("tensor_model_parallel_size", 2), ("sequence_parallel", True),
                                           ("use_dynamic_batch_size", True), ("expert_model_parallel_size", 2),
-                                          ("use_distributed_optimizer", True), ("custom_megatron_init_path", "os.getcwd")])
+                                          ("use_distributed_optimizer", True), ("custom_megatron_init_path", "os.getcwd"),
+                                          ("recompute_loss_function", True)])
 def test_torch_backend_refuses_megatron_fields(field, value):
     with pytest.raises(ConfigError, match=f"{field}.*train_backend megatron only"):
         build_config({**BASE, field: value})

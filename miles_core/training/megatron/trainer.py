@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 from miles_core.config import TrainConfig
 from miles_core.config.rules import check_model_divides
@@ -212,8 +213,14 @@ class MegatronEngine:
         return parallel.sum_over_data_parallel(totals)
 
     def _loss(self, loss_fn: LossFn, piece, mb: batching.MicroBatch, out: torch.Tensor):
-        """loss_fn on one micro-batch (last stage): -> (loss, token count, float metrics), as megatron's schedule wants."""
-        loss, metrics = loss_fn(piece(mb, out))
+        """loss_fn on one micro-batch (last stage): -> (loss, token count, float metrics), as megatron's schedule wants.
+        recompute_loss_function: the loss from the stage's output on (log-softmax over the vocab, entropy, loss terms)
+        runs under activation checkpointing, its activations recomputed in the backward (the reference's
+        training_utils/loss.py loss_function)."""
+        if self.p.recompute_loss_function:
+            loss, metrics = torch.utils.checkpoint.checkpoint(lambda o: loss_fn(piece(mb, o)), out, use_reentrant=False)
+        else:
+            loss, metrics = loss_fn(piece(mb, out))
         return loss, batching.count(loss), {name: float(v) for name, v in metrics.items()}
 
     def _actor_piece(self, mb: batching.MicroBatch, out: torch.Tensor) -> Piece:

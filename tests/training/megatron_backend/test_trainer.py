@@ -163,3 +163,25 @@ def test_the_megatron_plugin_hooks_are_called_with_the_reference_signatures_at_i
     assert hooks.CALLS[1:] == [("log_prob", "", 1, False), ("log_prob", "ref_", 1, False),
                                ("train_step", 5, 0, True, None, 2, True), ("train_step", 5, 1, True, None, 2, True),
                                ("post_save", 5, "5", True, None)]
+
+
+def test_recompute_loss_function_runs_the_loss_again_in_the_backward_with_the_same_step(megatron_world, tmp_path, lm, cfg,
+                                                                                        samples):
+    """The reference's --recompute-loss-function: the loss from the model's output is checkpointed, so the backward
+    recomputes it (two loss passes per micro-batch instead of one) and the step is the same."""
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    rewards = [s.reward for s in samples]
+    results = {}
+    for recompute in (False, True):
+        mega = MegatronTrainer(cfg(**MEGATRON, recompute_loss_function=recompute, entropy_coef=0.01), tmp_path / "hf", pad_id=PAD)
+        calls = []
+        piece = mega.engine._actor_piece
+        mega.engine._actor_piece = lambda mb, out: calls.append(mb.rows) or piece(mb, out)  # counts the loss passes
+        out = mega.train_rollout(samples, rewards)
+        results[recompute] = (out.steps[0], dict(mega.named_tensors()), len(calls))
+    (off_step, off_w, off_calls), (on_step, on_w, on_calls) = results[False], results[True]
+    micro_batches = -(-len(samples) // cfg().algo.micro_batch_size)
+    assert (off_calls, on_calls) == (micro_batches, 2 * micro_batches)
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy_loss"):
+        assert on_step[key] == pytest.approx(off_step[key], rel=1e-6, abs=1e-9), key
+    assert all(torch.allclose(on_w[k], off_w[k], atol=1e-7) for k in off_w)
