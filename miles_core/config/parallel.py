@@ -25,6 +25,10 @@ class ParallelConfig(Group):
     recompute_granularity: Literal["full", "selective"] | None = Field(None, description="Activation recompute: full (whole layers) or selective (core attention only); None = off.")
     recompute_method: Literal["uniform", "block"] | None = Field(None, description="With recompute_granularity full: uniform (chunks of recompute_num_layers) or block (the first recompute_num_layers layers of each stage).")
     recompute_num_layers: int | None = Field(None, ge=1, description="Layers per recompute chunk (uniform) or recomputed layers per stage (block).")
+    megatron_to_hf_mode: Literal["raw", "bridge"] = Field(
+        "raw", description="train_backend megatron: how its weights become HF tensors (weight sync, exports) and back: raw, "
+        "miles' own per-family converters (training/megatron/weights.py; the reference's raw mode). bridge (Megatron-Bridge's "
+        "AutoBridge) is refused: miles does not install or use Megatron-Bridge.")
     recompute_loss_function: bool = Field(
         False, description="train_backend megatron: compute each micro-batch's loss from the model's output (log-softmax "
         "over the vocab, entropy, loss terms) under activation checkpointing: its activations are recomputed in the "

@@ -36,7 +36,7 @@ BACKEND_GROUPS: dict[str, str] = {
 }
 BACKEND_FLAGS: dict[str, str] = {
     **dict.fromkeys(["linear_attention_backend", "miles_dsa_topk_backend", "dsa_attention_backend",
-                     "megatron_to_hf_mode", "extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
+                     "extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
                      "custom_model_provider_path", "allgather_cp", "indep_dp",
                      "delay_split_train_data_by_dp", "rematerialize_param_from_master_weight",
                      "check_rematerialize_param_from_master_weight", "low_memory_resume", "stream_optimizer_state_to_disk", "stream_optimizer_state_moment_dtype",

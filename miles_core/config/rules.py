@@ -240,6 +240,10 @@ def _parallel_rules(c: "TrainConfig") -> None:
         raise ValueError("recompute_method and recompute_num_layers apply only with recompute_granularity full; set it or drop them")
     if full and (p.recompute_method is None or p.recompute_num_layers is None):
         raise ValueError("recompute_granularity full needs recompute_method (uniform | block) and recompute_num_layers")
+    if p.megatron_to_hf_mode == "bridge":
+        raise ValueError("megatron_to_hf_mode bridge converts with Megatron-Bridge (megatron.bridge.AutoBridge), which miles "
+                         "does not install or use; its Megatron trainer converts with its own per-family converters (the "
+                         "reference's raw mode, training/megatron/weights.py): set megatron_to_hf_mode: raw")
     if p.qkv_format == "bshd" and backend != "megatron":
         raise ValueError(f"qkv_format bshd (padded micro-batches) is only supported with train_backend megatron, as in the "
                          f"reference; train_backend {backend} packs its samples: drop qkv_format or set it to thd")

@@ -41,6 +41,7 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
     ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
+    ({"megatron_to_hf_mode": "bridge"}, "megatron_to_hf_mode bridge converts with Megatron-Bridge .* set megatron_to_hf_mode: raw"),
     ({"qkv_format": "bshd", "use_dynamic_batch_size": True, "max_tokens_per_gpu": 64}, "qkv_format bshd pads .* drop one"),
     ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "builtin://tiny-qwen2"},
      "opd_type sglang and opd_teacher_load .* not supported yet on train_backend megatron"),

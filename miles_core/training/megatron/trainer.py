@@ -69,6 +69,8 @@ class MegatronEngine:
         hf_config = json.loads((self.model_path / "config.json").read_text())
         check_model_divides(shape_from_config(hf_config), self.p, str(self.model_path))
         self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
+        if self.p.megatron_to_hf_mode != "raw":  # refused at load (config/rules.py); weights.py is the raw converter
+            raise ValueError(f"megatron_to_hf_mode {self.p.megatron_to_hf_mode}: only raw (weights.py) is implemented")
         self.device = resolve_device(cfg.cluster.device)  # batches, grad buffers and RNG live there
         self.device_type = self.device.type
         self.lora = self._lora(cfg)  # before any weight is read: its refusals name the field
@@ -305,6 +307,7 @@ class MegatronEngine:
     def run_params(self) -> dict[str, str]:
         """What this trainer chose from the config and the machine, for the run's params (derived.trainer.*)."""
         return {"layer_spec": self.spec.name, "device": self.device_type, "optimizer": type(self.optimizer).__name__,
+                "megatron_to_hf_mode": self.p.megatron_to_hf_mode,
                 "main_dtype": "float32" if self.dtype in optim.HALF else str(self.dtype).removeprefix("torch.")}
 
     def _trained(self):
