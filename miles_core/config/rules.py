@@ -131,6 +131,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
     if cl.mfu_peak_tflops is not None and cl.train_backend != "torch":
         raise ValueError(f"mfu_peak_tflops is not supported yet with train_backend {cl.train_backend}: only the torch trainer "
                          "reports perf/actor_train_mfu; drop mfu_peak_tflops or use train_backend torch")
+    if cl.train_env_vars and cl.runtime != "ray":
+        raise ValueError(f"train_env_vars ({', '.join(sorted(cl.train_env_vars))}) sets the environment of the Ray train "
+                         "actors; the local runtime trains in this process: set them in its environment, or use runtime: ray")
     external = c.rollout.rollout_external_engine_addrs is not None
     refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine, launched=not external)
     if refused:
