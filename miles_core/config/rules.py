@@ -16,9 +16,12 @@ if TYPE_CHECKING:
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
     "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
-    "offload_train": "offloading the trainer between train stages is not built yet",
-    "offload_train_target": "it applies only with offload_train, which is not built yet",
-    "offload_train_disk_dir": "it applies only with offload_train, which is not built yet",
+    "offload_train": "no runtime stage moves the trainer off its GPU while the engines generate yet (the trainers' offload / "
+                     "onload exist, uncalled; the reference's torch_memory_saver is not used); colocated engines are "
+                     "offloaded instead",
+    "offload_train_target": "it applies only with offload_train, which is not built yet (and disk, the reference's "
+                            "torch_memory_saver disk backend, not at all)",
+    "offload_train_disk_dir": "it applies only with offload_train_target disk, which is not built",
     "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
