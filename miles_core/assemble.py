@@ -8,7 +8,7 @@ parameter), so a typo fails in seconds naming the field:
   function, its parser, tool specs and execute function (rollout.multi_turn);
 - every extension point, by the one resolver (registry names first, else a dotted path):
   custom_rm_path, custom_reward_post_process_path, custom_rollout_log_function_path, dynamic_sampling_filter_path,
-  custom_loss_function_path, custom_tis_function_path, eval_function_path;
+  custom_loss_function_path, custom_tis_function_path, eval_function_path, the Megatron plugin hooks;
 - champion_metric against the metrics catalog; with train_backend megatron, the parallel sizes against
   the model's shape (its config.json).
 
@@ -83,6 +83,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
     from miles_core.algorithms.rollout_correction import TIS_FUNCTIONS
     from miles_core.evaluation.suite import EVAL_FUNCTIONS
     from miles_core.rollout.filters import FILTERS
+    from miles_core.training.megatron.hooks import HOOKS as MEGATRON_HOOKS
 
     r, a, e = c.rollout, c.algo, c.eval
     points = {
@@ -92,6 +93,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
         "custom_loss_function_path": (a.custom_loss_function_path, LOSS_FUNCTIONS),
         "custom_tis_function_path": (a.custom_tis_function_path, TIS_FUNCTIONS),
         "eval_function_path": (e.eval_function_path, EVAL_FUNCTIONS),
+        **{name: (getattr(c.parallel, name), None) for name in MEGATRON_HOOKS},
     }
     return {k: v for k, v in points.items() if v[0]}
 

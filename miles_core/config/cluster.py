@@ -38,6 +38,10 @@ class ClusterConfig(Group):
         0, ge=0, description="Seconds from the engines' start to the first health check (use_fault_tolerance; engines "
                              "compiling kernels at start may need minutes), then one every rollout_health_check_interval.")
     rollout_health_check_timeout: float = Field(30.0, gt=0, description="An engine whose /health_generate does not answer 200 within this many seconds is dead: killed and restarted.")
+    train_env_vars: dict[str, str] = Field(
+        default_factory=dict, description="Ray runtime: extra environment variables of the training processes (every train "
+        "rank's actor, e.g. PyTorch memory settings), over those it inherits. The local runtime trains in this process: "
+        "set them in its environment instead (refused there).")
     mfu_peak_tflops: float | None = Field(None, gt=0, description="Peak TFLOP/s of one training device, for perf/actor_train_mfu (unset: no MFU).")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads for the local runtime (None = torch default).")
     torch_compile: bool = Field(

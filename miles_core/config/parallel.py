@@ -25,14 +25,44 @@ class ParallelConfig(Group):
     recompute_granularity: Literal["full", "selective"] | None = Field(None, description="Activation recompute: full (whole layers) or selective (core attention only); None = off.")
     recompute_method: Literal["uniform", "block"] | None = Field(None, description="With recompute_granularity full: uniform (chunks of recompute_num_layers) or block (the first recompute_num_layers layers of each stage).")
     recompute_num_layers: int | None = Field(None, ge=1, description="Layers per recompute chunk (uniform) or recomputed layers per stage (block).")
+    megatron_to_hf_mode: Literal["raw", "bridge"] = Field(
+        "raw", description="train_backend megatron: how its weights become HF tensors (weight sync, exports) and back: raw, "
+        "miles' own per-family converters (training/megatron/weights.py; the reference's raw mode). bridge (Megatron-Bridge's "
+        "AutoBridge) is refused: miles does not install or use Megatron-Bridge.")
+    recompute_loss_function: bool = Field(
+        False, description="train_backend megatron: compute each micro-batch's loss from the model's output (log-softmax "
+        "over the vocab, entropy, loss terms) under activation checkpointing: its activations are recomputed in the "
+        "backward instead of kept (less memory, one more loss pass; same loss and gradients).")
     distributed_timeout_minutes: int = Field(10, ge=1, description="train_backend megatron: timeout of the trainer's collectives (megatron-core's model-parallel groups, and the world of the train group: the Ray ranks' or the local runtime's one rank): a rank that waits longer on a collective fails instead of hanging.")
     use_distributed_optimizer: bool = Field(False, description="train_backend megatron: shard the optimizer state (fp32 main parameters, Adam moments) over the data-parallel ranks with megatron-core's distributed optimizer.")
     use_dynamic_batch_size: bool = Field(False, description="train_backend megatron: pack each micro-batch's sequences (THD, no padding) up to max_tokens_per_gpu tokens instead of micro_batch_size samples.")
     max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed training micro-batch (use_dynamic_batch_size).")
     log_probs_max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed forward-only micro-batch (use_dynamic_batch_size); default max_tokens_per_gpu.")
+    qkv_format: Literal["thd", "bshd"] = Field(
+        "thd", description="Layout of a training or log-prob micro-batch: thd packs its samples into one sequence (a "
+        "block-diagonal causal mask on CPU, THD cu_seqlens with Transformer Engine on GPU: no padding), bshd right-pads "
+        "them to [micro_batch_size, longest]. train_backend torch packs its samples by prompt (training/batch.py): bshd "
+        "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference.")
     offload_train: bool = Field(False, description="Move the trainer's weights and optimizer state off the device between train stages. Not supported yet.")
     offload_train_target: Literal["cpu", "disk"] = Field("cpu", description="Where offload_train puts them: host memory (cpu) or offload_train_disk_dir (disk).")
     offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")
+
+    # ---- the reference's Megatron plugin hooks (dotted paths; train_backend megatron; miles_core/training/megatron/hooks.py)
+    custom_megatron_init_path: str | None = Field(
+        None, description="Called as fn(args) once per trainer, after megatron's parallel groups and seeds are set up, "
+                          "before any model is built (args: the config under the reference's flag names).")
+    custom_megatron_before_log_prob_hook_path: str | None = Field(
+        None, description="Called as fn(args, model, store_prefix) before each forward-only pass (model: [the DDP stage], "
+                          "in eval mode; store_prefix '' for the policy's old log-probs and the critic's values, 'ref_', "
+                          "'teacher_').")
+    custom_megatron_before_train_step_hook_path: str | None = Field(
+        None, description="Called as fn(args, rollout_id, step_id, model, optimizer, opt_param_scheduler) before each "
+                          "optimizer step's forward-backward, gradients zeroed, for the actor and the ppo critic; "
+                          "opt_param_scheduler is None (miles sets the learning rate on the param groups).")
+    custom_megatron_post_save_hook_path: str | None = Field(
+        None, description="Called as fn(args, rollout_id, checkpoint_dir, hf_checkpoint_dir) on rank 0 after each checkpoint "
+                          "is complete (checkpoint_dir: <save>/<rollout_id>); hf_checkpoint_dir is None (HF snapshots are "
+                          "the export stage's, after the save).")
 
     @property
     def expert_tp(self) -> int:

@@ -32,18 +32,9 @@ BACKEND_STATE: dict[str, str] = {  # how the refusal of a backend flag says wher
 }
 BACKEND_GROUPS: dict[str, str] = {
     "lora": LORA, "sglang": SGLANG, "sglang_router": SGLANG, "router": SGLANG, "prefill_decode_disaggregation": SGLANG,
-    "session": MULTI_TURN, "custom_megatron_plugins": MEGATRON, "mtp_training": MEGATRON, "miles": SGLANG, "": MULTI_TURN,
+    "session": MULTI_TURN, "miles": SGLANG, "": MULTI_TURN,
 }
 BACKEND_FLAGS: dict[str, str] = {
-    **dict.fromkeys(["qkv_format", "linear_attention_backend", "miles_dsa_topk_backend", "dsa_attention_backend",
-                     "megatron_to_hf_mode", "extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
-                     "custom_model_provider_path", "recompute_loss_function", "allgather_cp", "indep_dp",
-                     "delay_split_train_data_by_dp", "rematerialize_param_from_master_weight",
-                     "check_rematerialize_param_from_master_weight", "low_memory_resume", "stream_optimizer_state_to_disk", "stream_optimizer_state_moment_dtype",
-                     "offload_train_disk_chunk_mb", "use_routing_replay", "use_rollout_routing_replay",
-                     "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer", "custom_megatron_post_save_hook_path",
-                     "ref_ckpt_step", "async_save", "critic_num_nodes", "critic_num_gpus_per_node", "balance_by_flops"],
-                    MEGATRON),
     **dict.fromkeys(["rollout_skip_special_tokens", "pause_generation_mode", "update_weight_transfer_mode",
                      "update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
                      "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
@@ -69,9 +60,72 @@ UNSUPPORTED_GROUPS: dict[str, str] = {
     "cluster": "this cluster option is not implemented yet",
     "mlflow": "MLflow runs are chosen by the run dir (resume) and mlflow_new_run",
 }
+DSA = ("miles' model specs (training/megatron/model_args.py, from config.json) have no DeepSeek Sparse Attention "
+       "(the glm_moe_dsa / DeepSeek-V3.2 lightning indexer)")
+MOE_REPLAY = ("MoE routing replay (the router's expert choices recorded in the old-policy forward, or taken from SGLang's "
+              "rollout, and replayed in the training forward) is not built: the Megatron trainer's megatron-core 0.16.1 "
+              "router (TopKRouter) routes every forward afresh")
+NO_DISK_OFFLOAD = ("the reference's disk offload of the train state (torch_memory_saver's disk backend, its streamed Adam) "
+                   "is not built: offload_train (cpu) is the only trainer offload")
+# Options of the reference's Megatron trainer that ours (miles_core/training/megatron/, megatron-core 0.16.1) does not have
+MEGATRON_REFUSED: dict[str, str] = {
+    "custom_model_provider_path": "a reference provider (pre_process, post_process, vp_stage) builds its GPTModel from "
+                                  "Megatron-LM's global args (megatron.training.get_args), which megatron-core alone does not "
+                                  "have; miles builds the model from the checkpoint's config.json (training/megatron/model.py)",
+    "linear_attention_backend": "miles' model specs have no linear-attention (Qwen3-Next gated delta-net) layers to run with "
+                                "fla or flashqla",
+    "miles_dsa_topk_backend": DSA, "dsa_attention_backend": DSA, "freeze_indexer": DSA, "use_indexer_replay": DSA,
+    "use_rollout_indexer_replay": DSA,
+    "use_routing_replay": MOE_REPLAY, "use_rollout_routing_replay": MOE_REPLAY,
+    "extra_high_precision_layers_megatron": "miles syncs and exports weights unquantized in the model dtype: there is no "
+                                            "FP8 Megatron-to-HF quantization to exempt layers from",
+    "extra_high_precision_layers_hf": "miles syncs and exports weights unquantized in the model dtype: there is no FP8 "
+                                      "Megatron-to-HF quantization to exempt layers from",
+    "allgather_cp": "it changes how context parallel splits the sequence; context_parallel_size > 1 is refused (it needs "
+                    "Transformer Engine's attention, which the CPU-tested local layer spec lacks)",
+    "indep_dp": "the train group is one megatron world of TP * PP * CP * DP ranks (megatron-core's own data parallel); "
+                "independent per-replica Megatron instances are not built",
+    "delay_split_train_data_by_dp": "every train rank already receives the whole rollout and takes its own rows "
+                                    "(training/megatron/parallel.my_rows), the flag's behaviour; the default split before "
+                                    "sending is not built",
+    "rematerialize_param_from_master_weight": "the Megatron trainer keeps no CPU backup of the actor's weights while "
+                                              "engines generate (offload_train is refused), so there is no backup to drop",
+    "check_rematerialize_param_from_master_weight": "it checks rematerialize_param_from_master_weight, which is not "
+                                                    "supported (no CPU weight backup to drop)",
+    "low_memory_resume": "Megatron-LM's optimizer-on-CPU checkpoint load; miles loads torch_dist checkpoints with "
+                         "megatron-core 0.16.1's dist_checkpointing.load into the live sharded tensors",
+    "stream_optimizer_state_to_disk": NO_DISK_OFFLOAD, "stream_optimizer_state_moment_dtype": NO_DISK_OFFLOAD,
+    "offload_train_disk_chunk_mb": NO_DISK_OFFLOAD,
+    "train_memory_margin_bytes": "torch_memory_saver's margin when the trainer is offloaded on a GPU; miles does not use "
+                                 "torch_memory_saver",
+    "true_on_policy_mode": "bitwise-equal log-probs need SGLang's deterministic inference and batch-invariant trainer "
+                           "kernels; miles' in-process engine shares the trainer's weights (log-prob difference ~0), not "
+                           "its kernels",
+    "recompute_logprobs_via_prefill": "SGLang prefill re-scoring of the rollout's log-probs is not built: miles' engines "
+                                      "return the decode's log-probs (use_rollout_logprobs off: the trainer rescores)",
+    "ref_ckpt_step": "it picks an iteration of a Megatron torch_dist reference checkpoint; ref_load is an HF directory or "
+                     "builtin:// name here",
+    "async_save": "Megatron-LM's asynchronous checkpoint save (megatron.training.async_utils) is not used: miles saves "
+                  "torch_dist checkpoints synchronously and atomically (megatron-core's dist_checkpointing.save, then "
+                  "rename and the latest pointer)",
+    "critic_num_nodes": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same train "
+                        "group), not in a Ray group of its own: actor_num_nodes and actor_num_gpus_per_node place both",
+    "critic_num_gpus_per_node": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same "
+                                "train group), not in a Ray group of its own: actor_num_nodes and actor_num_gpus_per_node "
+                                "place both",
+    "balance_by_flops": "micro-batches are packed first-fit decreasing by tokens (use_dynamic_batch_size, "
+                        "training/batch.pack_rows); FLOPs-balanced Karmarkar-Karp partitions are not built",
+    "mtp_num_layers": "miles' model specs build no multi-token-prediction block (an HF checkpoint's MTP / nextn layers "
+                      "are not loaded)",
+    "mtp_loss_scaling_factor": "it scales the MTP loss; miles' model specs build no multi-token-prediction block",
+    "enable_mtp_training": "miles' model specs build no multi-token-prediction block (an HF checkpoint's MTP / nextn layers "
+                           "are not loaded), so there is nothing to train",
+}
 UNSUPPORTED_FLAGS: dict[str, str] = {
-    "offload": "colocate offloads the engine; trainer offload needs the Megatron backend",
-    "num_gpus_per_node": "placement reads actor_num_gpus_per_node and rollout_num_gpus",
+    **MEGATRON_REFUSED,
+    "offload": "it sets offload_train and offload_rollout; offload_train is not supported yet: set offload_rollout alone",
+    "num_gpus_per_node": "it places SGLang engines' GPUs within a node (the reference's sglang_engine.py); miles places "
+                         "engines by rollout_num_gpus and rollout_num_gpus_per_engine bundles",
     "fully_async": "use async_mode: fully",
     "rollout_function_path": "a whole-rollout function is not supported; custom_generate_function_path replaces the per-sample "
                              "generation (docs/guide/multi-turn.md)",

@@ -16,9 +16,12 @@ if TYPE_CHECKING:
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
     "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
-    "offload_train": "offloading the trainer between train stages is not built yet",
-    "offload_train_target": "it applies only with offload_train, which is not built yet",
-    "offload_train_disk_dir": "it applies only with offload_train, which is not built yet",
+    "offload_train": "no runtime stage moves the trainer off its GPU while the engines generate yet (the trainers' offload / "
+                     "onload exist, uncalled; the reference's torch_memory_saver is not used); colocated engines are "
+                     "offloaded instead",
+    "offload_train_target": "it applies only with offload_train, which is not built yet (and disk, the reference's "
+                            "torch_memory_saver disk backend, not at all)",
+    "offload_train_disk_dir": "it applies only with offload_train_target disk, which is not built",
     "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
@@ -131,6 +134,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
     if cl.mfu_peak_tflops is not None and cl.train_backend != "torch":
         raise ValueError(f"mfu_peak_tflops is not supported yet with train_backend {cl.train_backend}: only the torch trainer "
                          "reports perf/actor_train_mfu; drop mfu_peak_tflops or use train_backend torch")
+    if cl.train_env_vars and cl.runtime != "ray":
+        raise ValueError(f"train_env_vars ({', '.join(sorted(cl.train_env_vars))}) sets the environment of the Ray train "
+                         "actors; the local runtime trains in this process: set them in its environment, or use runtime: ray")
     external = c.rollout.rollout_external_engine_addrs is not None
     refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine, launched=not external)
     if refused:
@@ -195,7 +201,15 @@ MEGATRON_ONLY = {
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
-    "use_distributed_optimizer": False, "distributed_timeout_minutes": 10,
+    "use_distributed_optimizer": False, "distributed_timeout_minutes": 10, "recompute_loss_function": False,
+    "custom_megatron_init_path": None, "custom_megatron_before_log_prob_hook_path": None,
+    "custom_megatron_before_train_step_hook_path": None, "custom_megatron_post_save_hook_path": None,
+}
+
+
+MEGATRON_ONLY_WHY = {
+    "recompute_loss_function": "the torch trainer's log-probs come out of the model's forward (training/batch.py), with no "
+                               "separate loss from the logits to recompute",
 }
 
 
@@ -213,8 +227,10 @@ def _parallel_rules(c: "TrainConfig") -> None:
     if backend == "torch":
         for name, default in MEGATRON_ONLY.items():
             if getattr(p, name) != default:
-                raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only (the torch trainer is data "
-                                 f"parallel only); set train_backend: megatron or drop {name}")
+                why = MEGATRON_ONLY_WHY.get(name, "a hook of the reference's Megatron trainer" if name.startswith(
+                    "custom_megatron_") else "the torch trainer is data parallel only")
+                raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only ({why}); set "
+                                 f"train_backend: megatron or drop {name}")
     if p.offload_train:
         raise ValueError("offload_train is not supported yet; drop it (set offload_train: false)")
     if p.offload_train_target != "cpu" or p.offload_train_disk_dir is not None:
@@ -230,6 +246,16 @@ def _parallel_rules(c: "TrainConfig") -> None:
         raise ValueError("recompute_method and recompute_num_layers apply only with recompute_granularity full; set it or drop them")
     if full and (p.recompute_method is None or p.recompute_num_layers is None):
         raise ValueError("recompute_granularity full needs recompute_method (uniform | block) and recompute_num_layers")
+    if p.megatron_to_hf_mode == "bridge":
+        raise ValueError("megatron_to_hf_mode bridge converts with Megatron-Bridge (megatron.bridge.AutoBridge), which miles "
+                         "does not install or use; its Megatron trainer converts with its own per-family converters (the "
+                         "reference's raw mode, training/megatron/weights.py): set megatron_to_hf_mode: raw")
+    if p.qkv_format == "bshd" and backend != "megatron":
+        raise ValueError(f"qkv_format bshd (padded micro-batches) is only supported with train_backend megatron, as in the "
+                         f"reference; train_backend {backend} packs its samples: drop qkv_format or set it to thd")
+    if p.qkv_format == "bshd" and p.use_dynamic_batch_size:
+        raise ValueError("qkv_format bshd pads micro_batch_size samples per micro-batch; use_dynamic_batch_size packs them "
+                         "(thd), as in the reference: drop one of them")
     if p.use_dynamic_batch_size and p.max_tokens_per_gpu is None:
         raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu (tokens per packed micro-batch)")
     if not p.use_dynamic_batch_size and (p.max_tokens_per_gpu is not None or p.log_probs_max_tokens_per_gpu is not None):

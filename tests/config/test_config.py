@@ -145,3 +145,11 @@ def test_yaml_off_is_the_off_choice_not_false(tmp_path):
 def test_weight_sync_mode_default(extra, mode):
     """update_weight_mode None: tensor when colocated (or local; disk for colocated SGLang), broadcast when disaggregated."""
     assert build_config({**BASE, **extra}).cluster.weight_sync_mode == mode
+
+
+def test_train_env_vars_are_the_ray_train_actors_and_refused_on_the_local_runtime():
+    assert build_config(BASE).cluster.train_env_vars == {}  # the reference's default '{}'
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert build_config({**BASE, "runtime": "ray", "train_env_vars": env}).cluster.train_env_vars == env
+    with pytest.raises(ConfigError, match="train_env_vars \\(PYTORCH_CUDA_ALLOC_CONF\\) .* the local runtime trains in this process"):
+        build_config({**BASE, "train_env_vars": env})

@@ -25,7 +25,8 @@ def test_reference_defaults():
 
 @pytest.mark.parametrize("field, value", [("tensor_model_parallel_size", 2), ("sequence_parallel", True),
                                           ("use_dynamic_batch_size", True), ("expert_model_parallel_size", 2),
-                                          ("use_distributed_optimizer", True)])
+                                          ("use_distributed_optimizer", True), ("custom_megatron_init_path", "os.getcwd"),
+                                          ("recompute_loss_function", True)])
 def test_torch_backend_refuses_megatron_fields(field, value):
     with pytest.raises(ConfigError, match=f"{field}.*train_backend megatron only"):
         build_config({**BASE, field: value})
@@ -40,6 +41,8 @@ def test_torch_backend_refuses_megatron_fields(field, value):
     ({"recompute_method": "uniform"}, "apply only with recompute_granularity full"),
     ({"use_dynamic_batch_size": True}, "needs max_tokens_per_gpu"),
     ({"max_tokens_per_gpu": 64}, "apply only with use_dynamic_batch_size"),
+    ({"megatron_to_hf_mode": "bridge"}, "megatron_to_hf_mode bridge converts with Megatron-Bridge .* set megatron_to_hf_mode: raw"),
+    ({"qkv_format": "bshd", "use_dynamic_batch_size": True, "max_tokens_per_gpu": 64}, "qkv_format bshd pads .* drop one"),
     ({"use_opd": True, "opd_type": "sglang", "opd_teacher_load": "builtin://tiny-qwen2"},
      "opd_type sglang and opd_teacher_load .* not supported yet on train_backend megatron"),
 ])
@@ -48,6 +51,13 @@ def test_rules_name_the_fields(values, match):
         build_config({**RAY, **values})
 
 
+
+
+def test_qkv_format_bshd_is_megatron_only_and_thd_is_the_default():
+    assert build_config(BASE).parallel.qkv_format == "thd" and build_config(RAY).parallel.qkv_format == "thd"
+    assert build_config({**RAY, "qkv_format": "bshd"}).parallel.qkv_format == "bshd"
+    with pytest.raises(ConfigError, match="qkv_format bshd .* only supported with train_backend megatron"):
+        build_config({**BASE, "qkv_format": "bshd"})
 
 
 def test_megatron_takes_the_distributed_optimizer():

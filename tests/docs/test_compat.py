@@ -54,7 +54,7 @@ def test_reference_metrics_we_do_not_log_are_explained():
 
 
 @pytest.mark.parametrize("key, value, match", [
-    ("qkv_format", "thd", "a Megatron option not supported yet"),
+    ("use_routing_replay", True, "not supported yet: MoE routing replay"),
     ("multi_lora_n_adapters", 2, "a LoRA option not supported yet: miles trains one LoRA adapter"),
     ("dumper_enable", True, "not supported yet: SGLang.s tensor dumper"),
     ("skip_actor_forward_only", True, "not supported yet"),

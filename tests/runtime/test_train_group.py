@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -36,7 +38,10 @@ def _train_on_two_ranks(cfg, model_dir, samples, rewards, *fetch: str):
     group = TrainGroup(cfg, str(model_dir), pg, plan.train_bundles, plan.actor_resources(), "gloo")
     try:
         result = group.train_rollout(samples, rewards, 0)
-        return result, [ray.get([_ask(w, name) for w in group.workers]) for name in fetch]
+        answers = [ray.get([_ask(w, name) for w in group.workers]) for name in fetch]
+        env = ray.get([w.__ray_call__.remote(lambda _: {k: os.environ.get(k) for k in (*cfg.cluster.train_env_vars, "MILES_CACHE_DIR")})
+                       for w in group.workers])  # each rank's process environment
+        return result, answers + [env]
     finally:
         group.shutdown()
         ray.util.remove_placement_group(pg)
@@ -47,7 +52,9 @@ def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
     from miles_core.training.backends import build_torch_trainer
     from miles_core.training.protocol import TrainerContext
 
-    cfg = load_config("tiny", {**TWO_RANKS, "balance_data": balance})
+    # train_env_vars (the reference's --train-env-vars) reaches every rank's process, over the inherited environment
+    cfg = load_config("tiny", {**TWO_RANKS, "balance_data": balance, "runtime": "ray",
+                               "train_env_vars": {"MILES_TRAIN_ENV_TEST": "on"}})
     samples, rewards = _samples(tiny_tokenizer), REWARDS
 
     one = build_torch_trainer(TrainerContext(cfg=cfg, model_path=tiny_model_dir, tokenizer=tiny_tokenizer))
@@ -57,7 +64,8 @@ def test_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer, balance):
     roll1, steps1 = out1.rollout, out1.steps
     w1 = flat()
 
-    out2, (ranks,) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors")
+    out2, (ranks, env) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors")
+    assert env == [{"MILES_TRAIN_ENV_TEST": "on", "MILES_CACHE_DIR": os.environ.get("MILES_CACHE_DIR")}] * 2
     w_ranks = [torch.cat([t.flatten() for _, t in named]) for named in ranks]
     moved = (w1 - w0).abs().max()
     assert moved > 1e-6
@@ -86,7 +94,7 @@ def test_ppo_critic_two_ranks_equal_one_process(tiny_model_dir, tiny_tokenizer):
     steps1 = one.train_rollout(samples, rewards, 0).steps
     w1, c1 = flat(one.named_tensors()), flat(one.engine.critic.module.state_dict().items())
 
-    out2, (ranks, critics) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors", "extra_tensors")
+    out2, (ranks, critics, _) = _train_on_two_ranks(cfg, tiny_model_dir, samples, rewards, "named_tensors", "extra_tensors")
     steps2 = out2.steps
     moved = (c1 - c0).abs().max()
     assert moved > 1e-6

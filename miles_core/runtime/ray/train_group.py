@@ -149,7 +149,8 @@ class TrainGroup:
         world = len(bundles)
         threads = cfg.cluster.num_threads or 1
         cls = ray.remote(TrainWorker)
-        self.workers = [cls.options(**resources, **in_bundle(pg, b)).remote(cfg, model_path, r, world, threads)
+        env = {"env_vars": dict(cfg.cluster.train_env_vars)}  # merged by Ray over the job's env_vars (session.py)
+        self.workers = [cls.options(**resources, **in_bundle(pg, b), runtime_env=env).remote(cfg, model_path, r, world, threads)
                         for r, b in enumerate(bundles)]
         self.ranks = RankGroup(self.workers, TRAINER_CALLS, "call")
         try:

@@ -1,12 +1,14 @@
-"""Rollout rows -> Megatron micro-batches.
+"""Rollout rows -> Megatron micro-batches, in the reference's two layouts (``qkv_format``).
 
-Fixed size (``micro_batch_size`` samples, right-padded [b, S]) or, with ``use_dynamic_batch_size``,
-packed: the rows' real tokens concatenated into one sequence [1, W] of at most ``max_tokens_per_gpu``
-tokens with a block-diagonal causal mask, so no token is padding and none sees another sample. (On
-GPU, Transformer Engine's attention takes the same packing as THD with cu_seqlens; the local CPU spec
-takes the mask: ``plan(..., thd=True)`` gives packed micro-batches megatron's PackedSeqParams with
-qkv_format "thd" and the rows' cu_seqlens instead of the [W, W] mask, for the Transformer-Engine spec.) RoPE is relative, so a sample's scores do not depend on where in the packed row it
-starts. Megatron's attention mask is boolean [b, 1, S, S], True = masked out.
+thd (the default): each micro-batch's rows packed into one sequence [1, W] - ``micro_batch_size`` rows (after a
+stable sort by length), or, with ``use_dynamic_batch_size``, rows packed up to ``max_tokens_per_gpu`` tokens -
+with a block-diagonal causal mask, so no token is padding and none sees another sample. (On GPU, Transformer
+Engine's attention takes the same packing as THD with cu_seqlens; the local CPU spec takes the mask: ``plan(...,
+thd=True)`` gives packed micro-batches megatron's PackedSeqParams with qkv_format "thd" and the rows' cu_seqlens
+instead of the [W, W] mask, for the Transformer-Engine spec.) bshd: ``micro_batch_size`` rows right-padded to
+[b, S] with a causal mask over their real tokens (the reference's bshd pads to the rollout's longest sample;
+padding after a sample's last token changes none of its scores). RoPE is relative, so a sample's scores do not
+depend on where in the packed row it starts. Megatron's attention mask is boolean [b, 1, S, S], True = masked out.
 """
 
 from __future__ import annotations
@@ -77,9 +79,11 @@ def thd_params(lengths: list[int], device):
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
 
 
-def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None, thd: bool = False) -> list[MicroBatch]:
-    """rows as micro-batches: packed into at most max_tokens tokens each when given (THD cu_seqlens with ``thd``, else
-    the block-diagonal mask), else micro_batch_size per micro-batch after a stable sort by length (less padding)."""
+def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None, thd: bool = False,
+         qkv_format: str = "thd") -> list[MicroBatch]:
+    """rows as micro-batches (module docstring): packed into at most max_tokens tokens each when given, else
+    micro_batch_size per micro-batch after a stable sort by length, each packed (qkv_format thd) or padded (bshd);
+    packed rows carry THD cu_seqlens with ``thd``, else the block-diagonal mask."""
     lengths = batch.attention_mask.sum(-1).tolist()  # [N]
     if max_tokens is not None:
         longest = max(lengths[r] for r in rows)
@@ -87,7 +91,10 @@ def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: 
             raise ValueError(f"a sample of {longest} tokens does not fit max_tokens_per_gpu ({max_tokens}); raise it")
         return [packed(batch, [rows[i] for i in sorted(group)], thd) for group in pack_rows([lengths[r] for r in rows], max_tokens)]
     order = sorted(rows, key=lambda r: lengths[r])
-    return [padded(batch, order[s : s + micro_batch_size]) for s in range(0, len(order), micro_batch_size)]
+    groups = [order[s : s + micro_batch_size] for s in range(0, len(order), micro_batch_size)]
+    if qkv_format == "thd":
+        return [packed(batch, group, thd) for group in groups]
+    return [padded(batch, group) for group in groups]
 
 
 def run(stage, mbs: list[MicroBatch], loss_fn, forward_only: bool) -> list[dict]:

@@ -6,8 +6,9 @@ What the engine does for the step:
     forward-only log-probs of the policy, reference (KL) and OPD teacher (opd_teacher_load: a stage of the
     teacher's own shape), on the last pipeline stage, with log_softmax(logits / rollout_temperature),
     vocab-parallel under TP; the critic's values (ppo, critic.py)
-    backward: this data-parallel rank's rows of a global batch in micro-batches (micro_batch_size samples, or
-    packed to max_tokens_per_gpu tokens with use_dynamic_batch_size) through megatron's forward-backward
+    backward: this data-parallel rank's rows of a global batch in micro-batches (micro_batch_size samples, packed
+    into one sequence with qkv_format thd or padded with bshd, or packed to max_tokens_per_gpu tokens with
+    use_dynamic_batch_size: batching.py) through megatron's forward-backward
     schedule, the loss on the last stage; gradients and metric totals are sums over micro-batches and
     data-parallel ranks (the Reducer's global denominators)
     optimizer step: grad-norm clip clip_grad and Adam (optim.py), the NaN guard inside megatron's step.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 from miles_core.config import TrainConfig
 from miles_core.config.rules import check_model_divides
@@ -43,6 +45,7 @@ from miles_core.training.schedule import reset_adam_state
 
 from . import batching, checkpoint, logprobs, model, optim, parallel, weights
 from .critic import MegatronCritic
+from .hooks import MegatronHooks
 from .logprobs import mask_padded_vocab
 from .lora import MegatronLora
 from .model_args import ModelArgs, from_hf_config
@@ -66,10 +69,14 @@ class MegatronEngine:
         hf_config = json.loads((self.model_path / "config.json").read_text())
         check_model_divides(shape_from_config(hf_config), self.p, str(self.model_path))
         self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
+        if self.p.megatron_to_hf_mode != "raw":  # refused at load (config/rules.py); weights.py is the raw converter
+            raise ValueError(f"megatron_to_hf_mode {self.p.megatron_to_hf_mode}: only raw (weights.py) is implemented")
         self.device = resolve_device(cfg.cluster.device)  # batches, grad buffers and RNG live there
         self.device_type = self.device.type
         self.lora = self._lora(cfg)  # before any weight is read: its refusals name the field
         parallel.init_parallel(self.p, cfg.misc.seed, self.device_type)
+        self.hooks = MegatronHooks(cfg)  # the reference's plugin hooks (hooks.py)
+        self.hooks.init()
         # TE on CUDA when it imports, else local (model.py); LoRA's adapters wrap the local spec's linears (lora.py)
         self.spec = model.LAYER_SPECS["local"] if self.lora else model.layer_spec(self.device_type)
         self.dtype = DTYPES[cfg.misc.dtype]
@@ -150,7 +157,7 @@ class MegatronEngine:
     def compute_log_probs(self, stage, batch: TokenBatch) -> torch.Tensor | None:
         """[N, T] response log-probs on the last pipeline stage (None on the others), micro-batched."""
         max_tokens = (self.p.log_probs_max_tokens_per_gpu or self.p.max_tokens_per_gpu) if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd)
+        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format)
         return batching.forward_only(stage, batch, mbs, lambda mb, out: logprobs.token_log_probs(self._response_logits(mb, out), mb.resp_tokens))
 
     def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
@@ -158,10 +165,18 @@ class MegatronEngine:
 
     def log_probs(self, role: str, batch: TokenBatch) -> torch.Tensor | None:
         stage = {"actor": self.model, "ref": self.ref_model, "teacher": self.teacher_model}[role]
-        return None if stage is None else self.compute_log_probs(stage, batch)
+        if stage is None:
+            return None
+        stage.eval()
+        self.hooks.before_log_prob(role, stage)
+        return self.compute_log_probs(stage, batch)
 
     def values(self, batch: TokenBatch) -> torch.Tensor | None:
-        return None if self.critic is None else self.critic.values(batch)
+        if self.critic is None:
+            return None
+        self.critic.module.eval()
+        self.hooks.before_log_prob("critic", self.critic.module)
+        return self.critic.values(batch)
 
     @property
     def last_stage(self) -> bool:
@@ -187,10 +202,11 @@ class MegatronEngine:
         stage); -> the metric totals summed over micro-batches and data-parallel ranks."""
         ddp, optimizer, _ = self._trained_parts(model)
         max_tokens = self.p.max_tokens_per_gpu if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd)
+        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format)
         ddp.train()
         ddp.zero_grad_buffer()
         optimizer.zero_grad(set_to_none=True)
+        self.hooks.before_train_step(rows.start // len(rows), ddp, optimizer)  # step k of the rollout: rows k*gbs..
         piece = self._actor_piece if model == "actor" else self._critic_piece
         totals: dict[str, float] = {}
         for r in batching.run(ddp, mbs, partial(self._loss, loss_fn, piece), forward_only=False):
@@ -199,8 +215,14 @@ class MegatronEngine:
         return parallel.sum_over_data_parallel(totals)
 
     def _loss(self, loss_fn: LossFn, piece, mb: batching.MicroBatch, out: torch.Tensor):
-        """loss_fn on one micro-batch (last stage): -> (loss, token count, float metrics), as megatron's schedule wants."""
-        loss, metrics = loss_fn(piece(mb, out))
+        """loss_fn on one micro-batch (last stage): -> (loss, token count, float metrics), as megatron's schedule wants.
+        recompute_loss_function: the loss from the stage's output on (log-softmax over the vocab, entropy, loss terms)
+        runs under activation checkpointing, its activations recomputed in the backward (the reference's
+        training_utils/loss.py loss_function)."""
+        if self.p.recompute_loss_function:
+            loss, metrics = torch.utils.checkpoint.checkpoint(lambda o: loss_fn(piece(mb, o)), out, use_reentrant=False)
+        else:
+            loss, metrics = loss_fn(piece(mb, out))
         return loss, batching.count(loss), {name: float(v) for name, v in metrics.items()}
 
     def _actor_piece(self, mb: batching.MicroBatch, out: torch.Tensor) -> Piece:
@@ -275,7 +297,9 @@ class MegatronEngine:
 
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
         """An atomic torch_dist checkpoint (checkpoint.py) holding ``state`` (with steps_done); collective over the train group."""
-        checkpoint.save(self, save_dir, rollout_id, state)
+        path = checkpoint.save(self, save_dir, rollout_id, state)
+        if dist.get_rank() == 0:
+            self.hooks.post_save(rollout_id, path)
 
     def restore(self, load_dir: Path) -> dict | None:
         return checkpoint.restore(self, load_dir)
@@ -283,6 +307,7 @@ class MegatronEngine:
     def run_params(self) -> dict[str, str]:
         """What this trainer chose from the config and the machine, for the run's params (derived.trainer.*)."""
         return {"layer_spec": self.spec.name, "device": self.device_type, "optimizer": type(self.optimizer).__name__,
+                "megatron_to_hf_mode": self.p.megatron_to_hf_mode,
                 "main_dtype": "float32" if self.dtype in optim.HALF else str(self.dtype).removeprefix("torch.")}
 
     def _trained(self):
@@ -313,6 +338,10 @@ class MegatronTrainer(RLTrainer):
 
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         super().__init__(MegatronEngine(cfg, model_path, pad_id), cfg)
+
+    def train_rollout(self, samples, rewards, rollout_id: int = 0):
+        self.engine.hooks.rollout_id = rollout_id  # the before-train-step hook's rollout_id
+        return super().train_rollout(samples, rewards, rollout_id)
 
     def close(self) -> None:
         self.engine.close()

@@ -38,3 +38,21 @@ def test_thd_packing_gives_cu_seqlens_instead_of_the_mask(samples):
         seg = torch.repeat_interleave(torch.arange(len(row_lengths)), torch.tensor(row_lengths))
         visible = ~m.attention_mask[0, 0]
         assert torch.equal(visible, (seg[:, None] == seg[None, :]) & torch.ones_like(visible).tril())
+
+
+def test_qkv_format_thd_packs_each_micro_batch_and_bshd_pads_it(samples):
+    """The reference's --qkv-format without use_dynamic_batch_size: the same micro_batch_size rows per micro-batch,
+    thd as one sequence [1, sum of lengths] with the block-diagonal mask, bshd right-padded [b, longest]."""
+    batch = make_batch(samples, pad_id=0)
+    rows = list(range(len(batch)))
+    lengths = batch.attention_mask.sum(-1).tolist()
+    thd = batching.plan(batch, rows, 3, None, qkv_format="thd")
+    bshd = batching.plan(batch, rows, 3, None, qkv_format="bshd")
+    assert [m.rows for m in thd] == [m.rows for m in bshd] and all(len(m.rows) <= 3 for m in thd)
+    for t, b in zip(thd, bshd):
+        row_lengths = [lengths[r] for r in t.rows]
+        assert t.input_ids.shape == (1, sum(row_lengths)) and b.input_ids.shape == (len(t.rows), max(row_lengths))
+        assert t.attention_mask.shape == (1, 1, sum(row_lengths), sum(row_lengths))
+        # every response token is read at the same token in both layouts
+        assert torch.equal(t.input_ids.reshape(-1)[t.flat_index], b.input_ids.reshape(-1)[b.flat_index])
+    assert len(set(lengths)) > 1  # bshd pads some row: the two layouts differ

@@ -105,8 +105,10 @@ def test_a_lora_step_equals_the_torch_trainers_and_moves_only_the_adapters(megat
     out = mega.train_rollout(samples, rewards)
     steps = out.steps
     assert out.rollout["rollout/log_probs"] == pytest.approx(torch_rollout["rollout/log_probs"], rel=1e-5)
+    # the step-0 loss is 0 in exact arithmetic (ratio 1, group-centred advantages): terms of size ~1 cancel, and the
+    # float32 rounding of the two layouts (megatron packs each micro-batch, qkv_format thd) leaves up to ~1e-7 of them
     for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
-        assert steps[0][key] == pytest.approx(torch_steps[0][key], rel=1e-5, abs=1e-7), key
+        assert steps[0][key] == pytest.approx(torch_steps[0][key], rel=1e-5, abs=1e-6), key
     after = engine.lora.gather(engine.model.module)
     theirs = {k.removeprefix("base_model.model."): v for k, v in _peft_state(torch_trainer).items()}
     assert after.keys() == theirs.keys() == start.keys()

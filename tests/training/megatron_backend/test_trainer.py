@@ -1,6 +1,6 @@
 """The Megatron trainer runs the torch trainer's math: one GRPO step on the same batch and weights gives
-the same loss and grad norm (1e-5 relative) and the same weight update (within 1e-3 of its size), padded
-or packed (use_dynamic_batch_size), dense or MoE; and a few rollouts move the policy toward reward."""
+the same loss and grad norm (1e-5 relative) and the same weight update (within 1e-3 of its size), packed
+(qkv_format thd, the default; use_dynamic_batch_size) or padded (bshd), dense or MoE; and a few rollouts move the policy toward reward."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def _updates(before: dict, after: dict) -> dict:
     ("glm4_moe", {"micro_batch_size": 4}),
     ("qwen2", {**MEGATRON, "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}),
     ("qwen2", {**MEGATRON, "recompute_granularity": "selective"}),
+    ("qwen2", {**MEGATRON, "qkv_format": "bshd"}),  # padded micro-batches; the default thd packs them
 ])
 def test_grpo_step_equals_the_torch_trainer(megatron_world, tmp_path, lm, cfg, samples, model, overrides):
     hf = lm(seed=0) if model == "qwen2" else tiny_hf(model)
@@ -138,3 +139,49 @@ def test_a_nan_loss_stops_the_step_before_the_update_and_a_nan_weight_is_never_s
     with pytest.raises(NonFiniteTraining, match="checkpoint 3 .* holds NaN or Inf"):
         mega.save(tmp_path / "ckpt", 3, {})
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_the_megatron_plugin_hooks_are_called_with_the_reference_signatures_at_its_points(megatron_world, tmp_path, lm, cfg,
+                                                                                          samples):
+    """custom_megatron_init_path after the parallel groups, the before-log-prob hook per forward-only pass (policy '',
+    reference 'ref_'; eval mode), the before-train-step hook per optimizer step with its gradients zeroed, the
+    post-save hook once the checkpoint is in place (megatron_utils/initialize.py, model.py, actor.py)."""
+    import importlib
+
+    mod = "tests.training.megatron_backend._hooks"
+    hooks = importlib.import_module(mod)  # the module the trainer resolves the paths to
+    hooks.CALLS.clear()
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    c = cfg(**MEGATRON, use_kl_loss=True, kl_loss_coef=0.1, num_steps_per_rollout=2, micro_batch_size=2,
+            custom_megatron_init_path=f"{mod}.init", custom_megatron_before_log_prob_hook_path=f"{mod}.before_log_prob",
+            custom_megatron_before_train_step_hook_path=f"{mod}.before_train_step",
+            custom_megatron_post_save_hook_path=f"{mod}.post_save")
+    mega = MegatronTrainer(c, tmp_path / "hf", pad_id=PAD)
+    assert hooks.CALLS == [("init", 1, True)]
+    mega.train_rollout(samples, [s.reward for s in samples], rollout_id=5)
+    mega.save(tmp_path / "ckpt", 5, {})
+    assert hooks.CALLS[1:] == [("log_prob", "", 1, False), ("log_prob", "ref_", 1, False),
+                               ("train_step", 5, 0, True, None, 2, True), ("train_step", 5, 1, True, None, 2, True),
+                               ("post_save", 5, "5", True, None)]
+
+
+def test_recompute_loss_function_runs_the_loss_again_in_the_backward_with_the_same_step(megatron_world, tmp_path, lm, cfg,
+                                                                                        samples):
+    """The reference's --recompute-loss-function: the loss from the model's output is checkpointed, so the backward
+    recomputes it (two loss passes per micro-batch instead of one) and the step is the same."""
+    lm(seed=0).save_pretrained(tmp_path / "hf")
+    rewards = [s.reward for s in samples]
+    results = {}
+    for recompute in (False, True):
+        mega = MegatronTrainer(cfg(**MEGATRON, recompute_loss_function=recompute, entropy_coef=0.01), tmp_path / "hf", pad_id=PAD)
+        calls = []
+        piece = mega.engine._actor_piece
+        mega.engine._actor_piece = lambda mb, out: calls.append(mb.rows) or piece(mb, out)  # counts the loss passes
+        out = mega.train_rollout(samples, rewards)
+        results[recompute] = (out.steps[0], dict(mega.named_tensors()), len(calls))
+    (off_step, off_w, off_calls), (on_step, on_w, on_calls) = results[False], results[True]
+    micro_batches = -(-len(samples) // cfg().algo.micro_batch_size)
+    assert (off_calls, on_calls) == (micro_batches, 2 * micro_batches)
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy_loss"):
+        assert on_step[key] == pytest.approx(off_step[key], rel=1e-6, abs=1e-9), key
+    assert all(torch.allclose(on_w[k], off_w[k], atol=1e-7) for k in off_w)
