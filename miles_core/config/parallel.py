@@ -42,7 +42,8 @@ class ParallelConfig(Group):
         "thd", description="Layout of a training or log-prob micro-batch: thd packs its samples into one sequence (a "
         "block-diagonal causal mask on CPU, THD cu_seqlens with Transformer Engine on GPU: no padding), bshd right-pads "
         "them to [micro_batch_size, longest]. train_backend torch packs its samples by prompt (training/batch.py): bshd "
-        "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference.")
+        "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference. On CPU the mask makes "
+        "attention [W, W] over the micro-batch's W tokens: with long samples and a large micro_batch_size, bshd costs less.")
     offload_train: bool = Field(False, description="Move the trainer's weights and optimizer state off the device between train stages. Not supported yet.")
     offload_train_target: Literal["cpu", "disk"] = Field("cpu", description="Where offload_train puts them: host memory (cpu) or offload_train_disk_dir (disk).")
     offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")
