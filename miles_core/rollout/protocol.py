@@ -23,6 +23,7 @@ class SamplingParams:
 class GenerateRequest:
     input_ids: list[int]
     params: SamplingParams
+    lora_path: str | None = None  # SGLang's: the loaded LoRA adapter this request runs through (None: the base model)
 
 
 @dataclass
@@ -49,3 +50,11 @@ class RolloutEngine(Protocol):
     def pause_generation(self) -> None: ...
     def continue_generation(self) -> None: ...
     def flush_cache(self) -> None: ...
+
+
+class AdapterEngine(Protocol):
+    """An engine that serves LoRA adapters unmerged (lora_sync_from_tensor): SGLang's routes of the same names."""
+
+    def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    def unload_lora_adapter(self, lora_name: str) -> None: ...
