@@ -22,9 +22,11 @@ LORA = {"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
 
 
+CFG = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "lr": 1e-2, "micro_batch_size": 8}
+
+
 def _cfg(**over):
-    return load_config("tiny", {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "lr": 1e-2, "micro_batch_size": 8,
-                                **LORA, **over})
+    return load_config("tiny", {**CFG, **LORA, **over})
 
 
 def _trainer(base, tok, seed=0, **over):
@@ -302,3 +304,65 @@ def test_the_in_process_fleet_in_adapter_mode_loads_the_adapter_and_serves_every
     assert engine.adapters.loaded == {"miles_lora"} and engine.weight_version == 2
     plain, _ = _engine_samples(engine, tiny_tokenizer, prompts, seed=2)  # the raw engine, no lora_path: the base
     assert (trainer.engine.compute_log_probs(base, plain) - plain.rollout_log_probs)[plain.loss_mask.bool()].abs().max() < 1e-5
+
+
+# The killed run: rollout 0, its checkpoint, then rollout 1, during which the parent SIGKILLs it.
+_KILLED_RUN = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from _samples import uneven_samples
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from flows.recipes import load_config
+from miles_core.training.lora import LoraAdapters
+from miles_core.training.torch_trainer import TorchTrainer
+model_dir, ckpt, over, rewards = sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
+torch.set_num_threads(1)
+tok = AutoTokenizer.from_pretrained(model_dir)
+cfg = load_config("tiny", over)
+torch.manual_seed(0)
+t = TorchTrainer(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), cfg, pad_id=tok.pad_token_id,
+                 lora=LoraAdapters(cfg.lora, str(cfg.checkpoint.hf_checkpoint)))
+t.train_rollout(uneven_samples(tok), rewards, rollout_id=0)
+t.save(ckpt, 0, {})
+print("saved", flush=True)
+while True:
+    t.train_rollout(uneven_samples(tok), rewards, rollout_id=1)
+"""
+
+
+def test_sigkill_after_a_lora_checkpoint_and_rerun_gives_the_uninterrupted_runs_metrics(base, tiny_tokenizer, tiny_model_dir,
+                                                                                         tmp_path, one_torch_thread):
+    """A process trains rollout 0 with LoRA, checkpoints (adapters, Adam state, RNG, base sha256) and is SIGKILLed in
+    rollout 1; a fresh trainer with other adapters restores it and trains rollout 1: every metric of every step, and
+    every tensor, equals the uninterrupted run's. (The flow-level SIGKILL e2e, tests/e2e/test_resume.py, costs two flow
+    runs; this is the trainer's part of it.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    over = {**CFG, **LORA}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(Path(__file__).parent), str(tiny_model_dir),
+                              str(tmp_path / "ckpt"), json.dumps(over), json.dumps(REWARDS)],
+                             stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    try:
+        assert child.stdout.readline().strip() == "saved"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+
+    whole = _trainer(base, tiny_tokenizer)  # the uninterrupted run, in this process
+    whole.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=0)
+    rerun = _trainer(base, tiny_tokenizer, seed=99)
+    assert rerun.restore(tmp_path / "ckpt")["steps_done"] == 1
+    out_whole = whole.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=1)
+    out_rerun = rerun.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=1)
+    untimed = lambda m: {k: v for k, v in m.items() if not k.startswith("perf/")}  # noqa: E731
+    assert [untimed(m) for m in out_rerun[1]] == [untimed(m) for m in out_whole[1]]  # every step's metrics
+    assert untimed(out_rerun[0]) == untimed(out_whole[0])  # the rollout's
+    assert all(torch.equal(x, y) for x, y in zip(whole.engine.model.state_dict().values(),
+                                                 rerun.engine.model.state_dict().values()))
