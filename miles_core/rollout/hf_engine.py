@@ -335,6 +335,12 @@ class HFEngine(SeededGenerate):
     def unload_lora_adapter(self, lora_name: str) -> None:
         self.adapters.unload(lora_name)
 
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """A weight sync's load (lora_sync_from_tensor): unload ``lora_name`` if loaded, then load these tensors."""
+        if lora_name in self.adapters.loaded:
+            self.adapters.unload(lora_name)
+        self.adapters.load(self.model, lora_name, config_dict, named_tensors)
+
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version
 

@@ -88,20 +88,6 @@ def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_b
 LORA_ADAPTER_NAME = "miles_lora"  # the reference's name of the one adapter (miles/utils/lora.py)
 
 
-def reload_adapter(engine, name: str, config: dict, tensors: list[tuple[str, torch.Tensor]]) -> None:
-    """Unload ``name`` where loaded (an engine that never had it refuses: ignored, as the reference does in
-    update_weight_from_tensor.py ``_send_to_colocated_engine``), then load the adapter's tensors."""
-    from miles_core.rollout.adapters import AdapterError
-    from miles_core.rollout.http.client import EngineHTTPError
-
-    try:
-        engine.unload_lora_adapter(name)
-    except (AdapterError, EngineHTTPError) as e:
-        if isinstance(e, EngineHTTPError) and e.status != 400:
-            raise
-    engine.load_lora_adapter_from_tensors(name, config, tensors)
-
-
 def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: list, version: int) -> dict[str, float]:
     """lora_sync_from_tensor, in process: pause -> flush -> reload the adapter -> version -> continue. No weight-update
     session (SGLang's load_lora_adapter_from_tensors needs none) and no base tensors (the engines keep hf_checkpoint's,
@@ -114,7 +100,7 @@ def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: 
         for e in engines:
             e.flush_cache()
         for e in engines:
-            reload_adapter(e, LORA_ADAPTER_NAME, config, tensors)
+            e.reload_lora_adapter(LORA_ADAPTER_NAME, config, tensors)
         for e in engines:
             e.set_weight_version(version)
     finally:
@@ -227,7 +213,7 @@ class WeightSync:
                while the sender broadcasts the bytes
     disk       the sender saves <disk_dir>/v<version> atomically; engines /update_weights_from_disk
     ``lora_adapter`` (lora_sync_from_tensor): instead of any mode, the adapter alone (sender.adapter()) reloaded on every
-    engine (/unload_lora_adapter, /load_lora_adapter_from_tensors), outside a session, as sync_adapter.
+    engine (/unload_lora_adapter where loaded, /load_lora_adapter_from_tensors), outside a session, as sync_adapter.
     ``router`` is an EngineRouter (the engines); ``sender`` a WeightSender or a proxy with its methods.
     """
 
@@ -252,7 +238,7 @@ class WeightSync:
             router.pause_generation(slots)
             router.flush_cache(slots)
             if self.lora_adapter:
-                router.reload_adapter(LORA_ADAPTER_NAME, *sender.adapter(), slots)
+                router.reload_lora_adapter(LORA_ADAPTER_NAME, *sender.adapter(), slots)
             else:
                 self._in_session(router, slots, lambda: getattr(self, f"_push_{self.mode}")(sender, router, slots, version))
             router.set_weight_version(version, slots)

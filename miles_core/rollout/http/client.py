@@ -221,6 +221,16 @@ class HTTPEngineClient(SeededGenerate):
     def unload_lora_adapter(self, lora_name: str) -> None:
         self.request("POST", "/unload_lora_adapter", retries=0, json={"lora_name": lora_name})
 
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Unload ``lora_name`` where loaded (an engine without it answers 400: ignored, as the reference does in
+        update_weight_from_tensor.py ``_send_to_colocated_engine``), then load these tensors under it."""
+        try:
+            self.unload_lora_adapter(lora_name)
+        except EngineHTTPError as e:
+            if e.status != 400:
+                raise
+        self.load_lora_adapter_from_tensors(lora_name, config_dict, named_tensors)
+
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """SGLang's /get_weights_by_name (ours returns the whole tensor as nested lists)."""
         return torch.tensor(self.request("POST", "/get_weights_by_name", json={"name": name}).json())
