@@ -1,9 +1,10 @@
 """LoRA adapters (the reference's group ``lora``): with ``lora_rank`` > 0 the trainer trains PEFT LoRA adapters over a
 frozen base (torch: miles_core/training/lora.py; Megatron: miles_core/training/megatron/lora.py; docs/guide/lora.md).
 
-One adapter, merged into the engines' weights at every sync. The reference's other LoRA options
-(``lora_sync_from_tensor``, ``lora_train_only``, ``lora_base_cpu_backup``) are kept under their names and refused
-when set (rules.NOT_SUPPORTED); the multi-LoRA flags are refused by config/reference_flags.py.
+One adapter, merged into the engines' weights at every sync; or sent alone to engines that serve it unmerged
+(``lora_sync_from_tensor``); or never (``lora_train_only``: the engines stay on the base). ``lora_base_cpu_backup`` is
+kept under its name and refused when set (rules.NOT_SUPPORTED); the multi-LoRA flags are refused by
+config/reference_flags.py.
 """
 
 from __future__ import annotations
@@ -58,9 +59,13 @@ class LoraConfig(Group):
     lora_adapter_path: str | None = Field(None, description="Start from this PEFT adapter directory (adapter_config.json, "
                                           "adapter_model.safetensors; e.g. a miles export's adapter/), trained further; its "
                                           "rank, alpha and modules must be this config's.")
-    lora_sync_from_tensor: bool = Field(False, description="The reference's adapter-only weight sync. Not supported yet: engines get "
-                                        "the merged weights.")
-    lora_train_only: bool = Field(False, description="The reference's rollout on the frozen base. Not supported yet.")
+    lora_sync_from_tensor: bool = Field(False, description="Sync the adapter alone (its tensors and adapter_config.json, SGLang's "
+                                        "/load_lora_adapter_from_tensors) to engines that serve it unmerged, every request "
+                                        "through it (SGLang's lora_path), instead of the merged weights. Torch trainer, "
+                                        "rollout_engine hf, not colocated (docs/guide/lora.md).")
+    lora_train_only: bool = Field(False, description="Train the adapters but keep the engines on the frozen base: every sync sends "
+                                  "the base weights, never the adapters (the reference's: rollouts sample the base policy). "
+                                  "Torch trainer.")
     lora_base_cpu_backup: bool = Field(False, description="The reference's SGLang-side CPU copy of the base. Not supported yet.")
 
     @field_validator("target_modules", "exclude_modules")

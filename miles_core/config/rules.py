@@ -25,9 +25,9 @@ NOT_SUPPORTED: dict[str, str] = {
     "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
     "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
-    "lora_sync_from_tensor": "the engines get the merged weights (base + scaled BA) at every sync; adapter-only sync is not built",
-    "lora_train_only": "the engines always serve the trained policy (the merged weights)",
-    "lora_base_cpu_backup": "the engines get the merged weights at every sync; there is no engine-side copy of the base",
+    "lora_base_cpu_backup": "it keeps a colocated engine's base across the train stage so adapter syncs skip the base; miles "
+                            "syncs adapters (lora_sync_from_tensor) to non-colocated engines only, which keep their base, and "
+                            "a merged sync re-sends every weight",
 }
 # Estimators whose baseline is the group mean: with one sample per prompt every advantage is 0.
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
@@ -324,9 +324,11 @@ def _lora_rules(c: "TrainConfig") -> None:
     lo = c.lora
     if not lo.enabled:
         set_ = [n for n in ("target_modules", "exclude_modules", "lora_adapter_path") if getattr(lo, n) is not None]
+        set_ += [n for n in ("lora_sync_from_tensor", "lora_train_only") if getattr(lo, n)]
         if set_:
             raise ValueError(f"{', '.join(set_)} apply only with lora_rank > 0 (got lora_rank 0, LoRA off); set lora_rank or drop them")
         return
+    _lora_sync_rules(c)
     if c.cluster.train_backend == "megatron" and lo.lora_dropout > 0:
         raise ValueError(f"lora_rank ({lo.lora_rank}) with train_backend megatron and lora_dropout {lo.lora_dropout} is not "
                          "supported yet: dropout on the adapters' input would have to draw the same mask on every TP rank "
@@ -345,6 +347,25 @@ def _lora_rules(c: "TrainConfig") -> None:
     if c.algo.advantage_estimator == "ppo":
         raise ValueError("lora_rank with advantage_estimator ppo is not supported yet: the critic is a full copy of the policy, "
                          "not an adapter; use grpo, gspo or reinforce++")
+
+
+def _lora_sync_rules(c: "TrainConfig") -> None:
+    lo, cl = c.lora, c.cluster
+    for name in ("lora_sync_from_tensor", "lora_train_only"):
+        if getattr(lo, name) and cl.train_backend == "megatron":
+            raise ValueError(f"{name} with train_backend megatron is not supported yet: the Megatron trainer syncs merged "
+                             "weights only; use train_backend torch, or drop it")
+    if lo.lora_sync_from_tensor and lo.lora_train_only:
+        raise ValueError("lora_sync_from_tensor with lora_train_only: lora_train_only keeps the engines on the frozen base, so "
+                         "no adapter is synced (as in the reference); drop one")
+    if lo.lora_sync_from_tensor and cl.colocate:
+        raise ValueError("lora_sync_from_tensor with colocate: colocated engines release their weights for the train stage "
+                         "and an adapter-only sync does not send the base back (the reference's lora_base_cpu_backup, not "
+                         "built); drop colocate, or lora_sync_from_tensor (merged weights)")
+    if lo.lora_sync_from_tensor and cl.rollout_engine == "sglang":
+        raise ValueError("lora_sync_from_tensor with rollout_engine sglang: SGLang's /load_lora_adapter_from_tensors takes "
+                         "in-process IPC handles, which cannot cross HTTP; use rollout_engine hf (miles' server takes the "
+                         "adapter as safetensors), or drop lora_sync_from_tensor (merged weights)")
 
 
 def _torch_only_options(c: "TrainConfig") -> None:

@@ -26,6 +26,7 @@ class WeightSource(Protocol):
     """The trainer's side of a weight sync (weights/sync.py WeightSender, or a proxy of train rank 0)."""
 
     def tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+    def adapter(self) -> tuple[dict, list[tuple[str, torch.Tensor]]]: ...  # lora_sync_from_tensor: config + PEFT tensors
 
 
 class EngineFleet(Protocol):
@@ -39,21 +40,30 @@ class EngineFleet(Protocol):
 
 
 class InProcessFleet:
-    """One engine in this process; weights are copied from the trainer's tensors (tensor mode)."""
+    """One engine in this process; weights are copied from the trainer's tensors (tensor mode). ``lora_adapter``
+    (lora_sync_from_tensor): syncs load the adapter alone and every request runs through it (weights/sync.py)."""
 
-    def __init__(self, engine: RolloutEngine, bucket_bytes: int):
-        self._engine, self.bucket_bytes = engine, bucket_bytes
+    def __init__(self, engine: RolloutEngine, bucket_bytes: int, lora_adapter: bool = False):
+        self._engine, self.bucket_bytes, self.lora_adapter = engine, bucket_bytes, lora_adapter
 
     @property
     def engine(self) -> RolloutEngine:
+        if self.lora_adapter:
+            from miles_core.weights.sync import LORA_ADAPTER_NAME
+
+            from .adapters import ThroughAdapter
+
+            return ThroughAdapter(self._engine, LORA_ADAPTER_NAME)
         return self._engine
 
     def before_train(self) -> None:
         """Nothing to release: the engine and the trainer share this process's memory."""
 
     def update_weights(self, source: WeightSource, version: int) -> dict[str, float]:
-        from miles_core.weights.sync import sync_weights
+        from miles_core.weights.sync import sync_adapter, sync_weights
 
+        if self.lora_adapter:
+            return sync_adapter(source.adapter(), [self._engine], version)
         return sync_weights(source.tensors(), [self._engine], version, self.bucket_bytes)
 
     @property

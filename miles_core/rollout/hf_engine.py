@@ -39,6 +39,7 @@ from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 
+from .adapters import ServedAdapters
 from .lean_decode import LeanDecoder, lean_supported
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
 
@@ -157,6 +158,7 @@ class HFEngine(SeededGenerate):
         self._running = threading.Event()
         self._running.set()
         self.in_weight_session = False
+        self.adapters = ServedAdapters()  # LoRA adapters served unmerged (rollout/adapters.py)
 
     @classmethod
     def from_pretrained(cls, path, dtype: str = "float32", device: str = "cpu", **engine_kwargs) -> "HFEngine":
@@ -184,19 +186,26 @@ class HFEngine(SeededGenerate):
         for batch in self.plan_batches(requests):
             gens = [torch.Generator().manual_seed(seeds[i]) for i in batch]
             row_aborted = (lambda row: aborted(batch[row])) if aborted else (lambda row: False)
-            for i, res in zip(batch, self._generate_rows([requests[i] for i in batch], gens, row_aborted)):
+            lora = requests[batch[0]].lora_path
+            with self.adapters.serving(self.model, lora):
+                rows = self._generate_rows([requests[i] for i in batch], gens, row_aborted, lean=self.adapters.injected is None)
+            for i, res in zip(batch, rows):
                 results[i] = res
         return results  # type: ignore[return-value]
 
     def plan_batches(self, requests: list[GenerateRequest]) -> list[list[int]]:
-        """Indices of the requests that share each decode batch, in order."""
+        """Indices of the requests that share each decode batch, in order; a batch's requests share one lora_path."""
         size = 1 if self.batching == "exact" else self.max_batch_size
-        return [list(range(s, min(s + size, len(requests)))) for s in range(0, len(requests), size)]
+        groups: dict[str | None, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(r.lora_path, []).append(i)
+        return [idx[s : s + size] for idx in groups.values() for s in range(0, len(idx), size)]
 
     @torch.inference_mode()
     def _generate_rows(
-        self, requests: list[GenerateRequest], gens: list[torch.Generator], aborted: Callable[[int], bool]
+        self, requests: list[GenerateRequest], gens: list[torch.Generator], aborted: Callable[[int], bool], lean: bool = True
     ) -> list[GenerateResult]:
+        """``lean``: decode steps may skip the transformers call stack (not with adapter layers in the model: it reads the weights)."""
         device = next(self.model.parameters()).device
         B, pad = len(requests), self.tokenizer.pad_token_id
         stops = [set(r.params.stop_token_ids) | {self.tokenizer.eos_token_id} for r in requests]
@@ -208,7 +217,7 @@ class HFEngine(SeededGenerate):
         self._mark_aborted(aborted, done, reason)
         rows = list(range(B))  # request index of each row still in the decode batch (and its KV cache)
         logits, past, attn, pos = self._prefill(requests, device)  # [B, V], cache of B rows, [B, P], [B, 1]
-        lean = LeanDecoder(self.model, past, attn, sampler.steps) if self.lean_decode else None
+        lean = LeanDecoder(self.model, past, attn, sampler.steps) if self.lean_decode and lean else None
         for step in range(sampler.steps):
             if all(done):
                 break
@@ -329,6 +338,20 @@ class HFEngine(SeededGenerate):
         if getattr(self, "_weight_checker", None) is None:
             self._weight_checker = WeightChecker(self.model)
         return self._weight_checker.handle(action, tuple(skip_list or ()))
+
+    def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """SGLang's load of an adapter from tensors (no weight-update session: SGLang needs none), served unmerged."""
+        self.adapters.load(self.model, lora_name, config_dict, named_tensors)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        self.adapters.unload(lora_name)
+
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """A weight sync's load (lora_sync_from_tensor): unload ``lora_name`` if loaded, then load these tensors."""
+        if lora_name in self.adapters.loaded:
+            self.adapters.unload(lora_name)
+        self.adapters.load(self.model, lora_name, config_dict, named_tensors)
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version

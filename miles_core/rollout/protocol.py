@@ -23,6 +23,7 @@ class SamplingParams:
 class GenerateRequest:
     input_ids: list[int]
     params: SamplingParams
+    lora_path: str | None = None  # SGLang's: the loaded LoRA adapter this request runs through (None: the base model)
 
 
 @dataclass
@@ -51,3 +52,13 @@ class RolloutEngine(Protocol):
     def flush_cache(self) -> None: ...
     def check_weights(self, action: str, skip_list: list[str] | None = None, allow_quant_error: bool = False,
                       selector: str = "all") -> object: ...  # SGLang's /weights_checker: snapshot | reset_tensors | compare
+
+
+class AdapterEngine(Protocol):
+    """An engine that serves LoRA adapters unmerged (lora_sync_from_tensor): SGLang's routes of the same names."""
+
+    def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    def unload_lora_adapter(self, lora_name: str) -> None: ...
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict,
+                            named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...  # unload where loaded, load

@@ -20,6 +20,9 @@ class LocalWeights:
     def tensors(self):
         return self.trainer.named_tensors()
 
+    def adapter(self):
+        return self.trainer.adapter_tensors()
+
 
 def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
     """One HFEngine on hf_checkpoint (the trainer's starting weights; the first sync makes them the trainer's), on
@@ -27,7 +30,7 @@ def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
     from miles_core.rollout.hf_engine import HFEngine
 
     engine = HFEngine.from_pretrained(data.model_path, cfg.misc.dtype, cfg.cluster.device, tokenizer=data.tokenizer)
-    return InProcessFleet(engine, cfg.cluster.update_weight_buffer_size)
+    return InProcessFleet(engine, cfg.cluster.update_weight_buffer_size, lora_adapter=cfg.lora.lora_sync_from_tensor)
 
 
 ENGINE_FLEETS = {"hf": hf_engine_fleet}
@@ -81,4 +84,5 @@ def _with_external_engines(cfg: TrainConfig, data: RunData) -> RunParts:
     except BaseException:
         fleet.close()
         raise
-    return RunParts(trainer=trainer, fleet=fleet, weights=WeightSender(trainer.named_tensors, trainer.hf_config()))
+    return RunParts(trainer=trainer, fleet=fleet, weights=WeightSender(trainer.named_tensors, trainer.hf_config(),
+                                                                       adapter=trainer.adapter_tensors))

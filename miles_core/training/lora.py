@@ -51,6 +51,9 @@ class NoAdapters:
     def merged_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return state
 
+    def engine_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return state
+
 
 class LoraAdapters:
     """PEFT LoRA adapters on the policy (module docstring); ``base_model_name``: written into adapter_config.json."""
@@ -102,6 +105,23 @@ class LoraAdapters:
                 t = (t.float() + self.scaling * (B @ A)).to(t.dtype)  # [out, in]
             out[f"{module}.{leaf}"] = t
         return out
+
+    def base_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The frozen base under the base model's names (W of every adapted layer as loaded); no adapter keys."""
+        return {n.replace(BASE_SUFFIX, "."): t for n, t in state.items() if not is_adapter(n)}
+
+    def engine_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What a weight sync sends: the merged weights, or with lora_train_only the frozen base (the reference's
+        rollout on the base policy: miles/utils/lora.py lora_rollout_enabled)."""
+        return self.base_state(state) if self.lora.lora_train_only else self.merged_state(state)
+
+    def adapter_payload(self, model: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype):
+        """(adapter_config.json as a dict, [(adapter_model.safetensors name, tensor in ``dtype``)]) of ``state``."""
+        from peft import get_peft_model_state_dict
+
+        peft_state = get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER, save_embedding_layers=False)
+        config = json.loads(json.dumps(self.peft_config().to_dict(), default=sorted))  # sets -> lists, as the JSON file
+        return config, [(PEFT_PREFIX + k, v.detach().to(dtype)) for k, v in peft_state.items()]
 
     def adapter_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The trained tensors by the policy's own names (checkpoints)."""

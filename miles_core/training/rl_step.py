@@ -220,6 +220,10 @@ class RLTrainer:
     def named_tensors(self):
         return self.engine.named_tensors()
 
+    def adapter_tensors(self):
+        """lora_sync_from_tensor: (adapter_config.json, the adapter's tensors); the torch engine's (rules.py refuses others)."""
+        return self.engine.adapter_tensors()
+
     def hf_config(self):
         return self.engine.hf_config()
 

@@ -170,8 +170,14 @@ class TorchEngine:
 
     # ---- weights, checkpoints, export ----------------------------------------------------------------
     def named_tensors(self):
-        """HF-format names and tensors in the model dtype for weight sync (data parallel: gathered, a collective)."""
-        return list(self.precision.to_model_dtype(self.lora.merged_state(self.parallel.full_state(self.model)).items()))
+        """HF-format names and tensors in the model dtype for weight sync (data parallel: gathered, a collective): with
+        LoRA the merged weights, or the frozen base with lora_train_only (lora.py engine_state)."""
+        return list(self.precision.to_model_dtype(self.lora.engine_state(self.parallel.full_state(self.model)).items()))
+
+    def adapter_tensors(self):
+        """lora_sync_from_tensor: (adapter_config.json as a dict, the adapter tensors named as in
+        adapter_model.safetensors, model dtype) for engines that serve it unmerged (data parallel: gathered)."""
+        return self.lora.adapter_payload(self.model, self.parallel.full_state(self.model), self.precision.model_dtype)
 
     def hf_config(self):
         return self.model.config

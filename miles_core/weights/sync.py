@@ -11,6 +11,7 @@ raises WeightSyncError naming the engines and the weight version (the run fails;
 from the last checkpoint and syncs again).
 
     sync_weights   the local runtime: tensors copied into an in-process engine
+    sync_adapter   lora_sync_from_tensor: the LoRA adapter alone, loaded into engines that serve it unmerged
     WeightSync     the Ray runtime: modes tensor / broadcast / disk into engine servers (docs/ray.md)
     WeightSender   the trainer side of WeightSync (train rank 0)
 """
@@ -83,6 +84,31 @@ def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_b
     return {"perf/update_weights_time": time.perf_counter() - t0}
 
 
+# ---- adapters (lora_sync_from_tensor) ------------------------------------------------------------------
+LORA_ADAPTER_NAME = "miles_lora"  # the reference's name of the one adapter (miles/utils/lora.py)
+
+
+def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: list, version: int) -> dict[str, float]:
+    """lora_sync_from_tensor, in process: pause -> flush -> reload the adapter -> version -> continue. No weight-update
+    session (SGLang's load_lora_adapter_from_tensors needs none) and no base tensors (the engines keep hf_checkpoint's,
+    which the trainer never changes)."""
+    t0 = time.perf_counter()
+    config, tensors = adapter
+    for e in engines:
+        e.pause_generation()
+    try:
+        for e in engines:
+            e.flush_cache()
+        for e in engines:
+            e.reload_lora_adapter(LORA_ADAPTER_NAME, config, tensors)
+        for e in engines:
+            e.set_weight_version(version)
+    finally:
+        for e in engines:
+            e.continue_generation()
+    return {"perf/update_weights_time": time.perf_counter() - t0}
+
+
 # ---- modes: trainer -> engine servers (the Ray runtime) ------------------------------------------------
 MODES = ("tensor", "broadcast", "disk")
 
@@ -125,14 +151,20 @@ class WeightSender:
     ``named_tensors()`` -> HF-format (name, tensor) of the current weights; ``hf_config`` is written
     next to the weights in disk mode (a real SGLang needs config.json to reload)."""
 
-    def __init__(self, named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], hf_config=None):
-        self._named, self.hf_config = named_tensors, hf_config
+    def __init__(self, named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], hf_config=None,
+                 adapter: Callable[[], tuple[dict, list[tuple[str, torch.Tensor]]]] | None = None):
+        """``adapter``: -> (adapter_config.json, the PEFT-named adapter tensors), for lora_sync_from_tensor."""
+        self._named, self.hf_config, self._adapter = named_tensors, hf_config, adapter
         self.group, self.device = None, "cpu"
         self._store = None  # rank 0's store of the next group, listening since master_address
 
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
         """CPU copies (they travel to the driver through Ray's object store, which may see no GPU)."""
         return [(k, host_copy(v)) for k, v in self._named()]
+
+    def adapter(self) -> tuple[dict, list[tuple[str, torch.Tensor]]]:
+        config, tensors = self._adapter()
+        return config, [(k, host_copy(v)) for k, v in tensors]
 
     def meta(self) -> tuple[list[str], list[str], list[list[int]]]:
         from .broadcast import tensor_meta
@@ -180,17 +212,20 @@ class WeightSync:
                engine set changed); per bucket /update_weights_from_distributed carries names/dtypes/shapes
                while the sender broadcasts the bytes
     disk       the sender saves <disk_dir>/v<version> atomically; engines /update_weights_from_disk
+    ``lora_adapter`` (lora_sync_from_tensor): instead of any mode, the adapter alone (sender.adapter()) reloaded on every
+    engine (/unload_lora_adapter where loaded, /load_lora_adapter_from_tensors), outside a session, as sync_adapter.
     ``router`` is an EngineRouter (the engines); ``sender`` a WeightSender or a proxy with its methods.
     """
 
     SESSION = {"tensor": True, "broadcast": True, "disk": False}  # by mode: inside begin/end_weight_update
 
-    def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo"):
+    def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo",
+                 lora_adapter: bool = False):
         if mode not in MODES:
             raise ValueError(f"weight sync mode {mode!r}: expected one of {MODES}")
         if mode == "disk" and disk_dir is None:
             raise ValueError("weight sync mode disk needs a directory (disk_dir)")
-        self.mode, self.bucket_bytes, self.backend = mode, bucket_bytes, backend
+        self.mode, self.bucket_bytes, self.backend, self.lora_adapter = mode, bucket_bytes, backend, lora_adapter
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
         self._group_key: tuple[str, ...] | None = None
         self._groups = 0
@@ -202,11 +237,14 @@ class WeightSync:
         try:
             router.pause_generation(slots)
             router.flush_cache(slots)
-            self._in_session(router, slots, lambda: getattr(self, f"_push_{self.mode}")(sender, router, slots, version))
+            if self.lora_adapter:
+                router.reload_lora_adapter(LORA_ADAPTER_NAME, *sender.adapter(), slots)
+            else:
+                self._in_session(router, slots, lambda: getattr(self, f"_push_{self.mode}")(sender, router, slots, version))
             router.set_weight_version(version, slots)
         except Exception as e:  # every engine paused here generates again, healthy or not, at the version it had
             _quietly("continue_generation", lambda: router.continue_generation(slots))
-            raise WeightSyncError(f"weight sync ({self.mode}) to version {version} ({sync_point(version)}) failed: {e}") from e
+            raise WeightSyncError(f"weight sync ({'lora adapter' if self.lora_adapter else self.mode}) to version {version} ({sync_point(version)}) failed: {e}") from e
         router.continue_generation(slots)
         return {"perf/update_weights_time": time.perf_counter() - t0}
 

@@ -8,6 +8,7 @@ from miles_core.config import ConfigError, LoraConfig, build_config
 from miles_core.config.reference_flags import reference_flags
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
+LORA_ON = {"lora_rank": 4, "target_modules": "all-linear"}
 
 
 def test_fields_keep_the_reference_names_and_defaults():
@@ -41,6 +42,14 @@ def test_target_modules_accepts_the_reference_names(value, targets):
     ({"multi_lora_n_adapters": 2}, "multi_lora_n_adapters .* not supported yet"),
     ({"experts_shared_outer_loras": True}, "experts_shared_outer_loras .* not supported yet"),
     ({"lora_rank": -1}, "lora_rank"),
+    ({"lora_sync_from_tensor": True}, "lora_sync_from_tensor apply only with lora_rank > 0"),
+    ({**LORA_ON, "lora_sync_from_tensor": True, "colocate": True}, "lora_sync_from_tensor with colocate"),
+    ({**LORA_ON, "lora_sync_from_tensor": True, "rollout_engine": "sglang", "runtime": "ray"},
+     "lora_sync_from_tensor with rollout_engine sglang"),
+    ({**LORA_ON, "lora_sync_from_tensor": True, "lora_train_only": True}, "lora_sync_from_tensor with lora_train_only"),
+    ({**LORA_ON, "lora_train_only": True, "train_backend": "megatron", "runtime": "ray"},
+     "lora_train_only with train_backend megatron"),
+    ({**LORA_ON, "lora_base_cpu_backup": True}, "lora_base_cpu_backup .* colocated engine's base"),
 ])
 def test_refused_at_load_naming_the_field(extra, match):
     with pytest.raises(ConfigError, match=match):
@@ -49,3 +58,8 @@ def test_refused_at_load_naming_the_field(extra, match):
 
 def test_the_reference_defaults_of_refused_options_are_accepted():
     build_config({**BASE, "lora_type": "lora", "lora_sync_from_tensor": False, "lora_train_only": False})
+
+
+def test_adapter_sync_and_train_only_are_accepted_on_the_torch_trainer():
+    assert build_config({**BASE, **LORA_ON, "lora_sync_from_tensor": True}).lora.lora_sync_from_tensor
+    assert build_config({**BASE, **LORA_ON, "lora_train_only": True}).lora.lora_train_only

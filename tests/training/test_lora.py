@@ -22,9 +22,11 @@ LORA = {"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
 
 
+CFG = {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "lr": 1e-2, "micro_batch_size": 8}
+
+
 def _cfg(**over):
-    return load_config("tiny", {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "lr": 1e-2, "micro_batch_size": 8,
-                                **LORA, **over})
+    return load_config("tiny", {**CFG, **LORA, **over})
 
 
 def _trainer(base, tok, seed=0, **over):
@@ -188,3 +190,179 @@ def test_the_export_is_a_peft_adapter_dir_and_a_merged_hf_model(base, tiny_token
     assert all(torch.equal(t, trainer.engine.model.state_dict()[n]) for n, t in got.items())
     with pytest.raises(LoraError, match="its r is 4"):
         _trainer(base, tiny_tokenizer, lora_rank=8, lora_adapter_path=str(out / "adapter"))
+
+
+def _engine_samples(engine, tok, prompts, seed):
+    from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+
+    results = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=6)) for p in prompts], seed=seed)
+    samples = [Sample(group_index=i, index=i, tokens=p + r.output_ids, response_length=len(r.output_ids),
+                      loss_mask=[1] * len(r.output_ids), rollout_log_probs=r.output_log_probs)
+               for i, (p, r) in enumerate(zip(prompts, results))]
+    return make_batch(samples, tok.pad_token_id), results
+
+
+def test_lora_sync_from_tensor_sends_the_adapter_alone_over_http_and_the_engine_serves_the_trainer(base, tiny_tokenizer,
+                                                                                                   one_torch_thread):
+    """Adapter mode over our HTTP server: after each sync the engine (base + adapter, unmerged) samples with the trainer's
+    log-probs within 1e-5; its base weights are never sent; the bodies are SGLang 0.5.23's (the protocol snapshot)."""
+    from miles_core.rollout.adapters import ThroughAdapter
+    from miles_core.rollout.hf_engine import HFEngine
+    from miles_core.rollout.http import serve_in_thread
+    from miles_core.rollout.http.router import EngineRouter
+    from miles_core.rollout.sglang.protocol import Call, request_problems
+    from miles_core.rollout.http import wire
+    from miles_core.weights.sync import LORA_ADAPTER_NAME, WeightSender, WeightSync
+
+    trainer = _trainer(base, tiny_tokenizer, lora_sync_from_tensor=True)
+    engine = HFEngine(copy.deepcopy(base), tiny_tokenizer, batching="exact")
+    handle = serve_in_thread(engine)
+    router = EngineRouter.from_urls([handle.url])
+    sender = WeightSender(trainer.named_tensors, adapter=trainer.adapter_tensors)
+    sync = WeightSync("tensor", 1 << 16, lora_adapter=True)
+    through = ThroughAdapter(router, LORA_ADAPTER_NAME)
+    prompts = [tiny_tokenizer(f"{g}+1=")["input_ids"] for g in range(4)]
+    base_weights = {k: v.clone() for k, v in base.state_dict().items()}
+    try:
+        for version in (1, 2):
+            trainer.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=version - 1)
+            sync.sync(sender, router, version)
+            batch, results = _engine_samples(through, tiny_tokenizer, prompts, seed=version)
+            assert all(r.weight_version == version for r in results)
+            mask = batch.loss_mask.bool()
+            ours = trainer.engine.compute_log_probs(trainer.engine.model, batch)  # [N, T]
+            assert (ours - trainer.engine.compute_log_probs(base, batch))[mask].abs().max() > 1e-4  # trained off the base
+            assert (ours - batch.rollout_log_probs)[mask].abs().max() < 1e-5  # the engine serves base + this adapter
+        served = engine.model.state_dict()  # an adapted layer's base is <module>.base_layer.<leaf> there
+        at = lambda k: k if k in served else ".base_layer.".join(k.rsplit(".", 1))  # noqa: E731
+        assert all(torch.equal(served[at(k)], v) for k, v in base_weights.items())  # no base tensor was sent
+        plain, _ = _engine_samples(router, tiny_tokenizer, prompts, seed=5)  # no lora_path: the base model
+        assert (trainer.engine.compute_log_probs(base, plain) - plain.rollout_log_probs)[plain.loss_mask.bool()].abs().max() < 1e-5
+        config, tensors = trainer.adapter_tensors()
+        calls = [Call("POST", "/load_lora_adapter_from_tensors", wire.adapter_body(LORA_ADAPTER_NAME, config, tensors)),
+                 Call("POST", "/unload_lora_adapter", {"lora_name": LORA_ADAPTER_NAME}),
+                 Call("POST", "/generate", wire.generate_body([r for r in _requests(prompts, LORA_ADAPTER_NAME)], [1] * 4))]
+        assert request_problems(calls) == []
+        assert request_problems([Call("POST", "/load_lora_adapter_from_tensors", {"lora_name": "x", "adapter": 1})])  # can fail
+    finally:
+        router.close()
+        handle.stop()
+
+
+def _requests(prompts, lora):
+    from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+
+    return [GenerateRequest(p, SamplingParams(max_new_tokens=2), lora_path=lora) for p in prompts]
+
+
+def test_the_server_refuses_sglang_pickles_and_unknown_adapters(base, tiny_tokenizer):
+    import httpx
+
+    from miles_core.rollout.hf_engine import HFEngine
+    from miles_core.rollout.http import serve_in_thread
+
+    handle = serve_in_thread(HFEngine(copy.deepcopy(base), tiny_tokenizer, batching="exact"))
+    try:
+        pickled = httpx.post(handle.url + "/load_lora_adapter_from_tensors", json={
+            "lora_name": "a", "config_dict": {"r": 4}, "serialized_named_tensors": ["gASVAAAAAAAAAAAu"]})
+        assert pickled.status_code == 400 and "load_format" in pickled.text
+        body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}, "lora_path": "nope"}
+        unknown = httpx.post(handle.url + "/generate", json=body)
+        assert unknown.status_code == 400 and "no such LoRA adapter" in unknown.text
+    finally:
+        handle.stop()
+
+
+def test_lora_train_only_syncs_the_frozen_base_and_never_the_adapters(base, tiny_tokenizer):
+    trainer = _trainer(base, tiny_tokenizer, lora_train_only=True)
+    trainer.train_rollout(_samples(tiny_tokenizer), REWARDS)
+    sent = dict(trainer.named_tensors())
+    assert sent.keys() == base.state_dict().keys()
+    assert all(torch.equal(sent[k], v) for k, v in base.state_dict().items())  # the base, as loaded
+    merged = _trainer(base, tiny_tokenizer)
+    merged.train_rollout(_samples(tiny_tokenizer), REWARDS)
+    assert any(not torch.equal(t, sent[k]) for k, t in merged.named_tensors())  # without it: the trained, merged weights
+
+
+def test_the_in_process_fleet_in_adapter_mode_loads_the_adapter_and_serves_every_request_through_it(base, tiny_tokenizer):
+    """The local runtime's path: InProcessFleet(lora_adapter=True) reloads the adapter at each sync (no base sent) and its
+    engine stamps lora_path on every request; a second sync replaces the first adapter."""
+    from miles_core.rollout.fleet import InProcessFleet
+    from miles_core.rollout.hf_engine import HFEngine
+    from miles_core.runtime.local import LocalWeights
+
+    trainer = _trainer(base, tiny_tokenizer, lora_sync_from_tensor=True)
+    engine = HFEngine(copy.deepcopy(base), tiny_tokenizer, batching="exact")
+    fleet = InProcessFleet(engine, 1 << 16, lora_adapter=True)
+    prompts = [tiny_tokenizer(f"{g}+2=")["input_ids"] for g in range(2)]
+    for version in (1, 2):
+        trainer.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=version - 1)
+        fleet.update_weights(LocalWeights(trainer), version)
+        batch, results = _engine_samples(fleet.engine, tiny_tokenizer, prompts, seed=version)
+        ours = trainer.engine.compute_log_probs(trainer.engine.model, batch)
+        assert (ours - batch.rollout_log_probs)[batch.loss_mask.bool()].abs().max() < 1e-5
+    assert engine.adapters.loaded == {"miles_lora"} and engine.weight_version == 2
+    plain, _ = _engine_samples(engine, tiny_tokenizer, prompts, seed=2)  # the raw engine, no lora_path: the base
+    assert (trainer.engine.compute_log_probs(base, plain) - plain.rollout_log_probs)[plain.loss_mask.bool()].abs().max() < 1e-5
+
+
+# The killed run: rollout 0, its checkpoint, then rollout 1, during which the parent SIGKILLs it.
+_KILLED_RUN = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from _samples import uneven_samples
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from flows.recipes import load_config
+from miles_core.training.lora import LoraAdapters
+from miles_core.training.torch_trainer import TorchTrainer
+model_dir, ckpt, over, rewards = sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
+torch.set_num_threads(1)
+tok = AutoTokenizer.from_pretrained(model_dir)
+cfg = load_config("tiny", over)
+torch.manual_seed(0)
+t = TorchTrainer(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), cfg, pad_id=tok.pad_token_id,
+                 lora=LoraAdapters(cfg.lora, str(cfg.checkpoint.hf_checkpoint)))
+t.train_rollout(uneven_samples(tok), rewards, rollout_id=0)
+t.save(ckpt, 0, {})
+print("saved", flush=True)
+while True:
+    t.train_rollout(uneven_samples(tok), rewards, rollout_id=1)
+"""
+
+
+def test_sigkill_after_a_lora_checkpoint_and_rerun_gives_the_uninterrupted_runs_metrics(base, tiny_tokenizer, tiny_model_dir,
+                                                                                         tmp_path, one_torch_thread):
+    """A process trains rollout 0 with LoRA, checkpoints (adapters, Adam state, RNG, base sha256) and is SIGKILLed in
+    rollout 1; a fresh trainer with other adapters restores it and trains rollout 1: every metric of every step, and
+    every tensor, equals the uninterrupted run's. (The flow-level SIGKILL e2e, tests/e2e/test_resume.py, costs two flow
+    runs; this is the trainer's part of it.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    over = {**CFG, **LORA}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(Path(__file__).parent), str(tiny_model_dir),
+                              str(tmp_path / "ckpt"), json.dumps(over), json.dumps(REWARDS)],
+                             stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    try:
+        assert child.stdout.readline().strip() == "saved"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+
+    whole = _trainer(base, tiny_tokenizer)  # the uninterrupted run, in this process
+    whole.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=0)
+    rerun = _trainer(base, tiny_tokenizer, seed=99)
+    assert rerun.restore(tmp_path / "ckpt")["steps_done"] == 1
+    out_whole = whole.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=1)
+    out_rerun = rerun.train_rollout(_samples(tiny_tokenizer), REWARDS, rollout_id=1)
+    untimed = lambda m: {k: v for k, v in m.items() if not k.startswith("perf/")}  # noqa: E731
+    assert [untimed(m) for m in out_rerun[1]] == [untimed(m) for m in out_whole[1]]  # every step's metrics
+    assert untimed(out_rerun[0]) == untimed(out_whole[0])  # the rollout's
+    assert all(torch.equal(x, y) for x, y in zip(whole.engine.model.state_dict().values(),
+                                                 rerun.engine.model.state_dict().values()))

@@ -45,7 +45,9 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "rollout/correct_response_lengths": "log_correct_samples is not supported yet",
     "perf/sleep_time": f"engine memory release/resume timing: {SGLANG}",
     "perf/wake_up_time": f"engine memory release/resume timing: {SGLANG}",
-    "perf/reconcile_adapters_time": "adapter reconciliation on the engines: miles syncs merged weights (lora_sync_from_tensor is not supported yet)",
+    "perf/reconcile_adapters_time": "multi-LoRA adapter-slot reconciliation before each generate (the reference's "
+                                    "reconcile_adapters): multi-LoRA is not built; one adapter's sync is timed in "
+                                    "perf/update_weights_time",
     "perf/update_weights_implementation_time": f"the weight-update protocol's inner timing: {SGLANG}",
     "perf/finalize_and_resume_engines_time": f"engine resume timing: {SGLANG}",
     "perf/update_weights_density": f"delta weight updates: {SGLANG}",

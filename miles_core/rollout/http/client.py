@@ -211,6 +211,34 @@ class HTTPEngineClient(SeededGenerate):
             body["weight_version"] = str(weight_version)
         self.request("POST", "/update_weights_from_distributed", retries=0, json=body)
 
+    def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """SGLang's /load_lora_adapter_from_tensors (ours: load_format safetensors, wire.adapter_body), one copy per TP rank."""
+        self.post_adapter(wire.adapter_body(lora_name, config_dict, list(named_tensors), self.tp_size()))
+
+    def post_adapter(self, body: dict) -> None:
+        try:
+            self.request("POST", "/load_lora_adapter_from_tensors", retries=0, json=body)
+        except EngineHTTPError as e:
+            if e.status in (400, 422) and not self.is_miles_server():
+                raise EngineHTTPError(self.base_url, "adapters as safetensors over HTTP are a miles-server payload (SGLang's "
+                                      "are in-process IPC handles); for SGLang sync merged weights (lora_sync_from_tensor "
+                                      "false)", e.status) from e
+            raise
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        self.request("POST", "/unload_lora_adapter", retries=0, json={"lora_name": lora_name})
+
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Unload ``lora_name`` where loaded (an engine without it answers 400: ignored, as the reference does in
+        update_weight_from_tensor.py ``_send_to_colocated_engine``), then load these tensors under it."""
+        try:
+            self.unload_lora_adapter(lora_name)
+        except EngineHTTPError as e:
+            if e.status != 400:
+                raise
+        self.load_lora_adapter_from_tensors(lora_name, config_dict, named_tensors)
+
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """SGLang's /get_weights_by_name (ours returns the whole tensor as nested lists)."""
         return torch.tensor(self.request("POST", "/get_weights_by_name", json={"name": name}).json())

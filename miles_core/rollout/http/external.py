@@ -48,7 +48,8 @@ def external_router(cfg: TrainConfig) -> EngineRouter:
 def external_fleet(cfg: TrainConfig, backend: str = "gloo") -> HTTPFleet:
     """backend: the broadcast group's (gloo on CPU, nccl when the sender's weights are on GPUs)."""
     cl = cfg.cluster
-    sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync", backend=backend)
+    sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync", backend=backend,
+                      lora_adapter=cfg.lora.lora_sync_from_tensor)
     fleet = HTTPFleet(external_router(cfg), sync, colocate=False)
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)

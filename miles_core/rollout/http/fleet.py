@@ -47,6 +47,13 @@ class HTTPFleet:
 
     @property
     def engine(self) -> EngineRouter:
+        """The router; with the weight sync's lora_adapter, every request runs through the adapter (rollout/adapters.py)."""
+        if self.weight_sync.lora_adapter:
+            from miles_core.weights.sync import LORA_ADAPTER_NAME
+
+            from ..adapters import ThroughAdapter
+
+            return ThroughAdapter(self.router, LORA_ADAPTER_NAME)
         return self.router
 
     @property

@@ -284,6 +284,11 @@ class EngineRouter(SeededGenerate):
             n += 1
         return n
 
+    def reload_lora_adapter(self, lora_name: str, config: dict, tensors: list[tuple[str, torch.Tensor]],
+                            slots: list[EngineSlot] | None = None) -> None:
+        """lora_sync_from_tensor: every engine (or ``slots``) unloads ``lora_name`` where loaded and loads these tensors."""
+        self._broadcast("load_lora_adapter_from_tensors", lambda c: c.reload_lora_adapter(lora_name, config, tensors), slots)
+
     def weight_targets(self) -> list[EngineSlot]:
         """The engines a sync goes to: the healthy ones now."""
         self.recheck()

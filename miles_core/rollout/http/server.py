@@ -16,6 +16,7 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
     POST /init_weights_update_group     POST /update_weights_from_distributed, /destroy_weights_update_group
     POST /update_weight_version         GET|POST /get_weights_by_name      (ours: the whole tensor)
     GET|POST /weights_checker {action: snapshot|reset_tensors|compare, skip_tensor_list}
+    POST /load_lora_adapter_from_tensors (ours: base64 safetensors, wire.py)  POST /unload_lora_adapter
     GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
     GET  /model_info (+ /get_model_info) GET  /server_info (+ /get_server_info)  (fields: a subset; tp_size)
     POST /debug/fail                    (ours: rollout/sglang/protocol.py OUR_ROUTES; only with --enable-fault-injection)
@@ -57,6 +58,7 @@ from aiohttp import web
 
 from miles_core.config.rollout import API_KEY_ENV, engine_api_key  # the server's key, from its environment (launch.py sets it)
 from miles_core.device import DEVICES
+from miles_core.rollout.adapters import AdapterError
 from miles_core.rollout.hf_engine import WeightSessionError, outside_session
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
 from miles_core.rollout.weight_checker import WeightCheckError
@@ -146,6 +148,8 @@ class EngineServer:
             (post, "/destroy_weights_update_group", self.destroy_weights_update_group),
             (post, "/update_weights_from_distributed", self.update_weights_from_distributed),
             (both, "/get_weights_by_name", self.get_weights_by_name), (both, "/weights_checker", self.weights_checker),
+            (post, "/load_lora_adapter_from_tensors", self.load_lora_adapter_from_tensors),
+            (post, "/unload_lora_adapter", self.unload_lora_adapter),
             (both, "/release_memory_occupation", self.release_memory_occupation),
             (both, "/resume_memory_occupation", self.resume_memory_occupation),
             (get, "/model_info", self.model_info), (get, "/get_model_info", self.model_info),
@@ -214,7 +218,7 @@ class EngineServer:
             return _error(500, "injected fault (error)")
         try:
             return await handler(request)
-        except (wire.WireError, WeightSessionError) as e:
+        except (wire.WireError, WeightSessionError, AdapterError) as e:
             return _error(400, str(e))
         except web.HTTPException:
             raise
@@ -229,6 +233,9 @@ class EngineServer:
         body = await _json(request)
         vocab = self.engine.model.get_input_embeddings().num_embeddings
         requests, seeds, batched, top_seed = wire.parse_generate(body, vocab)
+        unknown = sorted({r.lora_path for r in requests if r.lora_path is not None} - self.engine.adapters.loaded)
+        if unknown:
+            raise AdapterError(f"lora_path {unknown}: no such LoRA adapter loaded (loaded: {sorted(self.engine.adapters.loaded)})")
         seeds = [s if s is not None else request_seed(top_seed, i) if top_seed is not None else secrets.randbits(62)
                  for i, s in enumerate(seeds)]
         rid = body.get("rid")
@@ -370,6 +377,20 @@ class EngineServer:
         await self.batcher.run(load, list(named.items()))
         self._stale -= {id(params[name]) for name in named}
         self.events.append(f"weights:{len(named)}")
+
+    async def load_lora_adapter_from_tensors(self, request: web.Request) -> web.Response:
+        """SGLang's adapter load (no weight-update session); the body as wire.parse_adapter reads it."""
+        name, config, tensors = wire.parse_adapter(await _json(request))
+        await self.batcher.run(self.engine.load_lora_adapter_from_tensors, name, config, list(tensors.items()))
+        self.events.append(f"lora:{name}:{len(tensors)}")
+        return web.json_response({"success": True, "loaded_adapters": {n: n for n in sorted(self.engine.adapters.loaded)}})
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if not isinstance(body.get("lora_name"), str):
+            raise wire.WireError("unload_lora_adapter needs lora_name")
+        await self.batcher.run(self.engine.unload_lora_adapter, body["lora_name"])
+        return web.json_response({"success": True, "loaded_adapters": {n: n for n in sorted(self.engine.adapters.loaded)}})
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         body = await _json(request)

@@ -16,6 +16,19 @@ Response: one object per request (a list when ``input_ids`` is a list of lists):
                    "weight_version": "<int as a string>", "e2e_latency": float,
                    "output_token_logprobs": [[logprob, token_id, null], ...]}}
 
+``lora_path`` (SGLang's GenerateReqInput.lora_path): one adapter name or None per request, present only when a request
+names one.
+
+LoRA adapters, POST /load_lora_adapter_from_tensors (SGLang's LoadLoRAAdapterFromTensorsReqInput)::
+
+    {"lora_name": str, "config_dict": {adapter_config.json}, "load_format": "safetensors",
+     "serialized_named_tensors": [base64 of a safetensors file, one per TP rank]}
+
+SGLang's serialized_named_tensors are MultiprocessingSerializer payloads (ForkingPickler: CUDA IPC handles or
+shared-memory names of the sender's process, load_format None or "flattened_bucket"): they cannot cross HTTP and
+unpickling them from a socket would run whatever they hold, so our server takes ``load_format: "safetensors"``
+only, the tensors named as in adapter_model.safetensors; anything else is answered 400.
+
 Weight buckets (ours only): the body of POST /update_weights_from_tensor is a safetensors file
 (``Content-Type: application/octet-stream``), tensor name -> tensor, at most one bucket.
 """
@@ -58,12 +71,15 @@ def params_to_json(params: SamplingParams, seed: int | None) -> dict[str, Any]:
 
 
 def generate_body(requests: list[GenerateRequest], seeds: list[int]) -> dict[str, Any]:
-    """A batch /generate body: one sampling_params dict per request, each with its sampling_seed."""
-    return {
+    """A batch /generate body: one sampling_params dict per request, each with its sampling_seed (and lora_path)."""
+    body = {
         "input_ids": [list(r.input_ids) for r in requests],
         "sampling_params": [params_to_json(r.params, s) for r, s in zip(requests, seeds)],
         "return_logprob": True,
     }
+    if any(r.lora_path is not None for r in requests):
+        body["lora_path"] = [r.lora_path for r in requests]
+    return body
 
 
 def params_from_json(d: dict[str, Any]) -> tuple[SamplingParams, int | None]:
@@ -107,12 +123,16 @@ def parse_generate(body: Any, vocab_size: int) -> tuple[list[GenerateRequest], l
     sps = sp if isinstance(sp, list) else [sp] * len(rows)
     if len(sps) != len(rows):
         raise WireError(f"{len(rows)} input_ids but {len(sps)} sampling_params")
+    lora = body.get("lora_path")
+    loras = lora if isinstance(lora, list) else [lora] * len(rows)
+    if len(loras) != len(rows) or not all(x is None or isinstance(x, str) for x in loras):
+        raise WireError(f"lora_path must be an adapter name, null, or one of those per request ({len(rows)} input_ids)")
     requests, seeds = [], []
-    for row, d in zip(rows, sps):
+    for row, d, lora_path in zip(rows, sps, loras):
         if not row or not all(isinstance(t, int) and 0 <= t < vocab_size for t in row):
             raise WireError(f"input_ids must be non-empty lists of token ids in [0, {vocab_size})")
         params, seed = params_from_json(d)
-        requests.append(GenerateRequest(list(row), params))
+        requests.append(GenerateRequest(list(row), params, lora_path=lora_path))
         seeds.append(seed)
     top = body.get("seed")
     return requests, seeds, batched, None if top is None else int(top)
@@ -190,3 +210,37 @@ def decode_bucket(payload: bytes) -> dict[str, torch.Tensor]:
         return load(payload)
     except Exception as e:  # safetensors raises its own error types
         raise WireError(f"body is not a safetensors file: {e}") from e
+
+
+# ---- LoRA adapters ----------------------------------------------------------------------------
+ADAPTER_FORMAT = "safetensors"  # our load_format of /load_lora_adapter_from_tensors (module docstring)
+
+
+def adapter_body(lora_name: str, config_dict: dict, named_tensors: list[tuple[str, torch.Tensor]], tp_size: int = 1) -> dict:
+    """A /load_lora_adapter_from_tensors body: the adapter as base64 safetensors, one copy per TP rank."""
+    import base64
+
+    payload = base64.b64encode(encode_bucket(named_tensors)).decode("ascii")
+    return {"lora_name": lora_name, "config_dict": config_dict, "load_format": ADAPTER_FORMAT,
+            "serialized_named_tensors": [payload] * tp_size}
+
+
+def parse_adapter(body: Any, tp_rank: int = 0) -> tuple[str, dict, dict[str, torch.Tensor]]:
+    """A /load_lora_adapter_from_tensors body -> (lora_name, config_dict, this rank's tensors). Raises WireError."""
+    import base64
+    import binascii
+
+    if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str) or not isinstance(body.get("config_dict"), dict):
+        raise WireError("/load_lora_adapter_from_tensors needs lora_name (a string) and config_dict (adapter_config.json)")
+    if body.get("load_format") != ADAPTER_FORMAT:
+        raise WireError(f"load_format {body.get('load_format')!r}: this server takes load_format {ADAPTER_FORMAT!r} (base64 "
+                        "safetensors per TP rank); SGLang's MultiprocessingSerializer payloads hold in-process handles and "
+                        "are not unpickled from HTTP")
+    parts = body.get("serialized_named_tensors")
+    if not isinstance(parts, list) or len(parts) <= tp_rank or not isinstance(parts[tp_rank], str):
+        raise WireError(f"serialized_named_tensors must be a list with a base64 string for TP rank {tp_rank}")
+    try:
+        raw = base64.b64decode(parts[tp_rank], validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise WireError(f"serialized_named_tensors[{tp_rank}] is not base64: {e}") from e
+    return body["lora_name"], body["config_dict"], decode_bucket(raw)

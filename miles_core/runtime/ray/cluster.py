@@ -79,7 +79,9 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     built.append(engines.shutdown)
     bucket = cl.update_weight_buffer_size
     router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket, "api_key": engines.api_key}, bucket_bytes=bucket)
-    fleet = HTTPFleet(router, WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend),
+    sync = WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend,
+                      lora_adapter=cfg.lora.lora_sync_from_tensor)
+    fleet = HTTPFleet(router, sync,
                       colocate=cl.colocate, launcher=engines, client=engines.client)  # its close() shuts the engines down
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)

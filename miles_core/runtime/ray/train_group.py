@@ -36,6 +36,7 @@ TRAINER_CALLS: dict[Callable, str] = {
 }
 SENDER_CALLS: dict[Callable, str] = {
     WeightSender.tensors: LEAD, WeightSender.meta: LEAD, WeightSender.broadcast: LEAD, WeightSender.save: LEAD,  # read named_tensors
+    WeightSender.adapter: LEAD,  # reads adapter_tensors
     WeightSender.master_address: RANK0, WeightSender.init_broadcast: RANK0,
 }
 
@@ -87,7 +88,7 @@ class TrainWorker:
         ctx = TrainerContext(cfg=self.cfg, model_path=Path(self.model_path), tokenizer=self.tokenizer, rank=self.rank,
                              world_size=self.world)
         self.trainer = TRAINERS[self.cfg.cluster.train_backend](ctx)
-        self.sender = WeightSender(self.trainer.named_tensors, self.trainer.hf_config())
+        self.sender = WeightSender(self.trainer.named_tensors, self.trainer.hf_config(), adapter=self.trainer.adapter_tensors)
         return self.rank
 
     def collective(self) -> bool:
@@ -102,7 +103,8 @@ class TrainWorker:
         for the members that read the weights: they take part in gathering them (named_tensors), and send nothing."""
         if self.rank == 0:
             return getattr(self.sender, name)(*args)
-        list(self.trainer.named_tensors())
+        gather = self.trainer.adapter_tensors if name == WeightSender.adapter.__name__ else self.trainer.named_tensors
+        list(gather())
         return None
 
     def extra_tensors(self) -> dict[str, list[tuple[str, torch.Tensor]]]:
