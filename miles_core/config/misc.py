@@ -87,7 +87,8 @@ class MiscConfig(Group):
     # ---- the reference's ci group: the checks its CI runs (docs/guide/debugging.md)
     ci_test: bool = Field(
         False, description="Run the reference's CI checks: the first optimizer step of each rollout is on-policy (|train/ppo_kl| < 1e-9, "
-                           "|train/pg_clipfrac| < 1e-10; |train/kl_loss| < 1e-9 at the run's first step), at rollout 0 rollout/log_probs "
+                           "|train/pg_clipfrac| < 1e-10; |train/kl_loss| < 1e-9 at the run's first step: bit-exact, so with "
+                           "num_steps_per_rollout > 1 the micro-batches must give both passes the same rows), at rollout 0 rollout/log_probs "
                            "equals rollout/ref_log_probs (1e-8) and every rollout's rollout/log_probs is within 0.03 of "
                            "rollout/rollout_log_probs, the engines report the trainer's weight version after each sync, and the "
                            "check of check_weight_update_equal (unless ci_disable_weight_update_checker or a one-sided run); "

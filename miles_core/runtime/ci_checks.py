@@ -45,7 +45,10 @@ def check_kl(steps: list[dict[str, float]], rollout_id: int, steps_per_rollout: 
         if not (abs(first["train/ppo_kl"]) < kl_tol and abs(first["train/pg_clipfrac"]) < 1e-10):
             raise CICheckFailed(f"ci_test KL check, rollout {rollout_id} step 0: train/ppo_kl {first['train/ppo_kl']:.3e} "
                                 f"(must be < {kl_tol:g}) and train/pg_clipfrac {first['train/pg_clipfrac']:.3e} (< 1e-10): the "
-                                "first step is not on-policy (ci_disable_kl_checker skips this check)")
+                                "first step is not on-policy. The old-policy pass and the step's forward must compute the "
+                                "same log-probs bit for bit: float kernels round differently with the batch shape, so give "
+                                "both the same rows (a micro_batch_size dividing global_batch_size, e.g. 1); "
+                                "ci_disable_kl_checker skips this check")
     if rollout_id * steps_per_rollout == 0 and "train/kl_loss" in first and not abs(first["train/kl_loss"]) < 1e-9:
         raise CICheckFailed(f"ci_test KL check, the run's first step: train/kl_loss {first['train/kl_loss']:.3e} must be < 1e-9 "
                             "(the policy starts as the reference model)")

@@ -132,3 +132,23 @@ def test_the_train_flows_eval_points_reach_the_metric_checker(tmp_path):
             rt.finish_checks()
     finally:
         registry.release("ci-test")
+
+
+def test_the_kl_check_is_bit_exact_as_the_reference(tiny_model_dir, tiny_tokenizer):
+    """Two steps per rollout: the old-policy pass over 8 rows and the step's forward over 4 round differently in float32
+    (~1e-8), which the reference's bound (1e-9) refuses; micro-batches of one row make both passes equal."""
+    from transformers import AutoModelForCausalLM
+
+    from miles_core.training.torch_trainer import TorchTrainer
+    from tests.training._samples import uneven_samples
+
+    rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    kl = {}
+    for mbs in (8, 1):
+        cfg = load_config("tiny", {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2,
+                                   "micro_batch_size": mbs, "eval_prompt_data": None})
+        trainer = TorchTrainer(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg, pad_id=tiny_tokenizer.pad_token_id)
+        kl[mbs] = trainer.train_rollout(uneven_samples(tiny_tokenizer), rewards, 0).steps
+    with pytest.raises(CICheckFailed, match="give both the same rows"):
+        check_kl(kl[8], 1, 2, lora=False)
+    check_kl(kl[1], 1, 2, lora=False)
