@@ -29,6 +29,9 @@ class EvalConfig(Group):
                                 "length).")
     eval_input_key: str | None = Field(None, description="Key of the prompt in the eval datasets (default input_key); an eval_config dataset's own input_key (or its defaults') wins.")
     eval_label_key: str | None = Field(None, description="Key of the label in the eval datasets (default label_key); an eval_config dataset's own label_key (or its defaults') wins.")
+    eval_tool_key: str | None = Field(
+        None, description="Key of the tool definitions in the eval datasets (passed to the chat template; default tool_key); "
+                          "an eval_config dataset's own tool_key (or its defaults') wins.")
     eval_function_path: str | None = Field(None, description="Dotted path of a custom eval function (may raise EvalSkip(reason)).")
     eval_mode: Literal["inline", "snapshot"] = Field(
         "inline", description="inline: evaluate the live engine between rollouts (training waits); snapshot: export an HF snapshot "

@@ -17,7 +17,7 @@ and/or an `eval_config` YAML file (the reference's format)::
 
 A field resolves, first set wins: the dataset's value, then ``defaults``, then the run's flags
 (``n_samples_per_eval_prompt``, ``eval_temperature``, ``eval_top_p``, ``eval_top_k``,
-``eval_max_response_len``, ``eval_reward_key``, ``eval_input_key``, ``eval_label_key``), then the rollout's values (sampling, ``rm_type``,
+``eval_max_response_len``, ``eval_reward_key``, ``eval_input_key``, ``eval_label_key``, ``eval_tool_key``), then the rollout's values (sampling, ``rm_type``,
 ``input_key`` / ``label_key`` / ``metadata_key`` / ``tool_key``). Pair datasets take the run's values.
 Pure: parses and resolves, never tokenizes or loads a model.
 """
@@ -127,7 +127,7 @@ def resolve_datasets(cfg: TrainConfig) -> list[ResolvedDataset]:
     run = {
         "rm_type": r.rm_type, "input_key": _first(e.eval_input_key, d.input_key), "label_key": _first(e.eval_label_key, d.label_key),
         "metadata_key": d.metadata_key,
-        "tool_key": d.tool_key, "n_samples_per_eval_prompt": e.n_samples_per_eval_prompt,
+        "tool_key": _first(e.eval_tool_key, d.tool_key), "n_samples_per_eval_prompt": e.n_samples_per_eval_prompt,
         "temperature": _first(e.eval_temperature, r.rollout_temperature), "top_p": _first(e.eval_top_p, r.rollout_top_p),
         "top_k": _first(e.eval_top_k, r.rollout_top_k), "max_response_len": _first(e.eval_max_response_len, r.rollout_max_response_len),
         "stop": r.rollout_stop, "stop_token_ids": r.rollout_stop_token_ids, "metadata_overrides": {},

@@ -3,6 +3,8 @@ everything unset inherited from the run (eval_* flags, then the rollout values).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from miles_core.config import ConfigError
@@ -113,3 +115,28 @@ def test_eval_max_context_len_caps_each_eval_responses_budget(tmp_path, tiny_tok
         samples = generate_samples(engine, ds, seed=1, decode=tiny_tokenizer.decode)
         assert all(len(s.tokens) - n <= asked[-1][i] for i, (s, n) in enumerate(zip(samples, lengths)))
     assert asked == [[16, 16], [10, 1]]  # 16 each; then the 10 tokens the context leaves, and 1 for the longer prompt
+
+
+def test_eval_tool_key_names_the_eval_datasets_tool_key(tmp_path, tiny_tokenizer):
+    """The reference's --eval-tool-key (miles/utils/eval_config.py: eval_tool_key, then tool_key): the eval rows' tool
+    definitions, rendered by the chat template; a dataset of the eval config naming its own tool_key keeps it."""
+    from miles_core.evaluation import build_suite
+
+    data = tmp_path / "eval.jsonl"
+    tools = [{"type": "function", "function": {"name": "calc", "description": "adds", "parameters": {"type": "object"}}}]
+    data.write_text(json.dumps({"input": "1+1=", "label": "2", "fns": tools}) + "\n")
+    own = _write(tmp_path, f"datasets:\n  - {{name: own, path: {data}, tool_key: absent}}\n")
+    template = "{% for t in tools or [] %}{{ t.function.name }} {% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    base = {"eval_prompt_data": ["e", str(data)], "eval_config": own, "apply_chat_template": True,
+            "apply_chat_template_kwargs": {"chat_template": template}}
+    ds = resolve_datasets(load_config("tiny", {**base, "eval_tool_key": "fns"}))
+    assert [d.tool_key for d in ds] == ["fns", "absent"]
+    assert [d.tool_key for d in resolve_datasets(load_config("tiny", base))] == [None, "absent"]
+
+    def prompt_ids(**over):
+        suite = build_suite(load_config("tiny", {**base, **over}), tiny_tokenizer)
+        return [d.prompts[0].input_ids for d in suite.datasets]
+
+    (with_tools, own_ids), (plain, own_plain) = prompt_ids(eval_tool_key="fns"), prompt_ids()
+    assert tiny_tokenizer.decode(with_tools) == "calc 1+1=" and tiny_tokenizer.decode(plain) == "1+1="
+    assert own_ids == own_plain == plain
