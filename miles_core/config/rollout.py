@@ -51,6 +51,14 @@ class RolloutConfig(Group):
     over_sampling_batch_size: int | None = Field(None, ge=1, description="Groups to sample per round with dynamic sampling (>= rollout_batch_size).")
     dynamic_sampling_filter_path: str | None = Field(None, description="Dotted path of a group filter (dynamic sampling).")
     partial_rollout: bool = Field(False, description="Keep the groups of the last over-sampled round that were not used in a buffer (saved with checkpoints) that the next rollout takes first, instead of dropping them; aborted samples are continued.")
+    buffer_filter_path: str | None = Field(
+        None, description="partial_rollout: dotted path of fn(args, rollout_id, buffer, num_samples) -> groups, the "
+                          "reference's, picking the buffered groups a round takes (default: the oldest first); it removes "
+                          "them from buffer (a list of groups of Samples); rollout_id is None, as in the reference.")
+    mask_offpolicy_in_partial_rollout: bool = Field(
+        False, description="partial_rollout: the tokens a buffered sample was generated with before (by older weights) get "
+                           "loss mask 0 when a later rollout takes it (a finished one is then not trained on at all); only "
+                           "the tokens generated on top are trained, as the reference's generate_and_rm.")
     async_mode: Literal["off", "one_step", "fully"] = Field(
         "off", description="Overlap generation with training: off (generate, then train), one_step (generate rollout i+1 while "
         "training on i; the reference's train_async), fully (a background worker keeps a bounded buffer of scored groups).")

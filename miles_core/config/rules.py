@@ -120,6 +120,9 @@ def _rollout_rules(c: "TrainConfig") -> None:
         raise ValueError("group_rm needs custom_rm_path (a function scoring a whole group)")
     if not r.custom_rm_path and r.rm_type.removeprefix("boxed_") == "remote_rm" and not r.rm_url:
         raise ValueError("rm_type remote_rm needs rm_url")
+    for name in ("mask_offpolicy_in_partial_rollout", "buffer_filter_path"):
+        if getattr(r, name) not in (None, False) and not r.partial_rollout:
+            raise ValueError(f"{name} applies to the groups partial_rollout buffers; set partial_rollout: true or drop it")
     if c.data.prompt_data is None:
         raise ValueError("prompt_data is required: a jsonl/parquet path (optionally path@[a:b]) or builtin://<task>")
 

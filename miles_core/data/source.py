@@ -10,6 +10,7 @@ and restoring the two together is what makes a resumed run draw exactly the same
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from .dataset import Prompt
@@ -23,13 +24,21 @@ class Cursor:
     next_group_index: int = 0
 
 
-class DataSource:
-    """Hands out prompts in order (shuffled per epoch with seed + epoch when asked), and buffered groups."""
+BufferFilter = Callable[[object, None, list, int], list]  # the reference's buffer_filter(args, rollout_id, buffer, n)
 
-    def __init__(self, prompts: list[Prompt], *, shuffle: bool, seed: int):
+
+class DataSource:
+    """Hands out prompts in order (shuffled per epoch with seed + epoch when asked), and buffered groups.
+    ``buffer_filter`` (buffer_filter_path, with its ``args``) picks the buffered groups a round takes instead of
+    the oldest first: the reference's ``fn(args, rollout_id, buffer, num_samples)``, which removes what it
+    returns from ``buffer`` (rollout_id is None, as the reference's RolloutDataSourceWithBuffer passes)."""
+
+    def __init__(self, prompts: list[Prompt], *, shuffle: bool, seed: int, buffer_filter: BufferFilter | None = None,
+                 filter_args: object = None):
         self.prompts = prompts
         self.shuffle = shuffle
         self.seed = seed
+        self.buffer_filter, self.filter_args = buffer_filter, filter_args
         self.cursor = Cursor()
         self.buffer: list[list[Sample]] = []  # oldest first
         self._order = self._epoch_order(0)
@@ -54,8 +63,18 @@ class DataSource:
         return out
 
     def take_buffered(self, n: int) -> list[list[Sample]]:
-        """Remove and return up to n buffered groups, oldest first."""
-        taken, self.buffer = self.buffer[:n], self.buffer[n:]
+        """Remove and return up to n buffered groups: oldest first, or those buffer_filter picks."""
+        if not self.buffer or n == 0:
+            return []
+        if self.buffer_filter is None:
+            taken, self.buffer = self.buffer[:n], self.buffer[n:]
+            return taken
+        before = len(self.buffer)
+        taken = self.buffer_filter(self.filter_args, None, self.buffer, n)
+        if not isinstance(taken, list) or len(taken) > n or before - len(self.buffer) != len(taken):
+            raise ValueError(f"buffer_filter_path {self.buffer_filter!r} must remove from the buffer the at most {n} groups it "
+                             f"returns (as the reference's pop_first); it returned {type(taken).__name__} "
+                             f"{len(taken) if isinstance(taken, list) else ''} and the buffer went {before} -> {len(self.buffer)}")
         return taken
 
     def add_to_buffer(self, groups: list[list[Sample]]) -> None:

@@ -40,7 +40,7 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     Bad data or eval_config fails here, before any model loads."""
     from transformers import AutoTokenizer
 
-    from miles_core.data import DataSource, load_prompts
+    from miles_core.data import load_prompts
     from miles_core.env import cache_dir
     from miles_core.evaluation import build_suite
     from miles_core.models import resolve_model_path
@@ -54,10 +54,21 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     if dropped:  # once per run, with the count (also the run's dropped_prompts param)
         logger.warning("dropped %d of %d prompts longer than %d tokens (%s)", dropped, dropped + len(prompts),
                        spec.max_prompt_len, spec.max_prompt_len_reason)
-    return RunData(model_path=model_path, tokenizer=tokenizer, context_len=context,
-                   source=DataSource(prompts, shuffle=cfg.data.rollout_shuffle, seed=cfg.data.rollout_seed),
+    return RunData(model_path=model_path, tokenizer=tokenizer, context_len=context, source=_data_source(cfg, prompts),
                    num_prompts=len(prompts), dropped_prompts=dropped, eval_suite=build_suite(cfg, tokenizer),
                    params=sampling_params(cfg, tokenizer.eos_token_id), rewards=reward_options(cfg))
+
+
+def _data_source(cfg: TrainConfig, prompts: list):
+    """The run's DataSource; buffer_filter_path resolved, with the config under the reference's names as its args."""
+    from miles_core.data import DataSource
+    from miles_core.resolve import reference_args, resolve
+    from miles_core.rollout.multi_turn.spec import reference_args as flat_reference_args
+
+    path = cfg.rollout.buffer_filter_path
+    pick = None if path is None else resolve(path, what="buffer_filter_path")
+    return DataSource(prompts, shuffle=cfg.data.rollout_shuffle, seed=cfg.data.rollout_seed, buffer_filter=pick,
+                      filter_args=None if pick is None else reference_args(**flat_reference_args(cfg)))
 
 
 def build_runtime(cfg: TrainConfig) -> Runtime:

@@ -118,6 +118,7 @@ class Runtime:
                            params=self.data.params, max_context_len=self.data.context_len,
                            over_sampling_batch_size=r.over_sampling_batch_size, filter_path=r.dynamic_sampling_filter_path,
                            reward_key=r.reward_key, seed=self.cfg.misc.seed, partial_rollout=r.partial_rollout,
+                           mask_offpolicy=r.mask_offpolicy_in_partial_rollout,
                            turns=turn_spec(self.cfg, self.model_path))
 
     # ---- 2. generate -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ keeps is known; prompt i has kind ones / zeros / mixed for i % 3 = 0 / 1 / 2. Re
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -183,3 +184,66 @@ def test_state_without_a_buffer_still_loads(tiny_tokenizer):
     source = DataSource(_prompts(tiny_tokenizer), shuffle=False, seed=0)
     source.load_state_dict({"offset": 4, "epoch": 1, "next_group_index": 16})  # a checkpoint from before the buffer
     assert source.buffer == [] and source.cursor.next_group_index == 16
+
+
+def test_mask_offpolicy_masks_the_tokens_older_weights_generated(engine, source, tiny_tokenizer):
+    """mask_offpolicy_in_partial_rollout (the reference's generate_and_rm, miles/rollout/sglang_rollout.py): a buffered
+    sample's tokens get loss mask 0 when a later rollout takes it: an aborted one trains only on what it generates on
+    top, a finished one on nothing. Without the flag both keep mask 1 (the test above)."""
+    prompt2 = tuple(source.prompts[2].input_ids)
+    eng = CountingEngine(engine, abort={prompt2})
+    spec = replace(_spec(tiny_tokenizer, want=1, over=4, filter_path=None), mask_offpolicy=True)
+    r0 = _run(eng, source, spec, tiny_tokenizer, 0)  # group 0 kept (nothing buffered yet: mask 1); 1, 2, 3 buffered
+    assert all(s.loss_mask == [1] * s.response_length for s in r0.samples)
+    finished = {s.index: s.response_length for s in source.buffer[0]}  # group 1: finished in rollout 0
+    r1 = _run(eng, source, replace(spec, rollout_batch_size=2), tiny_tokenizer, 1)
+    g1, g2 = r1.samples[:G], r1.samples[G:]
+    assert [s.loss_mask for s in g1] == [[0] * finished[s.index] for s in g1]
+    assert all(s.loss_mask == [0] + [1] * (s.response_length - 1) and s.response_length > 1 for s in g2)
+
+
+def test_mask_offpolicy_needs_partial_rollout():
+    from miles_core.config import ConfigError
+    from flows.recipes import load_config
+
+    assert load_config("tiny", {"partial_rollout": True, "mask_offpolicy_in_partial_rollout": True}).rollout.mask_offpolicy_in_partial_rollout
+    with pytest.raises(ConfigError, match="mask_offpolicy_in_partial_rollout applies to the groups partial_rollout buffers"):
+        load_config("tiny", {"mask_offpolicy_in_partial_rollout": True})
+
+
+FILTER_CALLS: list[tuple] = []
+
+
+def newest_first(args, rollout_id, buffer, num_samples):
+    """A buffer filter of the reference's form (its pop_first, newest end): removes what it returns."""
+    FILTER_CALLS.append((args.partial_rollout if args is not None else None, rollout_id, len(buffer), num_samples))
+    taken = buffer[-num_samples:][::-1]
+    del buffer[-num_samples:]
+    return taken
+
+
+def test_buffer_filter_path_picks_the_buffered_groups_a_round_takes(engine, tiny_tokenizer):
+    """buffer_filter_path (the reference's RolloutDataSourceWithBuffer: buffer_filter(args, None, buffer, n)): its
+    groups are taken instead of the oldest; the runtime resolves it with the config as args; a filter that does not
+    remove what it returns fails naming the field."""
+    from flows.recipes import load_config
+    from miles_core.runtime.placement import _data_source
+
+    cfg = load_config("tiny", {"partial_rollout": True, "buffer_filter_path": f"{__name__}.newest_first"})
+    source = _data_source(cfg, _prompts(tiny_tokenizer))
+    spec = _spec(tiny_tokenizer, want=1, over=4, filter_path=None)
+    FILTER_CALLS.clear()
+    _run(engine, source, spec, tiny_tokenizer, 0)  # group 0 kept; 1, 2, 3 buffered
+    assert _ids(source.buffer) == [1, 2, 3] and FILTER_CALLS == []  # an empty buffer: not called, as the reference
+    r1 = _run(engine, source, replace(spec, over_sampling_batch_size=2), tiny_tokenizer, 1)
+    assert FILTER_CALLS == [(True, None, 3, 2)] and _ids(r1.samples[::G]) == [3] and _ids(source.buffer) == [1, 2]
+    default = DataSource(_prompts(tiny_tokenizer), shuffle=False, seed=0)  # no filter: the oldest first
+    default.add_to_buffer([[s] for s in source.buffer[0]] + [source.buffer[1]])
+    assert [g[0].group_index for g in default.take_buffered(1)] == [1]
+
+    keeps = DataSource([], shuffle=False, seed=0, buffer_filter=lambda args, rid, buffer, n: buffer[:n])
+    keeps.add_to_buffer([[s] for s in r1.samples])
+    with pytest.raises(ValueError, match="buffer_filter_path .* must remove from the buffer"):
+        keeps.take_buffered(1)
+    with pytest.raises(Exception, match="buffer_filter_path applies to the groups partial_rollout buffers"):
+        load_config("tiny", {"buffer_filter_path": f"{__name__}.newest_first"})
