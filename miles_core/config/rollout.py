@@ -68,7 +68,15 @@ class RolloutConfig(Group):
     stale_group_policy: Literal["recycle", "drop"] = Field(
         "recycle", description="async_mode fully: a group over max_weight_staleness has its prompt regenerated (recycle) or is dropped (drop).")
     fully_async_buffer_groups: int | None = Field(
-        None, ge=1, description="async_mode fully: most scored groups held in the buffer (default 2 * rollout_batch_size); the worker waits when full.")
+        None, ge=1, description="async_mode fully: most scored groups held in the buffer (default async_data_buffer_capacity_factor "
+                                "* rollout_batch_size); the worker waits when full.")
+    async_data_buffer_capacity_factor: float = Field(
+        2.0, gt=0, description="async_mode fully: the buffer holds at most int(this * rollout_batch_size) scored groups (at "
+                               "least 1), as the reference's DefaultDataBuffer; fully_async_buffer_groups, when set, instead.")
+    async_max_concurrent_samples: int | None = Field(
+        None, ge=1, description="async_mode fully: samples the worker generates at once, in whole groups: max(1, this // "
+                                "n_samples_per_prompt) groups per round (default over_sampling_batch_size, else "
+                                "rollout_batch_size), as the reference's FullyAsyncRolloutFn.")
     custom_generate_function_path: str | None = Field(
         None, description="Who generates a response: multi_turn (the built-in tool-calling loop), or the dotted path of an async "
         "function, the reference's (args, sample, sampling_params) -> Sample or ours (ctx, sample) -> Sample "

@@ -172,16 +172,22 @@ def _external_rules(c: "TrainConfig") -> None:
 
 def _async_rules(c: "TrainConfig") -> None:
     r, ck = c.rollout, c.checkpoint
+    fully_only = [n for n in ("max_weight_staleness", "fully_async_buffer_groups", "async_max_concurrent_samples")
+                  if getattr(r, n) is not None] + (["async_data_buffer_capacity_factor"] if r.async_data_buffer_capacity_factor != 2.0 else [])
     if r.async_mode == "off":
-        for name in ("max_weight_staleness", "fully_async_buffer_groups"):
-            if getattr(r, name) is not None:
-                raise ValueError(f"{name} applies only with async_mode fully (got async_mode off); set async_mode: fully or drop {name}")
+        for name in fully_only:
+            raise ValueError(f"{name} applies only with async_mode fully (got async_mode off); set async_mode: fully or drop {name}")
         if r.update_weights_interval != 1:
             raise ValueError("update_weights_interval applies only with async_mode one_step or fully; set async_mode or drop it")
         return
-    if r.async_mode == "one_step" and (r.max_weight_staleness is not None or r.fully_async_buffer_groups is not None):
-        raise ValueError("max_weight_staleness and fully_async_buffer_groups apply only with async_mode fully; "
+    if r.async_mode == "one_step" and fully_only:
+        raise ValueError(f"{', '.join(fully_only)} apply only with async_mode fully; "
                          "one_step is stale by at most one weight sync by construction")
+    if r.fully_async_buffer_groups is not None and r.async_data_buffer_capacity_factor != 2.0:
+        raise ValueError("fully_async_buffer_groups and async_data_buffer_capacity_factor both size the fully-async buffer; set one")
+    if int(r.async_data_buffer_capacity_factor * r.rollout_batch_size) < 1:
+        raise ValueError(f"async_data_buffer_capacity_factor ({r.async_data_buffer_capacity_factor}) * rollout_batch_size "
+                         f"({r.rollout_batch_size}) leaves a buffer of 0 groups; raise it")
     if c.cluster.colocate:
         raise ValueError(f"async_mode {r.async_mode} needs disaggregated engines (colocate: false): colocated engines are "
                          "offloaded while the trainer runs, so nothing can generate meanwhile")

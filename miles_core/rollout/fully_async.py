@@ -1,6 +1,7 @@
 """Fully-async rollout: a background worker keeps a bounded buffer of scored groups.
 
-The worker draws prompts, generates a group of G responses each with the engine's current weights,
+The worker draws prompts (``round_groups`` at a time: async_max_concurrent_samples // G, else the
+over-sampling or rollout batch size), generates a group of G responses each with the engine's current weights,
 scores and filters them (dynamic sampling), and appends the kept groups to a buffer of at most
 ``capacity`` groups (it waits while the buffer is full). The trainer takes ``rollout_batch_size``
 groups per rollout; a group generated more than ``max_weight_staleness`` weight syncs ago is not
@@ -51,9 +52,11 @@ class FullyAsyncWorker:
     """Producer thread + bounded buffer of scored groups. ``version`` returns the engines' weight version."""
 
     def __init__(self, engine, source: DataSource, spec: RolloutSpec, reward: RewardOptions, decode: Callable,
-                 version: Callable[[], int], *, capacity: int, max_staleness: int | None, policy: str = "recycle"):
+                 version: Callable[[], int], *, capacity: int, max_staleness: int | None, policy: str = "recycle",
+                 round_groups: int | None = None):
         self.engine, self.source, self.spec, self.reward, self.decode = engine, source, spec, reward, decode
         self.version, self.capacity, self.max_staleness, self.policy = version, capacity, max_staleness, policy
+        self.round_groups = round_groups or spec.over_sampling_batch_size or spec.rollout_batch_size  # groups generated at once
         self.keep_filter = spec_filter(spec)
         self.buffer: deque[list[Sample]] = deque()
         self.recycled: deque[tuple[int, Prompt]] = deque()
@@ -87,7 +90,7 @@ class FullyAsyncWorker:
                     self._cond.wait_for(lambda: self._stop or (not self._pause_requests and len(self.buffer) < self.capacity))
                     if self._stop:
                         return
-                    n = min(self.spec.over_sampling_batch_size or self.spec.rollout_batch_size, self.capacity - len(self.buffer))
+                    n = min(self.round_groups, self.capacity - len(self.buffer))
                     self._busy = True
                     round_idx = self.rounds
                     self.rounds += 1

@@ -190,3 +190,48 @@ def test_pause_waits_for_the_round_in_flight_and_freezes_the_buffer(engine, sour
         _wait_full(w, 1)  # and it goes on after the pause
     finally:
         w.stop()
+
+
+class RoundSizes:
+    """Wraps an engine; records how many requests each generate call (one worker round) sends."""
+
+    def __init__(self, inner):
+        self.inner, self.sizes = inner, []
+
+    def generate(self, requests, seed):
+        self.sizes.append(len(requests))
+        return self.inner.generate(requests, seed)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_async_max_concurrent_samples_and_capacity_factor_size_rounds_and_buffer(engine, source, tiny_tokenizer, tmp_path):
+    """The reference's FullyAsyncRolloutFn / DefaultDataBuffer: async_max_concurrent_samples // G groups generate at
+    once (default the batch size), the buffer holds int(async_data_buffer_capacity_factor * rollout_batch_size)."""
+    from flows.recipes import load_config
+    from miles_core.runtime.runtime import Runtime, RunData
+
+    def runtime_worker(**over):
+        cfg = load_config("tiny", {"async_mode": "fully", "colocate": False, "rollout_batch_size": 4, "n_samples_per_prompt": G,
+                                   "run_dir": str(tmp_path), **over})
+        data = RunData(model_path=tmp_path, tokenizer=tiny_tokenizer, source=source, num_prompts=40, dropped_prompts=0,
+                       context_len=None, eval_suite=None, params=SamplingParams(max_new_tokens=2), rewards=RewardOptions())
+        rt = Runtime.__new__(Runtime)
+        rt.cfg, rt.data, rt._async_worker = cfg, data, None
+        rt.fleet = type("Fleet", (), {"engine": RoundSizes(engine)})()
+        return rt.fully_async_worker()
+
+    default = runtime_worker()
+    assert (default.capacity, default.round_groups) == (8, 4)
+    w = runtime_worker(async_max_concurrent_samples=5, async_data_buffer_capacity_factor=1.5)
+    assert (w.capacity, w.round_groups) == (6, 2)  # int(1.5 * 4); 5 // 2 samples per group
+    Version(engine)
+    try:
+        w.start()
+        _wait_full(w, 6)
+        time.sleep(0.2)
+        assert len(w.buffer) == 6 and w.engine.sizes == [2 * G] * 3  # three rounds of 2 groups, then full
+    finally:
+        w.stop()
+    assert runtime_worker(async_max_concurrent_samples=1).round_groups == 1  # at least one group
