@@ -26,9 +26,10 @@ def prepare_eval(key: str, config: TrainConfig, tokenizer_dir: str) -> dict:
     """Tokenize the eval datasets of ``config`` with the tokenizer of the weights to evaluate."""
     from transformers import AutoTokenizer
 
+    from miles_core.data.chat_template import with_chat_template
     from miles_core.evaluation import build_suite
 
-    suite = build_suite(config, AutoTokenizer.from_pretrained(tokenizer_dir))
+    suite = build_suite(config, with_chat_template(AutoTokenizer.from_pretrained(tokenizer_dir), config.data.chat_template_path))
     _SUITES[key] = (suite, config.misc.dtype)
     return {"datasets": {d.name: len(d.prompts) for d in suite.datasets}}
 

@@ -18,6 +18,9 @@ class DataConfig(Group):
     metadata_key: str = Field("metadata", description="Row key of the per-sample metadata dict.")
     tool_key: str | None = Field(None, description="Row key of tool definitions passed to the chat template.")
     apply_chat_template: bool = Field(False, description="Render prompts with the tokenizer's chat template.")
+    chat_template_path: str | None = Field(
+        None, description="A Jinja chat template file used instead of the tokenizer's own, for the prompts, the eval prompts "
+                          "and the multi-turn loop's tool messages (the reference's load_tokenizer).")
     apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for apply_chat_template.")
     rollout_shuffle: bool = Field(False, description="Shuffle prompts, reshuffled per epoch with rollout_seed + epoch.")
     rollout_seed: int = Field(42, description="Seed of the prompt shuffle and of rollout sampling.")

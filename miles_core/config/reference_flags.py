@@ -140,7 +140,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "wandb_always_use_train_step": "every key is plotted against its own step axis (rollout/step, train/step, eval/step), the "
                                    "reference's default; one train-step axis for all is not implemented",
     "mlflow_run_id": "a run re-attaches to its own MLflow run from the checkpoint; mlflow_new_run starts another",
-    "chat_template_path": "apply_chat_template uses the tokenizer's own template",
     "start_rollout_id": "the start comes from the latest checkpoint",
     "critic_load": "the critic is saved and loaded with the actor's checkpoint (extra/critic.safetensors)",
     "critic_save": "the critic is saved with the actor's checkpoint (extra/critic.safetensors)",

@@ -21,6 +21,19 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+def with_chat_template(tokenizer, path: str | None):
+    """``tokenizer`` with the chat template read from the file ``path`` (chat_template_path; None: its own), as the
+    reference's load_tokenizer (miles/utils/processing_utils.py). ValueError naming the field for a missing file."""
+    if path is None:
+        return tokenizer
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise ValueError(f"chat_template_path {path}: no such file (a Jinja chat template, e.g. a chat_template.jinja)")
+    tokenizer.chat_template = Path(path).read_text(encoding="utf-8")
+    return tokenizer
+
+
 _USER = {"role": "user", "content": "u"}
 _ASSISTANT = {"role": "assistant", "content": "a"}
 

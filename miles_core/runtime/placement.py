@@ -41,13 +41,14 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     from transformers import AutoTokenizer
 
     from miles_core.data import load_prompts
+    from miles_core.data.chat_template import with_chat_template
     from miles_core.env import cache_dir
     from miles_core.evaluation import build_suite
     from miles_core.models import resolve_model_path
     from miles_core.specs import context_len, prompt_spec, resolve_data_path, reward_options, sampling_params
 
     model_path = resolve_model_path(cfg.checkpoint.hf_checkpoint, cache_dir())
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = with_chat_template(AutoTokenizer.from_pretrained(model_path), cfg.data.chat_template_path)
     context = context_len(cfg, model_path)
     spec = prompt_spec(cfg, context=context)
     prompts, dropped = load_prompts(resolve_data_path(cfg.data.prompt_data), tokenizer, spec)

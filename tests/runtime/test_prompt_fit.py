@@ -39,3 +39,25 @@ def test_a_dataset_where_no_prompt_fits_fails_naming_the_limit(tmp_path):
     with pytest.raises(DataError, match=r"no usable prompts \(2 rows, 2 longer than 288 tokens: the context 300 "
                                         r"\(rollout_max_context_len\) minus rollout_max_response_len 12\)"):
         load_run_data(cfg)
+
+
+def test_chat_template_path_replaces_the_tokenizers_template_for_prompts_eval_and_turns(tmp_path):
+    """The reference's --chat-template-path (miles/utils/processing_utils.py: load_tokenizer): the file's template renders
+    the training and eval prompts and the multi-turn loop's messages; a missing file fails naming the field."""
+    from miles_core.rollout.multi_turn.loop import tools_of
+    from miles_core.rollout.multi_turn.spec import turn_spec
+
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}{% if add_generation_prompt %} =>{% endif %}")
+    data = _data(tmp_path, ["1+1="])
+    base = {"prompt_data": data, "eval_prompt_data": ["e", data], "apply_chat_template": True}
+    own = load_run_data(load_config("tiny", base))
+    custom = load_run_data(load_config("tiny", {**base, "chat_template_path": str(template)}))
+    decode = custom.tokenizer.decode
+    assert decode(custom.source.prompts[0].input_ids) == "[user] 1+1= =>" != own.tokenizer.decode(own.source.prompts[0].input_ids)
+    assert decode(custom.eval_suite.datasets[0].prompts[0].input_ids) == "[user] 1+1= =>"
+    cfg = load_config("tiny", {**base, "chat_template_path": str(template), "custom_generate_function_path": "multi_turn",
+                               "eval_prompt_data": None})
+    assert tools_of(turn_spec(cfg, custom.model_path)).tokenizer.chat_template == template.read_text()
+    with pytest.raises(ValueError, match="chat_template_path .*missing.jinja: no such file"):
+        load_run_data(load_config("tiny", {**base, "chat_template_path": str(tmp_path / "missing.jinja")}))

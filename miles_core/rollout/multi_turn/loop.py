@@ -34,7 +34,7 @@ from miles_core.data.sample import FINISH_STATUS, Sample, Status
 
 from ..protocol import GenerateRequest
 from .parsers import ParsedTurn, get_parser
-from miles_core.data.chat_template import tool_message_ids
+from miles_core.data.chat_template import tool_message_ids, with_chat_template
 from .tools import ToolResult, load_execute_function, load_tool_specs, run_tool
 
 
@@ -51,6 +51,7 @@ class TurnSpec:
     execute_tool_path: str | None = None
     tool_timeout: float = 30.0
     args_json: str = "{}"  # the run's config under the reference's flag names (a custom function's ``args``)
+    chat_template_path: str | None = None  # the run's chat template file instead of the tokenizer's own
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def tools_of(spec: TurnSpec) -> Toolbox:
     from transformers import AutoTokenizer
 
     return Toolbox(
-        tokenizer=AutoTokenizer.from_pretrained(spec.tokenizer_path),
+        tokenizer=with_chat_template(AutoTokenizer.from_pretrained(spec.tokenizer_path), spec.chat_template_path),
         parse=get_parser(spec.tool_call_parser) if spec.tool_call_parser else None,
         specs=load_tool_specs(spec.tool_specs_path) if spec.tool_specs_path else None,
         execute=load_execute_function(spec.execute_tool_path) if spec.execute_tool_path else None,

@@ -66,4 +66,5 @@ def turn_spec(c: "TrainConfig", tokenizer_path: str) -> TurnSpec | None:
     return TurnSpec(generate_function=r.custom_generate_function_path, tokenizer_path=str(tokenizer_path),
                     max_turns=r.generate_max_turns, tool_call_parser=r.generate_tool_call_parser,
                     tool_specs_path=r.generate_tool_specs_path, execute_tool_path=r.generate_execute_tool_function_path,
-                    tool_timeout=r.generate_tool_timeout, args_json=json.dumps(reference_args(c), sort_keys=True))
+                    tool_timeout=r.generate_tool_timeout, args_json=json.dumps(reference_args(c), sort_keys=True),
+                    chat_template_path=c.data.chat_template_path)
