@@ -38,6 +38,10 @@ class EvalConfig(Group):
         "at each eval point and evaluate it on its own engine in the background while training continues.")
     eval_max_in_flight: int = Field(2, ge=1, description="Snapshot evals running at once.")
     eval_overflow_policy: Literal["backpressure", "skip"] = Field("backpressure", description="When eval_max_in_flight is reached: wait, or skip the point.")
+    eval_hf_dir: str | None = Field(
+        None, description="eval_mode snapshot: the staging directory of the per-eval HF snapshots, <eval_hf_dir>/<weight "
+                          "version>/ (e.g. a tmpfs such as /dev/shm/...; default <run_dir>/eval_snapshots), as the reference's "
+                          "--eval-hf-dir (its snapshots are step_<rollout id>).")
     eval_keep_snapshots: int | None = Field(None, ge=1, description="Snapshots kept for eval (oldest removed).")
 
     @property

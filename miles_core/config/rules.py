@@ -151,6 +151,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
                          "process); set runtime: ray or drop update_weight_mode")
     if cl.runtime == "ray" and c.eval.eval_mode == "snapshot":
         raise ValueError("eval_mode snapshot is not supported yet with runtime ray; use eval_mode: inline")
+    if c.eval.eval_hf_dir is not None and c.eval.eval_mode != "snapshot":
+        raise ValueError("eval_hf_dir stages the HF snapshots of eval_mode snapshot; inline eval exports none: set eval_mode: "
+                         "snapshot or drop eval_hf_dir")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")

@@ -285,12 +285,13 @@ class Runtime:
             return run_on_engine(self.engine, self.data.eval_suite, self.weight_version)
 
     def snapshot_evals(self) -> SnapshotEvaluator:
-        """eval_mode snapshot: background evals of HF snapshots in <run_dir>/eval_snapshots/<weight version>/."""
+        """eval_mode snapshot: background evals of HF snapshots in <eval_hf_dir or run_dir/eval_snapshots>/<weight version>/."""
         if self._snapshot_evals is None:
             e = self.cfg.eval
             export = lambda root, version: self.trainer.export(root, version, self.tokenizer)  # noqa: E731
             load = lambda path, version: load_hf_engine(path, version, self.cfg.misc.dtype, self.cfg.cluster.device)  # noqa: E731
-            self._snapshot_evals = SnapshotEvaluator(self.data.eval_suite, self.cfg.run_dir / "eval_snapshots", export, load,
+            root = Path(e.eval_hf_dir) if e.eval_hf_dir is not None else self.cfg.run_dir / "eval_snapshots"
+            self._snapshot_evals = SnapshotEvaluator(self.data.eval_suite, root, export, load,
                                                      e.eval_max_in_flight, e.eval_overflow_policy, e.eval_keep_snapshots,
                                                      version_now=lambda: self.weight_version)
         return self._snapshot_evals

@@ -146,3 +146,35 @@ def test_backpressure_waits_and_retention_keeps_newest(tmp_path, tiny_model, tin
     ev.close()
     assert [(r.step, r.skipped) for r in results] == [(1, False), (2, False)]
     assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["2"]  # eval_keep_snapshots 1
+
+
+def test_eval_hf_dir_stages_the_runs_snapshots(tmp_path, tiny_model, tiny_tokenizer, suite):
+    """The reference's --eval-hf-dir (miles/ray/rollout/eval_dispatch.py): the runtime's snapshot evals export into
+    <eval_hf_dir>/<version>/ (default <run_dir>/eval_snapshots) and evaluate from there; refused with inline eval."""
+    from flows.recipes import load_config
+    from miles_core.config import ConfigError
+    from miles_core.runtime.runtime import Runtime, RunData
+
+    class Exporter:  # the trainer's export: the tiny model as an HF snapshot
+        def export(self, root, version, tokenizer):
+            return export_hf(tiny_model, tokenizer, root, version)
+
+    def snapshot_evals(**over):
+        rt = Runtime.__new__(Runtime)
+        rt.cfg = load_config("tiny", {"eval_mode": "snapshot", "run_dir": str(tmp_path / "run"), **over})
+        rt.data = RunData(model_path=tmp_path, tokenizer=tiny_tokenizer, source=None, num_prompts=0, dropped_prompts=0,
+                          context_len=None, eval_suite=suite, params=None, rewards=None)
+        rt.trainer, rt.weight_version, rt._snapshot_evals = Exporter(), 3, None
+        return rt.snapshot_evals()
+
+    assert snapshot_evals().root == tmp_path / "run" / "eval_snapshots"
+    ev = snapshot_evals(eval_hf_dir=str(tmp_path / "staging"))
+    try:
+        assert ev.submit(3) is None
+        [result] = ev.collect(wait_all=True)
+    finally:
+        ev.close()
+    assert not result.skipped and (tmp_path / "staging" / "3" / ".complete").is_file()
+    assert not (tmp_path / "run" / "eval_snapshots").exists()
+    with pytest.raises(ConfigError, match="eval_hf_dir stages the HF snapshots of eval_mode snapshot"):
+        load_config("tiny", {"eval_hf_dir": str(tmp_path / "staging")})
