@@ -73,7 +73,7 @@ def snapshot_submit(run_key: str) -> PointResult | None:
     when it cannot start: busy, export_failed)."""
     rt = get_runtime(run_key)
     inject("eval", rt.weight_version)
-    return rt.snapshot_evals().submit(rt.weight_version)
+    return rt.snapshot_evals().submit(rt.weight_version, rt.last_trained)
 
 
 @task(name="snapshot-eval-collect", cache_policy=NO_CACHE, retries=0, timeout_seconds=4 * HOUR)

@@ -109,6 +109,11 @@ class RolloutConfig(Group):
                           "reference's signature (args: the config under the reference's names), called after each "
                           "rollout is generated and scored; True: the rollout's generation metrics (rollout/* of the "
                           "samples, passrate/*, perf/rollout_time and throughputs) are not logged.")
+    custom_eval_rollout_log_function_path: str | None = Field(
+        None, description="Dotted path of fn(rollout_id, args, data, extra_metrics) -> bool, the reference's signature, called "
+                          "after each eval's datasets are generated and scored (data: {dataset: {rewards, truncated, samples}}, "
+                          "extra_metrics None; rollout_id: the last rollout trained, 0 before training); True: the eval's "
+                          "dataset metrics (eval/<ds>...) are not logged.")
     rm_timeout: float = Field(30.0, gt=0, description="Seconds per remote reward request.")
     rm_max_retries: int = Field(3, ge=0, description="Retries of a failed remote reward request.")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from miles_core.data.dataset import Prompt
@@ -48,20 +49,27 @@ def request_params(ds: EvalDataset, prompt_length: int) -> SamplingParams:
 
 
 def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_key: str | None, seed: int,
-             decode) -> tuple[dict[str, float], list[dict]]:
-    """-> (metrics without the step, sample rows for a table: the first rows of each dataset)."""
+             decode, log: Callable[[dict], bool] | None = None) -> tuple[dict[str, float], list[dict]]:
+    """-> (metrics without the step, sample rows for a table: the first rows of each dataset). ``log``
+    (custom_eval_rollout_log_function_path) gets {dataset: {rewards, truncated, samples}}; its True drops the metrics."""
     metrics: dict[str, float] = {}
     rows: list[dict] = []
+    data: dict[str, dict] = {}
     for ds in datasets:
         samples = generate_samples(engine, ds, seed, decode)
         raw = asyncio.run(batched_async_rm(samples, ds.reward or reward))
+        for s, r in zip(samples, raw):
+            s.reward = r
         scores = [reward_value(r, reward_key) for r in raw]
+        data[ds.name] = {"rewards": scores, "truncated": [s.status == Status.TRUNCATED for s in samples], "samples": samples}
         metrics.update(dataset_metrics(ds.name, ds.n_samples, samples, scores))
         rows += [
             {"dataset": ds.name, "prompt": str(s.prompt), "response": s.response, "label": str(s.label), "reward": r,
              "status": s.status.value, "weight_version": s.weight_versions[0]}
             for s, r in list(zip(samples, scores))[:ROWS_PER_DATASET]
         ]
+    if log is not None and log(data):
+        return {}, rows
     return metrics, rows
 
 

@@ -72,6 +72,7 @@ class EvalSuite:
     seed: int
     decode: Callable[[list[int]], str]
     eval_fn: Callable[["EvalRequest"], tuple[dict[str, float], list[dict]]] | None = None
+    eval_log: Callable[[int, dict, dict | None], bool] | None = None  # custom_eval_rollout_log_function_path, args bound
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,11 @@ class EvalRequest:
     seed: int
     decode: Callable[[list[int]], str]
     step: int
+    log: Callable[[dict], bool] | None = None  # the default eval hands its per-dataset data to it (True: no metrics)
 
 
 def default_eval(req: EvalRequest) -> tuple[dict[str, float], list[dict]]:
-    return evaluate(req.engine, list(req.datasets), req.reward, req.reward_key, req.seed, req.decode)
+    return evaluate(req.engine, list(req.datasets), req.reward, req.reward_key, req.seed, req.decode, req.log)
 
 
 class _VersionWatch:
@@ -106,8 +108,9 @@ class _VersionWatch:
         return getattr(self._engine, name)
 
 
-def run_on_engine(engine, suite: EvalSuite, step: int) -> PointResult:
-    """Evaluate the weights ``engine`` serves, pinned to weight version ``step``."""
+def run_on_engine(engine, suite: EvalSuite, step: int, rollout_id: int | None = None) -> PointResult:
+    """Evaluate the weights ``engine`` serves, pinned to weight version ``step``; ``rollout_id`` (the last rollout
+    trained) is what suite.eval_log is called with (0 when None, the reference's id before training)."""
     t0 = time.perf_counter()
     try:
         healthy, version = engine.health(), engine.get_weight_version()
@@ -118,7 +121,8 @@ def run_on_engine(engine, suite: EvalSuite, step: int) -> PointResult:
     if version != step:
         return PointResult.skip(step, "pin_violation", f"engine reports weight version {version}, expected {step}")
     watch = _VersionWatch(engine)
-    req = EvalRequest(watch, suite.datasets, suite.reward, suite.reward_key, suite.seed, suite.decode, step)
+    log = None if suite.eval_log is None else (lambda data: suite.eval_log(rollout_id or 0, data, None))
+    req = EvalRequest(watch, suite.datasets, suite.reward, suite.reward_key, suite.seed, suite.decode, step, log)
     try:
         metrics, rows = (suite.eval_fn or default_eval)(req)
         after = engine.get_weight_version()
@@ -160,7 +164,7 @@ def run_point(point: EvalPoint, suite: EvalSuite, load_engine: LoadEngine, expor
     except Exception as e:
         logger.exception("loading an eval engine from %s failed", snapshot)
         return PointResult.skip(point.step, "crashed", f"engine load: {type(e).__name__}: {e}", **extra)
-    result = run_on_engine(engine, suite, point.step)
+    result = run_on_engine(engine, suite, point.step, point.rollout_id)
     result.metrics.update(extra)
     return result
 

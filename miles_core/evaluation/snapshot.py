@@ -39,8 +39,8 @@ class SnapshotEvaluator:
     def in_flight(self) -> int:
         return sum(not f.done() for f, _ in self._running.values())
 
-    def submit(self, step: int) -> PointResult | None:
-        """Export the live weights as weight version ``step`` and start their eval."""
+    def submit(self, step: int, rollout_id: int | None = None) -> PointResult | None:
+        """Export the live weights as weight version ``step`` (trained through ``rollout_id``) and start their eval."""
         while self.in_flight >= self.max_in_flight:
             if self.policy == "skip":
                 return PointResult.skip(step, "busy", f"{self.in_flight} evals in flight (eval_max_in_flight {self.max_in_flight})")
@@ -51,7 +51,7 @@ class SnapshotEvaluator:
         except Exception as e:
             return PointResult.skip(step, "export_failed", f"{type(e).__name__}: {e}")
         seconds = time.perf_counter() - t0
-        self._running[step] = (self._pool.submit(self._run, EvalPoint(step, Path(path))), seconds)
+        self._running[step] = (self._pool.submit(self._run, EvalPoint(step, Path(path), rollout_id=rollout_id)), seconds)
         return None
 
     def _run(self, point: EvalPoint) -> PointResult:

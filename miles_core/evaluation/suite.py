@@ -36,7 +36,20 @@ def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
         reward = None if ds.rm_type == base_reward.rm_type else replace(base_reward, rm_type=ds.rm_type)
         datasets.append(EvalDataset(ds.name, tuple(prompts), ds.n_samples, params, reward, cfg.eval.eval_max_context_len))
     return EvalSuite(tuple(datasets), base_reward, base_reward.reward_key, cfg.misc.seed,
-                     lambda ids: tokenizer.decode(ids, skip_special_tokens=True), resolve_eval_fn(cfg.eval.eval_function_path))
+                     lambda ids: tokenizer.decode(ids, skip_special_tokens=True), resolve_eval_fn(cfg.eval.eval_function_path),
+                     _eval_log(cfg))
+
+
+def _eval_log(cfg: TrainConfig):
+    """custom_eval_rollout_log_function_path as (rollout_id, data, extra_metrics) -> bool, the config bound as its args."""
+    from miles_core.resolve import reference_args, resolve
+    from miles_core.rollout.multi_turn.spec import reference_args as flat_reference_args
+
+    path = cfg.rollout.custom_eval_rollout_log_function_path
+    if path is None:
+        return None
+    fn, args = resolve(path, what="custom_eval_rollout_log_function_path"), reference_args(**flat_reference_args(cfg))
+    return lambda rollout_id, data, extra: fn(rollout_id, args, data, extra)
 
 
 def _prompt_spec(cfg: TrainConfig, ds: ResolvedDataset) -> PromptSpec:

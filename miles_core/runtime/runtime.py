@@ -77,6 +77,7 @@ class Runtime:
         m = cfg.misc
         self.metric_checker = (ci_checks.MetricChecker(m.ci_metric_checker_key, m.ci_metric_checker_threshold)
                                if m.ci_test and m.ci_metric_checker_key is not None else None)
+        self.last_trained: int | None = None  # the last rollout trained on (or restored): an eval's rollout id
 
     # ---- facts --------------------------------------------------------------------------------------
     @property
@@ -217,6 +218,7 @@ class Runtime:
         if self.cfg.misc.ci_test:  # the reference's CI checks of the step (runtime/ci_checks.py)
             ci_checks.check_train(self.cfg.misc, rollout_id, out.rollout, out.steps, self.cfg.num_steps_per_rollout,
                                   lora=self.cfg.lora.lora_rank > 0)
+        self.last_trained = rollout_id
         return TrainOutput(rollout=out.rollout | staleness_metrics(samples, self.weight_version), steps=out.steps)
 
     # ---- 4. save / restore -------------------------------------------------------------------------
@@ -243,6 +245,7 @@ class Runtime:
                                            f"{self.cfg.load_dir} (rollout {meta['rollout_id']})")
         self.source.load_state_dict(meta["data_source"])
         self.weight_version = meta["weight_version"]
+        self.last_trained = meta["rollout_id"]
         self.restore_async(meta)
         self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
@@ -282,7 +285,7 @@ class Runtime:
         """Inline eval of the live engines, pinned to the current weight version (a point that cannot run
         gives eval/skipped_<reason>)."""
         with self.paused():
-            return run_on_engine(self.engine, self.data.eval_suite, self.weight_version)
+            return run_on_engine(self.engine, self.data.eval_suite, self.weight_version, self.last_trained)
 
     def snapshot_evals(self) -> SnapshotEvaluator:
         """eval_mode snapshot: background evals of HF snapshots in <eval_hf_dir or run_dir/eval_snapshots>/<weight version>/."""

@@ -178,3 +178,37 @@ def test_eval_hf_dir_stages_the_runs_snapshots(tmp_path, tiny_model, tiny_tokeni
     assert not (tmp_path / "run" / "eval_snapshots").exists()
     with pytest.raises(ConfigError, match="eval_hf_dir stages the HF snapshots of eval_mode snapshot"):
         load_config("tiny", {"eval_hf_dir": str(tmp_path / "staging")})
+
+
+EVAL_LOGS: list[tuple] = []
+
+
+def log_eval_and_skip(rollout_id, args, data, extra_metrics):
+    EVAL_LOGS.append((rollout_id, args.n_samples_per_eval_prompt, {k: (len(v["rewards"]), len(v["truncated"]), len(v["samples"]))
+                                                                   for k, v in data.items()}, extra_metrics))
+    return data["arith"]["samples"][0].reward is not None  # True: drop the eval's metrics
+
+
+def log_eval_and_keep(rollout_id, args, data, extra_metrics):
+    EVAL_LOGS.append((rollout_id,))
+    return False
+
+
+def test_custom_eval_rollout_log_function_gets_the_eval_data_and_its_true_drops_the_metrics(snapshot, tiny_cfg, tiny_tokenizer):
+    """The reference's log_eval_rollout_data (miles/ray/rollout/metrics.py): custom_eval_rollout_log_function_path is
+    called as fn(rollout_id, args, data, extra_metrics) with each dataset's rewards, truncated flags and scored samples;
+    True: no eval/<ds> metrics; False: the usual ones. rollout_id: the point's (0 when unknown, before training)."""
+    from miles_core.evaluation import build_suite
+
+    def run(fn, rollout_id):
+        cfg = tiny_cfg.model_copy(update={"rollout": tiny_cfg.rollout.model_copy(
+            update={"custom_eval_rollout_log_function_path": f"{__name__}.{fn}"})})
+        return run_point(EvalPoint(5, snapshot, rollout_id=rollout_id), build_suite(cfg, tiny_tokenizer), load_hf_engine)
+
+    EVAL_LOGS.clear()
+    skipped = run("log_eval_and_skip", 3)
+    assert EVAL_LOGS == [(3, 2, {"arith": (8, 8, 8)}, None)]
+    assert not skipped.skipped and not any(k.startswith("eval/arith") for k in skipped.metrics) and skipped.rows
+    EVAL_LOGS.clear()
+    kept = run("log_eval_and_keep", None)
+    assert EVAL_LOGS == [(0,)] and "eval/arith" in kept.metrics
