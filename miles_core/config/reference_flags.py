@@ -32,7 +32,7 @@ BACKEND_STATE: dict[str, str] = {  # how the refusal of a backend flag says wher
 }
 BACKEND_GROUPS: dict[str, str] = {
     "lora": LORA, "sglang": SGLANG, "sglang_router": SGLANG, "router": SGLANG, "prefill_decode_disaggregation": SGLANG,
-    "session": MULTI_TURN, "miles": SGLANG, "": MULTI_TURN,
+    "miles": SGLANG,
 }
 BACKEND_FLAGS: dict[str, str] = {
     **dict.fromkeys(["rollout_skip_special_tokens", "pause_generation_mode", "update_weight_transfer_mode",
@@ -49,8 +49,12 @@ UNSUPPORTED_GROUPS: dict[str, str] = {
     "prometheus": "the Prometheus exporter reads use_prometheus and prometheus_port; this option is not wired yet",
     "dashboard": "the reference's dashboard is not part of miles (MLflow and Prefect UIs instead)",
     "debug": "this debugging option of the reference is not implemented",
-    "rollout_buffer": "no external rollout-buffer service",
-    "reward_model": "no custom sample-to-train-data conversion hook",
+    "rollout_buffer": "the reference's external rollout-buffer service (a separate server its buffer rollout function fetches "
+                      "trajectories from over HTTP, rollout_buffer_url) has no counterpart: miles generates every rollout "
+                      "itself; an agent is a custom_generate_function_path function (docs/guide/multi-turn.md)",
+    "session": "the reference's session server (an OpenAI-style chat endpoint that records an agent's turns as token ids, "
+               "TITO) is not part of miles: an agent is a custom_generate_function_path function that calls the engine with "
+               "token ids itself (docs/guide/multi-turn.md)",
     "on_policy_distillation": "this OPD option is not implemented",
     "algo": "this algorithm option is not implemented in the torch trainer yet",
     "rollout": "this rollout option is not implemented yet",
@@ -126,10 +130,53 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "offload": "it sets offload_train and offload_rollout; offload_train is not supported yet: set offload_rollout alone",
     "num_gpus_per_node": "it places SGLang engines' GPUs within a node (the reference's sglang_engine.py); miles places "
                          "engines by rollout_num_gpus and rollout_num_gpus_per_engine bundles",
-    "fully_async": "use async_mode: fully",
-    "rollout_function_path": "a whole-rollout function is not supported; custom_generate_function_path replaces the per-sample "
-                             "generation (docs/guide/multi-turn.md)",
-    "model_name": "the model comes from hf_checkpoint",
+    "fully_async": "use async_mode: fully (the reference's train_async.py --fully-async)",
+    "rollout_function_path": "the reference's whole-rollout function (args, rollout_id, data_source, evaluation) drives its "
+                             "RolloutDataSource (get_samples / add_samples) and returns its RolloutFnTrainOutput; miles' "
+                             "generate loop (groups, dynamic sampling, partial rollout, fully async, checkpointed cursor) is "
+                             "not replaceable: custom_generate_function_path replaces the per-sample generation "
+                             "(docs/guide/multi-turn.md), dynamic_sampling_filter_path the group filter, buffer_filter_path "
+                             "the buffered groups' order",
+    "model_name": "it picks the reference's Megatron-to-HF converter by name; miles maps tensor names by config.json's "
+                  "model_type (miles_core/training/megatron/model_args.py FAMILIES) and an override is not supported",
+    "async_unused_samples_handler": "use stale_group_policy: recycle (the reference's retry) or drop (its default); the "
+                                    "fully-async worker's rounds finish before a pause, so it has no aborted groups",
+    "custom_async_data_buffer_path": "the reference's DataBuffer class (async put / get on its event loop, built from "
+                                     "DataBufferConstructorInput) has no counterpart: the fully-async buffer is the worker's "
+                                     "own (miles_core/rollout/fully_async.py); max_weight_staleness, stale_group_policy, "
+                                     "fully_async_buffer_groups and dynamic_sampling_filter_path set what its DefaultDataBuffer does",
+    "keep_old_actor": "the reference's Megatron actor keeps a copy of the pre-update weights to score old log-probs; both "
+                      "trainers here score them before the rollout's optimizer steps (REFERENCE.md section 1), so there is "
+                      "no old actor to keep",
+    "rollout_data_postprocess_path": "the reference's Megatron actor calls it on its per-rank rollout data (its dict of "
+                                     "training tensors); the trainers here take Samples and have no such dict: "
+                                     "custom_reward_post_process_path and custom_loss_function_path are the hooks",
+    "pin_rollout_manager_to_head": "there is no rollout-manager actor to place: the driver (the flow's process) holds the "
+                                   "data source, rewards and rollout files on both runtimes",
+    "rollout_submission_granularity": "the fully-async worker submits whole rounds of groups in one engine call "
+                                      "(async_max_concurrent_samples sizes them); per-sample or per-group backfill is not built",
+    "object_store_backend": "rollouts reach the train ranks as Ray call arguments (Ray's own object store) and rollout files "
+                            "(<run_dir>/rollouts/<id>.pt); choosing a store (the reference's ray / mooncake) is not supported",
+    "mooncake_store_init_kwargs": "the Mooncake object store is not supported (rollouts go through Ray's own store)",
+    "mooncake_replica_num": "the Mooncake object store is not supported (rollouts go through Ray's own store)",
+    "disable_rollout_global_dataset": "prompt_data is required: the reference's mode without a global dataset feeds prompts "
+                                      "from a whole-rollout function (rollout_function_path), which is not supported",
+    "data_source_path": "the reference's data-source class (get_samples / add_samples / save / load on its args) has no "
+                        "counterpart: the data source is miles_core/data/source.py (cursor and partial-rollout buffer saved "
+                        "in every checkpoint); buffer_filter_path picks the buffered groups",
+    "multimodal_keys": "no multimodal inputs: prompts are text or chat messages and the engines take token ids only",
+    "allow_partial_train_step": "a rollout here always fills its steps exactly (rollout_batch_size * n_samples_per_prompt = "
+                                "global_batch_size * num_steps_per_rollout, checked at load; dynamic sampling keeps exactly "
+                                "rollout_batch_size groups): there is no trailing partial step to train or drop",
+    "custom_convert_samples_to_train_data_path": "the reference's hook returns its train-data dict (tokens, response_lengths, "
+                                                 "rewards, loss_masks, ...) that its trainers consume; the trainers here take "
+                                                 "Samples, so a ported function's dict has no consumer: "
+                                                 "custom_reward_post_process_path reshapes the rewards",
+    "custom_agent_function_path": "the reference's agentic_tool_call generate function runs this agent against its session "
+                                  "server; here the agent is the custom_generate_function_path function itself "
+                                  "(docs/guide/multi-turn.md)",
+    "max_seq_len": "the reference's session server caps an agent's collected sequence with it; here rollout_max_context_len "
+                   "caps prompt + response of every sample",
     "use_mlflow": "MLflow is always on (the primary tracker)",
     "distributed_backend": "the collectives' backend follows device: NCCL with cuda, gloo with cpu",
     "wandb_key": "the W&B key comes from the environment only (WANDB_API_KEY, or `wandb login`): a config value would be "
@@ -140,7 +187,9 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "wandb_always_use_train_step": "every key is plotted against its own step axis (rollout/step, train/step, eval/step), the "
                                    "reference's default; one train-step axis for all is not implemented",
     "mlflow_run_id": "a run re-attaches to its own MLflow run from the checkpoint; mlflow_new_run starts another",
-    "start_rollout_id": "the start comes from the latest checkpoint",
+    "start_rollout_id": "a fresh run starts at rollout 0 (the reference also resets it without a checkpoint) and a resume "
+                        "after the latest checkpoint; starting elsewhere (the reference's override, which loads the data "
+                        "state of start_rollout_id - 1 beside the latest weights) is not supported",
     "critic_load": "the critic is saved and loaded with the actor's checkpoint (extra/critic.safetensors)",
     "critic_save": "the critic is saved with the actor's checkpoint (extra/critic.safetensors)",
     "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
@@ -179,8 +228,8 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     **dict.fromkeys(["mini_ft_controller_enable", "mini_ft_controller_poll_interval", "mini_ft_controller_resume_delay"],
                     "the reference's mini fault-tolerance controller needs its control server (control_server_port), "
                     "which is not implemented; use_fault_tolerance restarts dead engines and Prefect retries failed stages"),
-    "eval_tool_key": "no tool calls in eval",
-    "eval_min_new_tokens": "no minimum response length",
+    "eval_min_new_tokens": "the reference registers it but none of its code reads it (snapshot 31f1ca96; its eval datasets' "
+                           "min_new_tokens neither): it changes nothing there",
 }
 KINDS = ("same", "alias", "backend", "unsupported")
 
