@@ -8,7 +8,7 @@ parameter), so a typo fails in seconds naming the field:
   function, its parser, tool specs and execute function (rollout.multi_turn);
 - every extension point, by the one resolver (registry names first, else a dotted path):
   custom_rm_path, custom_reward_post_process_path, custom_rollout_log_function_path, buffer_filter_path,
-  custom_eval_rollout_log_function_path, dynamic_sampling_filter_path,
+  custom_eval_rollout_log_function_path, rollout_sample_filter_path, dynamic_sampling_filter_path,
   custom_loss_function_path, custom_tis_function_path, eval_function_path, the Megatron plugin hooks;
 - champion_metric against the metrics catalog; with train_backend megatron, the parallel sizes against
   the model's shape (its config.json).
@@ -92,6 +92,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
         "custom_rollout_log_function_path": (r.custom_rollout_log_function_path, None),
         "buffer_filter_path": (r.buffer_filter_path, None),
         "custom_eval_rollout_log_function_path": (r.custom_eval_rollout_log_function_path, None),
+        "rollout_sample_filter_path": (r.rollout_sample_filter_path, None),
         "dynamic_sampling_filter_path": (r.dynamic_sampling_filter_path, FILTERS),
         "custom_loss_function_path": (a.custom_loss_function_path, LOSS_FUNCTIONS),
         "custom_tis_function_path": (a.custom_tis_function_path, TIS_FUNCTIONS),

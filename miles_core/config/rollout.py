@@ -109,6 +109,10 @@ class RolloutConfig(Group):
                           "reference's signature (args: the config under the reference's names), called after each "
                           "rollout is generated and scored; True: the rollout's generation metrics (rollout/* of the "
                           "samples, passrate/*, perf/rollout_time and throughputs) are not logged.")
+    rollout_sample_filter_path: str | None = Field(
+        None, description="Dotted path of fn(args, data) -> None, the reference's: called with each rollout's groups "
+                          "(list[list[Sample]]) once generated and scored; a sample it marks sample.remove_sample = True "
+                          "gets loss mask 0 (still in the group's advantage normalization and the rollout metrics).")
     custom_eval_rollout_log_function_path: str | None = Field(
         None, description="Dotted path of fn(rollout_id, args, data, extra_metrics) -> bool, the reference's signature, called "
                           "after each eval's datasets are generated and scored (data: {dataset: {rewards, truncated, samples}}, "

@@ -44,6 +44,7 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     teacher_log_probs: list[float] | None = None
     Status = Status  # not a field: ``Sample.Status.COMPLETED`` as the reference's custom functions write it
+    remove_sample = False  # not a field: a rollout_sample_filter_path function sets it (its loss mask is zeroed then)
 
     @property
     def prompt_length(self) -> int:

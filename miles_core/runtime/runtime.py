@@ -155,6 +155,8 @@ class Runtime:
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
             rollout = self._maybe_inject(rollout)
         dt = time.perf_counter() - t0
+        if r.rollout_sample_filter_path is not None:
+            self._filter_samples(rollout.samples)
         m = self.cfg.misc
         if m.rollout_dump is not None:
             debug_data.save_rollout(m.rollout_dump, rollout.samples, rollout_id, m.trajectory_dump)
@@ -182,6 +184,15 @@ class Runtime:
         injected = debug_data.load_rollout(m.ci_inject_rollout_data_path, rollout.rollout_id)
         debug_data.check_injection(rollout.samples, injected, rollout.rollout_id, m.ci_inject_rollout_data_min_match_ratio)
         return Rollout(rollout.rollout_id, injected)
+    def _filter_samples(self, samples: list[Sample]) -> None:
+        """rollout_sample_filter_path, the reference's fn(args, data) over the rollout's groups: a sample it marks
+        remove_sample gets loss mask 0, as the reference's train-data conversion (miles/ray/rollout/train_data_conversion.py)."""
+        G = self.cfg.rollout.n_samples_per_prompt
+        fn = resolve(self.cfg.rollout.rollout_sample_filter_path, what="rollout_sample_filter_path")
+        fn(reference_args(**flat_reference_args(self.cfg)), [samples[i : i + G] for i in range(0, len(samples), G)])
+        for s in samples:
+            if s.remove_sample:
+                s.loss_mask = [0] * s.response_length
 
     def _generation_metrics(self, rollout: Rollout, seconds: float) -> dict[str, float]:
         """The reference's log_rollout_data: custom_rollout_log_function_path first (True: none of the rest), then

@@ -58,3 +58,32 @@ def test_log_reward_category_and_the_custom_rollout_log_function(tmp_path):
 def test_a_non_dict_reward_with_log_reward_category_fails_naming_it(tmp_path):
     with pytest.raises(ValueError, match="log_reward_category='cat': every reward must be a dict"):
         _metrics(tmp_path, log_reward_category="cat", custom_rm_path=None, reward_key=None, rm_type="deterministic_random")
+
+
+def drop_rewarded(args, data):
+    """A rollout sample filter of the reference's form: marks the rewarded sample of every group."""
+    CALLS.append((args.n_samples_per_prompt, [len(g) for g in data]))
+    for group in data:
+        for s in group:
+            s.remove_sample = s.reward["score"] == 1.0
+
+
+def test_rollout_sample_filter_path_zeroes_the_loss_mask_of_removed_samples(tmp_path):
+    """rollout_sample_filter_path (the reference's fn(args, data) in sglang_rollout / fully_async_rollout, applied to the
+    loss mask by train_data_conversion.py): called with the rollout's groups; a removed sample's loss mask is all 0 in
+    the rollout file the trainer reads, the others' unchanged; the rollout metrics still count every sample."""
+    from miles_core.runtime.placement import build_runtime
+
+    CALLS.clear()
+    rt = build_runtime(load_config("tiny", {**BASE, "run_dir": str(tmp_path / "run"),
+                                            "rollout_sample_filter_path": f"{__name__}.drop_rewarded"}))
+    try:
+        rt.sync_weights()
+        m = rt.generate(0)
+        samples = rt.load_rollout(0)
+    finally:
+        rt.close()
+    assert CALLS == [(4, [4, 4])] and m["rollout/raw_reward"] == pytest.approx(0.25)
+    removed = [s for s in samples if s.reward["score"] == 1.0]
+    assert len(removed) == 2 and all(s.loss_mask == [0] * s.response_length and s.response_length > 0 for s in removed)
+    assert all(s.loss_mask == [1] * s.response_length for s in samples if s not in removed)
