@@ -139,8 +139,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                              "the buffered groups' order",
     "model_name": "it picks the reference's Megatron-to-HF converter by name; miles maps tensor names by config.json's "
                   "model_type (miles_core/training/megatron/model_args.py FAMILIES) and an override is not supported",
-    "async_unused_samples_handler": "use stale_group_policy: recycle (the reference's retry) or drop (its default); the "
-                                    "fully-async worker's rounds finish before a pause, so it has no aborted groups",
     "custom_async_data_buffer_path": "the reference's DataBuffer class (async put / get on its event loop, built from "
                                      "DataBufferConstructorInput) has no counterpart: the fully-async buffer is the worker's "
                                      "own (miles_core/rollout/fully_async.py); max_weight_staleness, stale_group_policy, "

@@ -65,8 +65,13 @@ class RolloutConfig(Group):
     update_weights_interval: int = Field(1, ge=1, description="async_mode one_step / fully: sync weights to the engines after every n-th rollout.")
     max_weight_staleness: int | None = Field(
         None, ge=0, description="async_mode fully: a group generated more than this many weight syncs ago is not trained on (see stale_group_policy); None = no bound.")
-    stale_group_policy: Literal["recycle", "drop"] = Field(
-        "recycle", description="async_mode fully: a group over max_weight_staleness has its prompt regenerated (recycle) or is dropped (drop).")
+    stale_group_policy: Literal["recycle", "drop"] | None = Field(
+        None, description="async_mode fully: a group over max_weight_staleness has its prompt regenerated (recycle) or is "
+                          "dropped (drop); default: async_unused_samples_handler's choice.")
+    async_unused_samples_handler: Literal["retry", "drop"] = Field(
+        "drop", description="async_mode fully: what happens to a group not trained on for being over max_weight_staleness, "
+                            "as the reference's: drop (discarded with its prompt) or retry (its prompt regenerated with "
+                            "fresh weights, stale_group_policy recycle); stale_group_policy, when set, instead.")
     fully_async_buffer_groups: int | None = Field(
         None, ge=1, description="async_mode fully: most scored groups held in the buffer (default async_data_buffer_capacity_factor "
                                 "* rollout_batch_size); the worker waits when full.")

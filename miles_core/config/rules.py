@@ -175,8 +175,9 @@ def _external_rules(c: "TrainConfig") -> None:
 
 def _async_rules(c: "TrainConfig") -> None:
     r, ck = c.rollout, c.checkpoint
-    fully_only = [n for n in ("max_weight_staleness", "fully_async_buffer_groups", "async_max_concurrent_samples")
+    fully_only = [n for n in ("max_weight_staleness", "fully_async_buffer_groups", "async_max_concurrent_samples", "stale_group_policy")
                   if getattr(r, n) is not None] + (["async_data_buffer_capacity_factor"] if r.async_data_buffer_capacity_factor != 2.0 else [])
+    fully_only += ["async_unused_samples_handler"] if r.async_unused_samples_handler != "drop" else []
     if r.async_mode == "off":
         for name in fully_only:
             raise ValueError(f"{name} applies only with async_mode fully (got async_mode off); set async_mode: fully or drop {name}")
@@ -186,6 +187,8 @@ def _async_rules(c: "TrainConfig") -> None:
     if r.async_mode == "one_step" and fully_only:
         raise ValueError(f"{', '.join(fully_only)} apply only with async_mode fully; "
                          "one_step is stale by at most one weight sync by construction")
+    if r.stale_group_policy is not None and r.async_unused_samples_handler != "drop":
+        raise ValueError("stale_group_policy and async_unused_samples_handler both choose what happens to a stale group; set one")
     if r.fully_async_buffer_groups is not None and r.async_data_buffer_capacity_factor != 2.0:
         raise ValueError("fully_async_buffer_groups and async_data_buffer_capacity_factor both size the fully-async buffer; set one")
     if int(r.async_data_buffer_capacity_factor * r.rollout_batch_size) < 1:

@@ -322,7 +322,8 @@ class Runtime:
             self._async_worker = FullyAsyncWorker(
                 self.engine, self.source, self.rollout_spec(), self.data.rewards, self.decode, lambda: self.weight_version,
                 capacity=r.fully_async_buffer_groups or int(r.async_data_buffer_capacity_factor * r.rollout_batch_size),
-                max_staleness=r.max_weight_staleness, policy=r.stale_group_policy,
+                max_staleness=r.max_weight_staleness,
+                policy=r.stale_group_policy or {"retry": "recycle", "drop": "drop"}[r.async_unused_samples_handler],
                 round_groups=None if r.async_max_concurrent_samples is None else max(1, r.async_max_concurrent_samples // r.n_samples_per_prompt))
         return self._async_worker
 

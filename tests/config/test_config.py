@@ -82,6 +82,8 @@ def test_batch_invariant_names_fields():
         ({"async_mode": "one_step", "update_weights_interval": 2, "save_interval": 3}, r"save_interval \(3\) must be a multiple"),
         ({"async_mode": "fully", "fully_async_buffer_groups": 1, "rollout_batch_size": 2}, "fully_async_buffer_groups"),
         ({"async_max_concurrent_samples": 4}, "async_max_concurrent_samples applies only with async_mode fully"),
+        ({"async_unused_samples_handler": "retry"}, "async_unused_samples_handler applies only with async_mode fully"),
+        ({"async_mode": "fully", "stale_group_policy": "drop", "async_unused_samples_handler": "retry"}, "set one"),
         ({"async_mode": "one_step", "async_data_buffer_capacity_factor": 3.0}, "async_data_buffer_capacity_factor apply only"),
         ({"async_mode": "fully", "fully_async_buffer_groups": 4, "async_data_buffer_capacity_factor": 3.0}, "set one"),
         ({"async_mode": "fully", "async_data_buffer_capacity_factor": 0.1, "rollout_batch_size": 2}, "leaves a buffer of 0 groups"),

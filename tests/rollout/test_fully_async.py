@@ -235,3 +235,22 @@ def test_async_max_concurrent_samples_and_capacity_factor_size_rounds_and_buffer
     finally:
         w.stop()
     assert runtime_worker(async_max_concurrent_samples=1).round_groups == 1  # at least one group
+
+
+def test_async_unused_samples_handler_chooses_the_stale_policy(engine, source, tiny_tokenizer, tmp_path):
+    """The reference's --async-unused-samples-handler (DefaultDataBuffer: drop, its default, or retry): the runtime's
+    worker drops or recycles stale groups; stale_group_policy, when set, instead. The drop worker is exercised by
+    test_drop_policy_discards_stale_groups, recycle by test_stale_groups_are_recycled_and_no_prompt_is_lost_or_repeated."""
+    from flows.recipes import load_config
+    from miles_core.runtime.runtime import Runtime, RunData
+
+    def policy(**over):
+        rt = Runtime.__new__(Runtime)
+        rt.cfg = load_config("tiny", {"async_mode": "fully", "colocate": False, "run_dir": str(tmp_path), **over})
+        rt.data = RunData(model_path=tmp_path, tokenizer=tiny_tokenizer, source=source, num_prompts=40, dropped_prompts=0,
+                          context_len=None, eval_suite=None, params=SamplingParams(max_new_tokens=2), rewards=RewardOptions())
+        rt.fleet, rt._async_worker = type("Fleet", (), {"engine": engine})(), None
+        return rt.fully_async_worker().policy
+
+    assert policy() == "drop" and policy(async_unused_samples_handler="retry") == "recycle"
+    assert policy(stale_group_policy="recycle") == "recycle"
