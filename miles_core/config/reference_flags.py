@@ -125,6 +125,7 @@ MEGATRON_REFUSED: dict[str, str] = {
     "enable_mtp_training": "miles' model specs build no multi-token-prediction block (an HF checkpoint's MTP / nextn layers "
                            "are not loaded), so there is nothing to train",
 }
+GONE_BUFFER = "read by no code of the reference (snapshot 31f1ca96): its external rollout-buffer service is gone there too"
 UNSUPPORTED_FLAGS: dict[str, str] = {
     **MEGATRON_REFUSED,
     "offload": "it sets offload_train and offload_rollout; offload_train is not supported yet: set offload_rollout alone",
@@ -173,6 +174,23 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "custom_agent_function_path": "the reference's agentic_tool_call generate function runs this agent against its session "
                                   "server; here the agent is the custom_generate_function_path function itself "
                                   "(docs/guide/multi-turn.md)",
+    "rollout_buffer_url": GONE_BUFFER,
+    "fetch_trajectory_retry_times": GONE_BUFFER,
+    "min_batch_collection_ratio": GONE_BUFFER,
+    "rollout_task_type": GONE_BUFFER,
+    "loss_mask_type": "the reference's SFT rollout (miles/rollout/sft_rollout.py) builds loss masks by chat-template family; "
+                      "miles' sft_loss trains on the loss mask of generated samples, and that SFT rollout is not built",
+    "data_pad_size_multiplier": "it pads the reference's packed training batches to a multiple (its training_utils/data.py); "
+                                "the trainers here pack and pad their own way (miles_core/training/batch.py, "
+                                "training/megatron/batching.py), not configurable",
+    "disable_rollout_trim_samples": "a rollout here always has exactly rollout_batch_size * n_samples_per_prompt samples "
+                                    "(checked at load, kept by dynamic sampling): there is nothing to trim to the global batch",
+    "use_dynamic_global_batch_size": "the global batch is fixed by the batch invariant (rollout_batch_size * "
+                                     "n_samples_per_prompt = global_batch_size * num_steps_per_rollout); one that follows "
+                                     "the samples a rollout kept is not supported",
+    "rollout_all_samples_process_path": "the reference passes its RolloutDataSource (get_samples / add_samples) beside every "
+                                        "group dynamic sampling examined; miles' data source has another interface "
+                                        "(miles_core/data/source.py), so a ported function could not use it: not supported yet",
     "max_seq_len": "the reference's session server caps an agent's collected sequence with it; here rollout_max_context_len "
                    "caps prompt + response of every sample",
     "use_mlflow": "MLflow is always on (the primary tracker)",
