@@ -79,27 +79,37 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "rollout_function_path": "a whole-rollout function is not supported; custom_generate_function_path replaces the per-sample "
                              "generation (docs/guide/multi-turn.md)",
     "model_name": "the model comes from hf_checkpoint",
-    "use_mlflow": "MLflow is always on (the primary tracker)",
+    "use_mlflow": "MLflow is miles' primary tracker, always on (params, metrics, the checkpoints' run id), so the reference's "
+                  "default (off: no MLflow) cannot be honoured; `miles recipe import` accepts --use-mlflow",
     "distributed_backend": "the collectives' backend follows device: NCCL with cuda, gloo with cpu",
     "wandb_key": "the W&B key comes from the environment only (WANDB_API_KEY, or `wandb login`): a config value would be "
                  "written into the MLflow params, the W&B config and the Prefect run form",
-    "disable_wandb_random_suffix": "miles never adds the reference's random suffix: the W&B group is wandb_group and the run is "
-                                   "named after the MLflow run, what the reference does with this flag (`miles recipe import` "
-                                   "accepts it)",
     "wandb_always_use_train_step": "every key is plotted against its own step axis (rollout/step, train/step, eval/step), the "
-                                   "reference's default; one train-step axis for all is not implemented",
-    "mlflow_run_id": "a run re-attaches to its own MLflow run from the checkpoint; mlflow_new_run starts another",
+                                   "reference's default; with this flag the reference logs rollout/* and eval/* at rollout_id * "
+                                   "num_steps_per_rollout (metric_utils.compute_rollout_step), but miles' eval/step is the "
+                                   "evaluated weight version (docs/decisions.md), which has no train step of its own",
+    "mlflow_run_id": "the reference's primary process always starts a new MLflow run and writes its id here for its secondary "
+                     "processes (mlflow_utils.init_mlflow): an internal channel, not a run to attach to; a miles run re-attaches "
+                     "to its own MLflow run from the checkpoint, and mlflow_new_run starts another",
     "chat_template_path": "apply_chat_template uses the tokenizer's own template",
     "start_rollout_id": "the start comes from the latest checkpoint",
-    "critic_load": "the critic is saved and loaded with the actor's checkpoint (extra/critic.safetensors)",
-    "critic_save": "the critic is saved with the actor's checkpoint (extra/critic.safetensors)",
+    "critic_load": "the reference loads its critic from a Megatron checkpoint dir of its own (default load); miles' critic is "
+                   "initialised from the policy (value head zeroed) and saved in and resumed from the actor's checkpoint "
+                   "(extra/critic.safetensors); a critic from another dir is not supported",
+    "critic_save": "the reference saves its critic to a dir of its own (default <save>_critic); miles saves it inside the actor's "
+                   "checkpoint (extra/critic.safetensors), so one save / load / keep_last covers both",
     "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
-    "log_correct_samples": "the rollout/correct_* metrics are not computed",
-    "log_passrate": "passrate/pass@k is always logged with n_samples_per_prompt > 1",
+    "log_correct_samples": "the rollout/correct_* metrics are not computed (the reference writes them into its rollout data "
+                           "after logging it, log_utils.log_rollout_data, so they reach only its debug dump)",
+    "log_passrate": "miles always logs passrate/pass@k (n_samples_per_prompt > 1) and eval/<ds>-pass@k; the reference logs both "
+                    "only with this flag (ray/rollout/metrics.py); turning them off by default is not done yet",
     "debug_rollout_only": "no rollout-only mode yet",
     "debug_train_only": "no train-only mode yet",
     "save_debug_rollout_data": "rollouts are always saved as <run_dir>/rollouts/<id>.pt",
     "load_debug_rollout_data": "a run reuses its own <run_dir>/rollouts/<id>.pt; loading another run's is not supported",
+    "opd_teacher_ckpt_step": "the iteration of a Megatron checkpoint dir the reference loads as the teacher (load_checkpoint's "
+                             "ckpt_step); opd_teacher_load here is an HF dir or builtin://: export that step (export_interval) "
+                             "and point opd_teacher_load at its export",
     "eval_tool_key": "no tool calls in eval",
     "eval_min_new_tokens": "no minimum response length",
 }
