@@ -49,6 +49,7 @@ BACKEND_FLAGS: dict[str, str] = {
                      "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
                      "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
                      "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position",
+                     "opd_reward_weight_mode",
                      "rollout_external", "offload_rollout", "offload_rollout_level"],
                     SGLANG),
 }
@@ -56,7 +57,8 @@ UNSUPPORTED_GROUPS: dict[str, str] = {
     "wandb": "this W&B option is not implemented by the W&B mirror (miles_core/tracking/wandb_tracker.py)",
     "tensorboard": "the TensorBoard writer reads use_tensorboard and tensorboard_dir; this naming option is not wired yet",
     "prometheus": "the Prometheus exporter reads use_prometheus and prometheus_port; this option is not wired yet",
-    "dashboard": "the reference's dashboard is not part of miles (MLflow and Prefect UIs instead)",
+    "dashboard": "the reference's own dashboard (miles/dashboard: GPU, SGLang and train telemetry) is not part of miles: use "
+                 "the MLflow UI (every metric), the Prefect UI (stages, logs) and use_prometheus (every metric as a gauge)",
     "debug": "the reference's debugging dumps and checkers are not implemented",
     "ci": "the reference's CI harness flags; our tests are the CI",
     "rollout_buffer": "no external rollout-buffer service",
