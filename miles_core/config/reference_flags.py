@@ -100,7 +100,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                    "(extra/critic.safetensors); a critic from another dir is not supported",
     "critic_save": "the reference saves its critic to a dir of its own (default <save>_critic); miles saves it inside the actor's "
                    "checkpoint (extra/critic.safetensors), so one save / load / keep_last covers both",
-    "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
     "log_correct_samples": "the rollout/correct_* metrics are not computed (the reference writes them into its rollout data "
                            "after logging it, log_utils.log_rollout_data, so they reach only its debug dump)",
     "log_passrate": "miles always logs passrate/pass@k (n_samples_per_prompt > 1) and eval/<ds>-pass@k; the reference logs both "

@@ -145,3 +145,22 @@ def test_yaml_off_is_the_off_choice_not_false(tmp_path):
 def test_weight_sync_mode_default(extra, mode):
     """update_weight_mode None: tensor when colocated (or local; disk for colocated SGLang), broadcast when disaggregated."""
     assert build_config({**BASE, **extra}).cluster.weight_sync_mode == mode
+
+
+@pytest.mark.parametrize(("over", "match"), [
+    ({"disable_compute_advantages_and_returns": True}, "disable_compute_advantages_and_returns .* loss_type policy_loss"),
+    ({"disable_compute_advantages_and_returns": True, "loss_type": "sft_loss", "use_kl_loss": True, "kl_loss_coef": 0.1},
+     "disable_compute_advantages_and_returns .* a KL term"),
+    ({"skip_actor_forward_only": True, "num_steps_per_rollout": 2}, "skip_actor_forward_only with num_steps_per_rollout 2"),
+    ({"skip_actor_forward_only": True, "loss_type": "sft_loss"}, "skip_actor_forward_only with loss_type sft_loss"),
+    ({"use_rollout_entropy": True, "use_rollout_logprobs": True}, "use_rollout_entropy .* which use_rollout_logprobs skips"),
+])
+def test_skipped_forward_passes_refuse_what_needs_them(over, match):
+    from miles_core.assemble import build_config
+
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
+    build_config({**base, "disable_compute_advantages_and_returns": True, "loss_type": "sft_loss"})
+    build_config({**base, "skip_actor_forward_only": True})
+    build_config({**base, "use_rollout_entropy": True})
+    with pytest.raises(ConfigError, match=match):
+        build_config({**base, **over})
