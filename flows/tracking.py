@@ -26,7 +26,8 @@ from .runlog import attach_prefect_logs
 AXES = ("rollout/step", "train/step", "eval/step")
 # Params a resumed run may change without a new run: how long to run is not part of the recipe's identity.
 MUTABLE_PARAMS = {"rollout.num_rollout", "derived.num_rollout", "tracking.mlflow_new_run", "tracking.mlflow_ui_url",
-                  "data.debug_exit_after_rollout"}  # (a run stopped by it resumes without it, or with another)
+                  "data.debug_exit_after_rollout",  # (a run stopped by it resumes without it, or with another)
+                  "checkpoint.save_trigger_sentinel"}  # (where an operator may ask for a save is not the recipe)
 # nor is the spelling of the run dir (a form continuing a deployment run names the dir its run was given: the
 # dir's own mlflow_run.json, not this param, says which run it holds)
 MUTABLE_PARAMS |= {"misc.run_dir"}

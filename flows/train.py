@@ -18,6 +18,7 @@ weights sync every update_weights_interval rollouts.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -183,8 +184,9 @@ def _one_rollout(run: TrainRun, i: int, pending):
     out = timed(train_step, cfg)(key, i)
     metrics |= out.rollout
     _track_rollout(run, i, metrics, out.steps)  # before the save: a checkpoint never precedes its metrics
-    save_due = due(cfg.checkpoint.save_interval, i, n) or i == n - 1
     sync_due = cfg.rollout.async_mode == "off" or due(cfg.rollout.update_weights_interval, i, n)
+    external_save = _save_triggered(cfg, sync_due)
+    save_due = external_save or due(cfg.checkpoint.save_interval, i, n) or i == n - 1
     if nxt is not None and (save_due or sync_due):
         nxt.wait(timeout=ahead_timeout)  # engines are not updated under a running generation; a checkpoint counts on rollout i + 1 being written
     perf = {}
@@ -194,12 +196,21 @@ def _one_rollout(run: TrainRun, i: int, pending):
         run.tracker.flush()  # asynchronous metrics: on every tracker's store before the checkpoint that counts on them
         perf |= timed(save, cfg)(key, i, {"mlflow_run_id": run.tracker.mlflow.run_id, "mlflow_tracking_uri": cfg.tracking_uri,
                               "recipe": cfg.misc.recipe, "tokenizer_dir": run.model_path})
+        if external_save:
+            os.remove(cfg.checkpoint.save_trigger_sentinel)  # the request is served (the reference's train loop)
     # 5. sync weights
     if sync_due:
         perf |= timed(update_weights, cfg)(key)
     run.tracker.log_extra(perf, "rollout/step", i)
     _after_sync(run, i)
     return metrics, nxt
+
+
+def _save_triggered(cfg: TrainConfig, sync_due: bool) -> bool:
+    """save_trigger_sentinel: its file exists at this rollout's save point. Checked only where a weight sync follows
+    (every rollout unless async_mode with update_weights_interval > 1): a resume syncs right after its checkpoint."""
+    path = cfg.checkpoint.save_trigger_sentinel
+    return path is not None and sync_due and os.path.exists(path)
 
 
 def _after_sync(run: TrainRun, i: int) -> None:

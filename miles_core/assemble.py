@@ -96,6 +96,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
         "dynamic_sampling_filter_path": (r.dynamic_sampling_filter_path, FILTERS),
         "custom_loss_function_path": (a.custom_loss_function_path, LOSS_FUNCTIONS),
         "custom_tis_function_path": (a.custom_tis_function_path, TIS_FUNCTIONS),
+        "custom_pg_loss_reducer_function_path": (a.custom_pg_loss_reducer_function_path, None),
         "eval_function_path": (e.eval_function_path, EVAL_FUNCTIONS),
         **{name: (getattr(c.parallel, name), None) for name in MEGATRON_HOOKS},
     }

@@ -96,7 +96,7 @@ REFERENCE_SETUP: dict[str, tuple[Any, str]] = {
     "actor_num_gpus_per_node": (8, "the reference's default --actor-num-gpus-per-node"),
 }
 # reference flags (not fields of ours) whose effect is what miles always does: accepted with the note
-SAME_BEHAVIOUR = {"--disable-wandb-random-suffix": "miles names the W&B group wandb_group exactly (no random suffix)"}
+SAME_BEHAVIOUR = {"--use-mlflow": "MLflow is miles' primary tracker, always on"}
 # a reference value of one of our fields that is spelled otherwise here: (field, reference value) -> ours
 VALUE_ALIASES: dict[tuple[str, Any], Any] = {("train_backend", "fsdp"): "torch"}  # the torch trainer is FSDP2 (or DDP)
 # what a reference built-in's dotted path is called here (the reference's package is ``miles``, ours ``miles_core``)

@@ -77,3 +77,34 @@ def test_debug_exit_after_rollout_stops_the_loop_after_that_many_rollouts_of_thi
     done.clear()
     run = types.SimpleNamespace(num_rollout=5, config=load_config("tiny", {}))
     assert len(train._rollout_loop(run, start=3)) == 2 and done == [3, 4]  # unset: to num_rollout
+
+
+def test_save_trigger_sentinel_saves_that_rollout_and_removes_the_file(monkeypatch, tmp_path):
+    """The reference's train loop: the sentinel's file existing at a rollout's save point saves that rollout (no
+    save_interval here) and is removed; the next rollout is not saved."""
+    import types
+
+    import flows.train as train
+    from flows.recipes import load_config
+
+    sentinel, stages = tmp_path / "save-now", []
+
+    def timed(task, cfg):
+        results = {"generate": {}, "train": types.SimpleNamespace(rollout={}, steps=[]), "save": {}, "update-weights": {}}
+        return lambda *a: stages.append(task.name) or results[task.name]
+
+    monkeypatch.setattr(train, "timed", timed)
+    monkeypatch.setattr(train, "_track_rollout", lambda *a: None)
+    monkeypatch.setattr(train, "_after_sync", lambda *a: None)
+    monkeypatch.setattr(train, "stop_if_interrupted", lambda: None)
+    tracker = types.SimpleNamespace(flush=lambda: None, log_extra=lambda *a: None, mlflow=types.SimpleNamespace(run_id="r"))
+    run = types.SimpleNamespace(key="k", num_rollout=10, tracker=tracker, model_path="m",
+                                config=load_config("tiny", {"save_trigger_sentinel": str(sentinel)}))
+    saved = []
+    for i in range(3):
+        if i == 1:
+            sentinel.write_text("")
+        stages.clear()
+        train._one_rollout(run, i, None)
+        saved.append("save" in stages)
+    assert saved == [False, True, False] and not sentinel.exists()

@@ -7,6 +7,8 @@ policy_loss:  Loss = R'(pg) - entropy_coef * R'(H) + kl_loss_coef * R'(kl(logp, 
               pg = ppo_clip per-token loss (policy_loss.py), times the OPSM keep mask (use_opsm, opsm.py), then
               the rollout-correction weights when on;
               R' = R with the loss mask returned by the correction (R when no correction).
+              custom_pg_loss_reducer_function_path: R'(pg) is replaced by the user's reducer (pg_reducer below);
+              every other term and metric keeps R'.
 sft_loss:     Loss = -R(logp)
 custom_loss:  the callable at `custom_loss_function_path` (dotted path), same signature.
 
@@ -16,7 +18,8 @@ mask, as the reference), entropy_loss (policy_loss: 0 when no entropy is given, 
 with entropy_coef > 0 or observe_training_entropy, as the reference), kl_loss (use_kl_loss),
 opd_reverse_kl = R'(logp - logp_teacher) (teacher given), the correction's metrics and ois (correction on),
 opsm_clipfrac (use_opsm),
-and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl (rollout log-probs given).
+and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl (rollout and old log-probs given: not with
+disable_compute_advantages_and_returns, whose loss gets no old log-probs, advantages, reference or teacher).
 `use_rollout_logprobs`: the caller passes the engine log-probs as old_log_probs; nothing changes here.
 """
 
@@ -44,13 +47,15 @@ class LossInputs:
     """One micro-batch. Per-token tensors [N, T], right-padded."""
 
     log_probs: Tensor  # [N, T] current policy (requires grad)
-    old_log_probs: Tensor  # [N, T]
-    advantages: Tensor  # [N, T]
+    old_log_probs: Tensor | None  # [N, T]; None with disable_compute_advantages_and_returns
+    advantages: Tensor | None  # [N, T]; None with disable_compute_advantages_and_returns
     loss_mask: Tensor  # [N, T]
     entropy: Tensor | None = None  # [N, T] needed when entropy_coef > 0; logged whenever given
     rollout_log_probs: Tensor | None = None  # [N, T] engine log-probs (mismatch metrics, TIS/MIS)
     ref_log_probs: Tensor | None = None  # [N, T] (use_kl_loss)
     teacher_log_probs: Tensor | None = None  # [N, T] (opd_reverse_kl metric)
+    response_lengths: list[int] | None = None  # [N] response tokens per row (custom_pg_loss_reducer_function_path)
+    total_lengths: list[int] | None = None  # [N] prompt + response tokens per row (custom_pg_loss_reducer_function_path)
 
 
 LossResult = tuple[Tensor, dict[str, Tensor]]
@@ -94,11 +99,29 @@ def policy_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossRe
         log_ratio = torch.clamp(inputs.log_probs.detach() - inputs.old_log_probs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         metrics |= dict(correction_metrics, ois=reduce(torch.exp(log_ratio), inputs.loss_mask))
         pg = pg * weights
-    pg_loss = reduce(pg, mask)
+    pg_loss = pg_reducer(algo, inputs, mask, reduce)(pg)
     extra, reg_metrics = _regularizers(algo, inputs, mask, reduce)
     loss = pg_loss + extra
     metrics |= {name: reduce(value, mask) for name, value in token_metrics.items()}
     return loss, {"loss": loss.detach(), "pg_loss": pg_loss.detach(), **metrics, **reg_metrics}
+
+
+def pg_reducer(algo: AlgoConfig, inputs: LossInputs, mask: Tensor, reduce: Reducer) -> Callable[[Tensor], Tensor]:
+    """R'(pg), or with custom_pg_loss_reducer_function_path the user's reducer, called as the reference's
+    policy_loss_function does: fn(total_lengths, response_lengths, loss_masks (per sample, [response_length] each),
+    calculate_per_token_loss) -> reduce_mb(x), x the micro-batch's per-token pg with the samples' response tokens
+    concatenated [sum response_lengths] -> the micro-batch's sum, which the reference's loss scaling then divides
+    by the step's global batch size (token count with calculate_per_token_loss): Reducer.normalize."""
+    path = algo.custom_pg_loss_reducer_function_path
+    if path is None:
+        return lambda pg: reduce(pg, mask)
+    if inputs.response_lengths is None or inputs.total_lengths is None:
+        raise ValueError("custom_pg_loss_reducer_function_path needs LossInputs.response_lengths and total_lengths")
+    lengths = inputs.response_lengths
+    masks = [mask[i, :n] for i, n in enumerate(lengths)]
+    custom = resolve(path, None, "custom_pg_loss_reducer_function_path")(
+        list(inputs.total_lengths), list(lengths), masks, algo.calculate_per_token_loss)
+    return lambda pg: reduce.normalize(custom(torch.cat([pg[i, :n] for i, n in enumerate(lengths)])))
 
 
 def sft_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:
@@ -135,7 +158,7 @@ def resolve_loss(algo: AlgoConfig) -> LossFunction:
 def actor_loss(algo: AlgoConfig, inputs: LossInputs, reduce: Reducer) -> LossResult:
     """-> (scalar loss to backward, detached scalar metrics reduced with `reduce`; sum them over micro-batches)."""
     loss, metrics = resolve_loss(algo)(algo, inputs, reduce)
-    if inputs.rollout_log_probs is not None:
+    if inputs.rollout_log_probs is not None and inputs.old_log_probs is not None:
         mismatch = mismatch_metrics(inputs.old_log_probs, inputs.rollout_log_probs, inputs.loss_mask, reduce)
         metrics = {**metrics, **mismatch}
     return loss, metrics

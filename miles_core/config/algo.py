@@ -94,6 +94,27 @@ class AlgoConfig(Group):
     use_rollout_logprobs: bool = Field(False, description="Use the engine's log-probs as old-policy log-probs.")
     custom_tis_function_path: str | None = Field(None, description="Dotted path of a TIS/MIS function (e.g. the built-in MIS).")
     custom_config_path: str | None = Field(None, description="YAML with knobs for custom functions (MIS settings).")
+    custom_pg_loss_reducer_function_path: str | None = Field(
+        None, description="Dotted path of a reducer factory for the pg loss only (e.g. Dr.GRPO's constant divisor), the "
+                          "reference's signature: fn(total_lengths, response_lengths, loss_masks, calculate_per_token_loss) "
+                          "-> reduce, called per micro-batch with per-sample lists (the masks after any rollout correction); "
+                          "reduce(pg [sum of response_lengths], the samples' response tokens concatenated) -> the micro-batch's "
+                          "sum, divided by the step's global batch size (by its token count with calculate_per_token_loss) as "
+                          "the reference's loss scaling does. Every other term and metric keeps the default reduction.")
+    disable_compute_advantages_and_returns: bool = Field(
+        False, description="Skip the forward-only passes (old policy, reference, teacher) and the advantages: the loss gets "
+                           "none of them (old_log_probs, ref_log_probs, teacher_log_probs, advantages None), for sft_loss or a "
+                           "custom_loss that needs none; rollout/log_probs, rollout/advantages and the mismatch metrics are "
+                           "not logged.")
+    use_rollout_entropy: bool = Field(
+        False, description="Compute the old policy's entropy in its forward-only pass, logged as rollout/entropy (the mean "
+                           "over samples of each one's masked token mean), as the reference; the pass then always runs. "
+                           "train_backend torch; not with use_rollout_logprobs (no old-policy pass).")
+    skip_actor_forward_only: bool = Field(
+        False, description="Never run the old-policy forward-only pass: logp_old is the step's own detached log-probs (the "
+                           "importance ratio is exactly 1), or the engine's with use_rollout_logprobs. Needs one optimizer step "
+                           "per rollout and a dropout-free model; rollout/log_probs is not logged. Without it the pass is "
+                           "skipped anyway whenever that gives the same step (rl_step.on_policy).")
     use_opd: bool = Field(False, description="On-policy distillation from a teacher.")
     opd_kl_coef: float = Field(1.0, ge=0, description="OPD advantage coefficient.")
     opd_type: Literal["megatron", "sglang"] = Field("megatron", description="Teacher: a second in-process model (megatron) or an engine (sglang).")

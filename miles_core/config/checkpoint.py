@@ -17,6 +17,10 @@ class CheckpointConfig(Group):
     load: str | None = Field(None, description="Checkpoint dir to resume from (default: save); missing -> fresh start from hf_checkpoint.")
     save: str | None = Field(None, description="Checkpoint dir (default <run_dir>/checkpoints).")
     save_interval: int | None = Field(None, ge=1, description="Save after rollout i when (i+1) % save_interval == 0; always after the last.")
+    save_trigger_sentinel: str | None = Field(
+        None, description="Path of a file that requests a checkpoint from outside the run: if it exists after a rollout's "
+                          "train step, that rollout is saved (as if save_interval were due) and the file is removed. With "
+                          "async_mode and update_weights_interval > 1 it is looked at only after rollouts that sync weights.")
     keep_last: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     keep_rollouts: int = Field(
         4, ge=1, description="Rollout files (<run_dir>/rollouts/<id>.pt) kept besides those a resume can still need (after "

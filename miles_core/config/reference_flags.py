@@ -40,6 +40,7 @@ BACKEND_FLAGS: dict[str, str] = {
                      "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
                      "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
                      "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position",
+                     "opd_reward_weight_mode",
                      "rollout_external", "offload_rollout", "offload_rollout_level"],
                     SGLANG),
 }
@@ -47,7 +48,8 @@ UNSUPPORTED_GROUPS: dict[str, str] = {
     "wandb": "this W&B option is not implemented by the W&B mirror (miles_core/tracking/wandb_tracker.py)",
     "tensorboard": "the TensorBoard writer reads use_tensorboard and tensorboard_dir; this naming option is not wired yet",
     "prometheus": "the Prometheus exporter reads use_prometheus and prometheus_port; this option is not wired yet",
-    "dashboard": "the reference's dashboard is not part of miles (MLflow and Prefect UIs instead)",
+    "dashboard": "the reference's own dashboard (miles/dashboard: GPU, SGLang and train telemetry) is not part of miles: use "
+                 "the MLflow UI (every metric), the Prefect UI (stages, logs) and use_prometheus (every metric as a gauge)",
     "debug": "this debugging option of the reference is not implemented",
     "rollout_buffer": "the reference's external rollout-buffer service (a separate server its buffer rollout function fetches "
                       "trajectories from over HTTP, rollout_buffer_url) has no counterpart: miles generates every rollout "
@@ -193,24 +195,33 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                                         "(miles_core/data/source.py), so a ported function could not use it: not supported yet",
     "max_seq_len": "the reference's session server caps an agent's collected sequence with it; here rollout_max_context_len "
                    "caps prompt + response of every sample",
-    "use_mlflow": "MLflow is always on (the primary tracker)",
+    "use_mlflow": "MLflow is miles' primary tracker, always on (params, metrics, the checkpoints' run id), so the reference's "
+                  "default (off: no MLflow) cannot be honoured; `miles recipe import` accepts --use-mlflow",
     "distributed_backend": "the collectives' backend follows device: NCCL with cuda, gloo with cpu",
     "wandb_key": "the W&B key comes from the environment only (WANDB_API_KEY, or `wandb login`): a config value would be "
                  "written into the MLflow params, the W&B config and the Prefect run form",
-    "disable_wandb_random_suffix": "miles never adds the reference's random suffix: the W&B group is wandb_group and the run is "
-                                   "named after the MLflow run, what the reference does with this flag (`miles recipe import` "
-                                   "accepts it)",
     "wandb_always_use_train_step": "every key is plotted against its own step axis (rollout/step, train/step, eval/step), the "
-                                   "reference's default; one train-step axis for all is not implemented",
-    "mlflow_run_id": "a run re-attaches to its own MLflow run from the checkpoint; mlflow_new_run starts another",
+                                   "reference's default; with this flag the reference logs rollout/* and eval/* at rollout_id * "
+                                   "num_steps_per_rollout (metric_utils.compute_rollout_step), but miles' eval/step is the "
+                                   "evaluated weight version (docs/decisions.md), which has no train step of its own",
+    "mlflow_run_id": "the reference's primary process always starts a new MLflow run and writes its id here for its secondary "
+                     "processes (mlflow_utils.init_mlflow): an internal channel, not a run to attach to; a miles run re-attaches "
+                     "to its own MLflow run from the checkpoint, and mlflow_new_run starts another",
     "start_rollout_id": "a fresh run starts at rollout 0 (the reference also resets it without a checkpoint) and a resume "
                         "after the latest checkpoint; starting elsewhere (the reference's override, which loads the data "
                         "state of start_rollout_id - 1 beside the latest weights) is not supported",
-    "critic_load": "the critic is saved and loaded with the actor's checkpoint (extra/critic.safetensors)",
-    "critic_save": "the critic is saved with the actor's checkpoint (extra/critic.safetensors)",
-    "use_rollout_entropy": "the entropy is computed by the trainer's forward (train/entropy_loss)",
-    "log_correct_samples": "the rollout/correct_* metrics are not computed",
-    "log_passrate": "passrate/pass@k is always logged with n_samples_per_prompt > 1",
+    "critic_load": "the reference loads its critic from a Megatron checkpoint dir of its own (default load); miles' critic is "
+                   "initialised from the policy (value head zeroed) and saved in and resumed from the actor's checkpoint "
+                   "(extra/critic.safetensors); a critic from another dir is not supported",
+    "critic_save": "the reference saves its critic to a dir of its own (default <save>_critic); miles saves it inside the actor's "
+                   "checkpoint (extra/critic.safetensors), so one save / load / keep_last covers both",
+    "log_correct_samples": "the rollout/correct_* metrics are not computed (the reference writes them into its rollout data "
+                           "after logging it, log_utils.log_rollout_data, so they reach only its debug dump)",
+    "log_passrate": "miles always logs passrate/pass@k (n_samples_per_prompt > 1) and eval/<ds>-pass@k; the reference logs both "
+                    "only with this flag (ray/rollout/metrics.py); turning them off by default is not done yet",
+    "opd_teacher_ckpt_step": "the iteration of a Megatron checkpoint dir the reference loads as the teacher (load_checkpoint's "
+                             "ckpt_step); opd_teacher_load here is an HF dir or builtin://: export that step (export_interval) "
+                             "and point opd_teacher_load at its export",
     # the debug group: what stays refused, by component
     **dict.fromkeys(["dumper_enable", "dumper_dir", "dumper_inference", "dumper_fwd_only", "dumper_fwd_bwd",
                      "dumper_source_patcher_config_inference", "dumper_source_patcher_config_train"],

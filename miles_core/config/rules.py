@@ -89,6 +89,45 @@ def _algo_rules(c: "TrainConfig") -> None:
                          "sample's own reward, so every advantage is 0 and nothing trains; use n_samples_per_prompt >= 2, "
                          "or disable_rewards_normalization: true (raw rewards)")
     _mis_options(a)
+    _skipped_passes(c)
+
+
+def _skipped_passes(c: "TrainConfig") -> None:
+    """disable_compute_advantages_and_returns and skip_actor_forward_only: what the reference's train_actor then
+    skips, and the combinations its checks (arguments.py: validate_skip_actor_forward_only) refuse."""
+    a = c.algo
+    if a.disable_compute_advantages_and_returns:
+        needs = [name for name, on in (
+            (f"loss_type {a.loss_type} (it reads advantages and old log-probs)", a.loss_type == "policy_loss"),
+            ("advantage_estimator ppo (the critic trains on the returns)", a.advantage_estimator == "ppo"),
+            ("a KL term (use_kl_loss with kl_loss_coef > 0, or kl_coef)", c.needs_ref_model), ("use_opd", a.use_opd),
+            ("skip_actor_forward_only", a.skip_actor_forward_only)) if on]
+        if needs:
+            raise ValueError(f"disable_compute_advantages_and_returns skips the forward-only passes and the advantages, "
+                             f"which {needs[0]} needs: use loss_type sft_loss or a custom_loss that reads neither, or drop "
+                             "disable_compute_advantages_and_returns")
+    if a.use_rollout_entropy:
+        if c.cluster.train_backend != "torch":
+            raise ValueError(f"use_rollout_entropy is not supported yet with train_backend {c.cluster.train_backend} (its "
+                             "old-policy pass computes log-probs only); use train_backend torch, or drop it")
+        for name in ("use_rollout_logprobs", "skip_actor_forward_only", "disable_compute_advantages_and_returns"):
+            if getattr(a, name):
+                raise ValueError(f"use_rollout_entropy computes the entropy in the old-policy pass, which {name} skips; "
+                                 "drop one of them")
+    if not a.skip_actor_forward_only:
+        return
+    if c.cluster.train_backend != "torch":
+        raise ValueError(f"skip_actor_forward_only is not supported yet with train_backend {c.cluster.train_backend}: its "
+                         "engine always runs the old-policy pass (its step forward is not checked to replay it); use "
+                         "train_backend torch, or drop it")
+    refused = [name for name, on in (
+        (f"num_steps_per_rollout {c.num_steps_per_rollout} (it needs 1: the later steps' logp_old would be the updated "
+         "policy's)", c.num_steps_per_rollout != 1),
+        (f"loss_type {a.loss_type} (policy_loss only)", a.loss_type != "policy_loss"), ("kl_coef", a.kl_coef != 0),
+        ("use_opd", a.use_opd), ("advantage_estimator ppo", a.advantage_estimator == "ppo")) if on]
+    if refused:
+        raise ValueError(f"skip_actor_forward_only with {refused[0]} is not supported (the advantages or the loss would "
+                         "need the skipped old-policy pass): drop one of them")
 
 
 def _mis_options(a) -> None:

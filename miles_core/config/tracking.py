@@ -33,7 +33,12 @@ class TrackingConfig(Group):
     # ---- trackers beside MLflow (the primary): the same keys at the same step axes (docs/guide/trackers.md)
     use_wandb: bool = Field(False, description="Also log to Weights & Biases (same keys and step axes as MLflow; a resume continues the same W&B run).")
     wandb_project: str | None = Field(None, description="W&B project (default: mlflow_experiment_name).")
-    wandb_group: str | None = Field(None, description="W&B run group.")
+    wandb_group: str | None = Field(
+        None, description="W&B run group, as the reference: <wandb_group>_<8 random characters> (kept on resume), the run "
+                          "named <group>-RANK_0; none: no group, the run named after the MLflow run.")
+    disable_wandb_random_suffix: bool = Field(
+        False, description="With wandb_group: the W&B group is wandb_group exactly and the run is named wandb_group (no "
+                           "random suffix), as the reference's flag.")
     wandb_team: str | None = Field(None, description="W&B entity (team or user); default: the account's default entity.")
     wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
         None, description="W&B mode: online (sends to the W&B server), offline (files under wandb_dir only; `wandb sync` later), "

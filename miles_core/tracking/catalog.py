@@ -166,6 +166,8 @@ CATALOG: tuple[Metric, ...] = (
     Metric("multi_turn/tool_failures/<reason>", ROLLOUT, "samples whose tool call failed, by reason (error, timeout, non_text); their reward is 0", "custom_generate_function_path", _MT),
     # ---- rollout: forward-only passes and advantages (trainer) ------------------------------------
     Metric("rollout/log_probs", ROLLOUT, "token mean of the old-policy log-probs", "always", _TRAINER),
+    Metric("rollout/entropy", ROLLOUT, "the old policy's entropy: mean over samples of each one's masked token mean",
+           "use_rollout_entropy", _TRAINER),
     Metric("rollout/rollout_log_probs", ROLLOUT, "token mean of the engine's log-probs", "always", _TRAINER),
     Metric("rollout/ref_log_probs", ROLLOUT, "token mean of the reference model's log-probs",
            "use_kl_loss with kl_loss_coef > 0, or kl_coef > 0", _TRAINER),

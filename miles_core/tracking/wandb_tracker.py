@@ -6,6 +6,12 @@ highest step sent per axis (written after every row sent): a resume of the same 
 resumes the same W&B run and starts above those marks. A new MLflow run (``mlflow_new_run``) gets a
 new W&B run; ``wandb_run_id`` names the W&B run explicitly.
 
+Naming, as the reference's init_wandb_primary (miles/utils/tracking_utils/wandb_utils.py) when ``wandb_group`` is
+given: the group is ``<wandb_group>_<8 random characters>`` (W&B's generate_id, kept in the record so a resume
+stays in it) and the run ``<group>-RANK_0`` (one process logs); with ``disable_wandb_random_suffix`` the group and
+the run are ``wandb_group`` itself. Without ``wandb_group`` (the reference requires it) no group, and the run is
+named after the MLflow run.
+
 Never reaches the network unless ``wandb_mode`` (or WANDB_MODE) is online: W&B's error reporting and
 homes are set in miles_core/env.py.
 """
@@ -28,11 +34,23 @@ def _server(host: str | None) -> dict[str, str]:
     return {"base_url": host.rstrip("/")} if host else {}
 
 
+def _naming(t, recorded_group: str | None, run_name: str) -> tuple[str | None, str]:
+    """(W&B group, run name) (module docstring); ``recorded_group``: the group this W&B run was opened in."""
+    if t.wandb_group is None:
+        return None, run_name
+    if t.disable_wandb_random_suffix:
+        return t.wandb_group, t.wandb_group
+    from wandb.sdk.lib.runid import generate_id
+
+    group = recorded_group or f"{t.wandb_group}_{generate_id()}"
+    return group, f"{group}-RANK_0"
+
+
 class WandbMirror:
     name = "wandb"
 
-    def __init__(self, run, record: Path, mlflow_run_id: str, marks: dict[str, int]):
-        self.run = run
+    def __init__(self, run, record: Path, mlflow_run_id: str, marks: dict[str, int], group: str | None = None):
+        self.run, self.group = run, group
         self.record = record
         self.mlflow_run_id = mlflow_run_id
         self.marks = dict(marks)  # at open (resume); fixed
@@ -50,15 +68,16 @@ class WandbMirror:
         previous = json.loads(record.read_text()) if record.exists() else {}
         same_run = previous.get("mlflow_run_id") == spec.mlflow_run_id and (not t.wandb_run_id or t.wandb_run_id == previous.get("run_id"))
         run_id = t.wandb_run_id or (previous["run_id"] if same_run else secrets.token_hex(4))
+        group, name = _naming(t, previous.get("group") if same_run else None, spec.run_name)
         wandb_dir = Path(t.wandb_dir).absolute() if t.wandb_dir else spec.run_dir
         for d in (wandb_dir, spec.run_dir):
             d.mkdir(parents=True, exist_ok=True)
-        run = wandb.init(project=t.wandb_project or t.mlflow_experiment_name, entity=t.wandb_team, group=t.wandb_group,
-                         name=spec.run_name, id=run_id, resume="allow", dir=str(wandb_dir), mode=t.wandb_mode,
+        run = wandb.init(project=t.wandb_project or t.mlflow_experiment_name, entity=t.wandb_team, group=group,
+                         name=name, id=run_id, resume="allow", dir=str(wandb_dir), mode=t.wandb_mode,
                          config=flatten(spec.params), settings=wandb.Settings(console="off", **_server(t.wandb_host)))
         for axis in AXES:
             run.define_metric(axis)
-        return cls(run, record, spec.mlflow_run_id, previous.get("marks", {}) if same_run else {})
+        return cls(run, record, spec.mlflow_run_id, previous.get("marks", {}) if same_run else {}, group)
 
     @property
     def link(self) -> str:
@@ -106,7 +125,8 @@ class WandbMirror:
 
     def _write_record(self) -> None:
         tmp = self.record.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": self.run.id, "mlflow_run_id": self.mlflow_run_id, "marks": self._logged}))
+        tmp.write_text(json.dumps({"run_id": self.run.id, "mlflow_run_id": self.mlflow_run_id, "marks": self._logged,
+                                   "group": self.group}))
         os.replace(tmp, self.record)
 
 

@@ -23,6 +23,7 @@ steps, the learning-rate schedule, the rollout metrics) is rl_step.RLTrainer, wr
                        from_last_stage(x) -> the last stage's x on every rank
     replays_step       the policy's forward in the optimizer step equals the old-policy pass (no dropout, each
                        rank sees every row): on-policy steps may take logp_old from it (rl_step.on_policy)
+    dropout_free       the policy's train-mode forward has no dropout (skip_actor_forward_only needs it)
     and the Trainer protocol's weights, checkpoints and export: named_tensors, hf_config, save / restore
     (``state`` carries steps_done), export, offload / onload, run_params, num_params (perf/* FLOPs)
 """
@@ -58,6 +59,7 @@ class RolloutTensors:
     ref       the reference model's log-probs (KL), None without one
     teacher   the OPD teacher's log-probs, None without OPD
     values    the critic's values (ppo), None without a critic
+    entropy   the old policy's entropy per position (use_rollout_entropy), else None
     adv       advantages; ``returns`` the critic's targets (ppo), else None
     """
 
@@ -68,6 +70,7 @@ class RolloutTensors:
     adv: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     fill_old: bool = False
+    entropy: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,11 @@ class TrainEngine(Protocol):
     collective: bool
     last_stage: bool
     replays_step: bool
+    dropout_free: bool
 
     def forward_only(self, fn: Callable, batch: TokenBatch, samples: list) -> RolloutTensors: ...
     def log_probs(self, role: Role, batch: TokenBatch) -> torch.Tensor | None: ...
+    def actor_log_probs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
     def values(self, batch: TokenBatch) -> torch.Tensor | None: ...
     def backward(self, model: Trained, batch: TokenBatch, rows: range, loss_fn: LossFn) -> dict[str, float]: ...
     def optimizer_step(self, model: Trained, lr: float, check: Callable[[object], None]) -> float: ...

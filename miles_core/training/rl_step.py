@@ -5,6 +5,7 @@ One rollout (train_rollout):
        on-policy: see ``on_policy``), reference (KL), OPD teacher (a teacher model, else the samples'
        teacher_log_probs), critic values (ppo); each [N, T]
     2. advantages (algorithms.compute_advantages), on the process holding the outputs (last pipeline stage)
+       (disable_compute_advantages_and_returns: neither 1 nor 2, as the reference's train_actor)
     3. num_steps_per_rollout optimizer steps of global_batch_size rows: actor_loss with the Reducer's global
        denominators, backward in micro-batches inside the engine, grad-norm clip clip_grad, the NaN guard
        (finite.py), AdamW at schedule.learning_rate; with ppo the critic's value_loss step after the actor's
@@ -46,6 +47,10 @@ class RLTrainer:
         self.timer, self.peak_tflops = PhaseTimer(), cfg.cluster.mfu_peak_tflops
         self.train_dump = cfg.misc.train_dump  # save_debug_train_data (or dump_details'): the path template, or None
         self.steps_done = 0
+        if cfg.algo.skip_actor_forward_only and not engine.dropout_free:
+            raise ValueError("skip_actor_forward_only takes logp_old from the step's own train-mode forward, which "
+                             "differs from the old policy's under dropout: use a model without dropout (attention_dropout, "
+                             "hidden_dropout, lora_dropout 0), or drop skip_actor_forward_only")
 
     @property
     def collective(self) -> bool:
@@ -57,10 +62,15 @@ class RLTrainer:
         pass (no dropout, every row on this rank), and logp_old read only by the loss (no critic, no OPD, no
         reward-level KL, not use_rollout_logprobs). The old-policy pass would then recompute the log-probs of the
         step's own forward (same weights, same tokens), so it is skipped and logp_old = logp.detach(): same loss
-        and gradients (tests/training/test_torch_trainer.py)."""
+        and gradients (tests/training/test_torch_trainer.py). skip_actor_forward_only asks for it whatever the
+        layout (its load rules refuse what would change the step); disable_compute_advantages_and_returns: no logp_old."""
         a = self.algo
+        if a.disable_compute_advantages_and_returns:
+            return False
+        if a.skip_actor_forward_only:
+            return not a.use_rollout_logprobs
         return (self.shape.num_steps == 1 and self.engine.replays_step and "critic" not in self.engine.roles
-                and not a.use_opd and a.kl_coef == 0 and not a.use_rollout_logprobs)
+                and not a.use_opd and a.kl_coef == 0 and not a.use_rollout_logprobs and not a.use_rollout_entropy)
 
     # ---- one rollout of training ----------------------------------------------------------------
     def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> TrainOutput:
@@ -70,7 +80,8 @@ class RLTrainer:
         train_wait = self.timer.start_rollout()
         t0 = time.perf_counter()
         tensors = self.forward_passes(batch, samples)
-        adv_metrics = self._advantages(batch, tensors, samples, rewards) if engine.last_stage else {}
+        compute = engine.last_stage and not self.algo.disable_compute_advantages_and_returns
+        adv_metrics = self._advantages(batch, tensors, samples, rewards) if compute else {}
         if self.on_policy:
             tensors.old, tensors.fill_old = torch.zeros_like(batch.loss_mask), True  # [N, T], written by the step
         train_actor = "critic" not in engine.roles or rollout_id >= self.algo.num_critic_only_steps
@@ -95,10 +106,16 @@ class RLTrainer:
 
     def _local_passes(self, batch: TokenBatch, samples: list[Sample]) -> RolloutTensors:
         engine = self.engine
+        if self.algo.disable_compute_advantages_and_returns:
+            return RolloutTensors(old=None, ref=None, teacher=None, values=None)
+        entropy = None
         if self.algo.use_rollout_logprobs:
             old = batch.rollout_log_probs
         elif self.on_policy:
             old = None  # filled by the optimizer step from its own forward
+        elif self.algo.use_rollout_entropy:
+            with self.timer.phase("log_probs"):
+                old, entropy = engine.actor_log_probs_and_entropy(batch)
         else:
             with self.timer.phase("log_probs"):
                 old = engine.log_probs("actor", batch)
@@ -106,7 +123,8 @@ class RLTrainer:
             ref = engine.log_probs("ref", batch)
         with self.timer.phase("teacher_log_probs", when="teacher" in engine.roles):
             teacher = self._teacher_log_probs(batch, samples)
-        return RolloutTensors(old=old, ref=ref, teacher=teacher, values=engine.values(batch))
+        return RolloutTensors(old=old, ref=ref, teacher=teacher, values=engine.values(batch),
+                              entropy=entropy)
 
     def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
         """OPD: from the teacher (model or engine), else from the samples' teacher_log_probs; None without OPD."""
@@ -145,7 +163,7 @@ class RLTrainer:
         return metrics
 
     def _actor_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
-        totals = self.engine.backward("actor", batch, rows, self._actor_loss(tensors, reduce))
+        totals = self.engine.backward("actor", batch, rows, self._actor_loss(batch, tensors, reduce))
         lr = learning_rate(self.algo.lr, self.algo.lr_warmup_iters, self.steps_done)
         check = partial(finite.check_loss_and_grad, totals.get("loss"), step=self.steps_done)
         grad_norm = self.engine.optimizer_step("actor", lr, check)
@@ -158,8 +176,11 @@ class RLTrainer:
         grad_norm = self.engine.optimizer_step("critic", lr, check)
         return {**{f"train/{k}": v for k, v in totals.items()}, "train/critic-grad_norm": grad_norm, "train/critic-lr-pg_0": lr}
 
-    def _actor_loss(self, tensors: RolloutTensors, reduce: Reducer) -> LossFn:
+    def _actor_loss(self, batch: TokenBatch, tensors: RolloutTensors, reduce: Reducer) -> LossFn:
         """actor_loss of one micro-batch (on-policy: its log-probs are also logp_old, written into tensors.old)."""
+        response_lengths = (batch.resp_index >= 0).sum(-1).tolist()  # [N]
+        total_lengths = batch.attention_mask.sum(-1).tolist()  # [N]
+
         def loss(piece: Piece):
             rows, T = piece.rows, piece.loss_mask.shape[1]
             if tensors.fill_old:
@@ -169,6 +190,7 @@ class RLTrainer:
                 log_probs=piece.log_probs, old_log_probs=cut(tensors.old), advantages=cut(tensors.adv),
                 loss_mask=piece.loss_mask, entropy=piece.entropy, rollout_log_probs=piece.rollout_log_probs,
                 ref_log_probs=cut(tensors.ref), teacher_log_probs=cut(tensors.teacher),
+                response_lengths=[response_lengths[i] for i in rows], total_lengths=[total_lengths[i] for i in rows],
             )
             return actor_loss(self.loss_algo, inputs, reduce)
         return loss
@@ -183,10 +205,13 @@ class RLTrainer:
     # ---- step 4: metrics --------------------------------------------------------------------------
     def _rollout_metrics(self, batch: TokenBatch, tensors: RolloutTensors, adv_metrics: dict) -> dict[str, float]:
         out = {
-            "rollout/log_probs": float(masked_mean(tensors.old, batch.loss_mask)),
             "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
             **{f"rollout/{k}": v for k, v in adv_metrics.items()},
         }
+        if tensors.old is not None and not self.algo.skip_actor_forward_only:  # the reference logs no skipped pass
+            out["rollout/log_probs"] = float(masked_mean(tensors.old, batch.loss_mask))
+        if tensors.entropy is not None:  # the reference's per-sample masked mean, averaged over samples
+            out["rollout/entropy"] = float(masked_mean(tensors.entropy, batch.loss_mask, dim=-1).mean())
         if tensors.ref is not None:
             out["rollout/ref_log_probs"] = float(masked_mean(tensors.ref, batch.loss_mask))
         return out

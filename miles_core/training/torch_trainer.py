@@ -69,6 +69,10 @@ class TorchEngine:
     def replays_step(self) -> bool:
         return self._dropout_free and self.parallel.whole_batch
 
+    @property
+    def dropout_free(self) -> bool:
+        return self._dropout_free
+
     # ---- forward passes ----------------------------------------------------------------------------
     def compute_log_probs(self, model, batch: TokenBatch) -> torch.Tensor:
         """[N, T] log-probs of the response tokens, in micro-batches."""
@@ -81,6 +85,20 @@ class TorchEngine:
     def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
         """Data parallel: each rank computes its share of the rows, gathered so every rank has all of them."""
         return self.parallel.forward_only(fn, batch, samples)
+
+    def actor_log_probs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """use_rollout_entropy: the old-policy pass with the entropy of each position, both [N, T] (detached)."""
+        self.model.eval()
+        T, entropies = batch.loss_mask.shape[1], []
+
+        def fn(piece):
+            logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True, entropy_grad=False)
+            entropies.append(torch.nn.functional.pad(entropy, (0, T - entropy.shape[1])))
+            return logp
+
+        with self.precision.autocast():
+            logp = forward_only(fn, batch, self.micro_batch_size)
+        return logp, torch.cat(entropies)
 
     def log_probs(self, role: str, batch: TokenBatch) -> torch.Tensor | None:
         if role == "teacher":

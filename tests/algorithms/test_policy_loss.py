@@ -291,3 +291,41 @@ def test_opsm_masks_negative_advantage_sequences_that_moved_away():
     # a delta above the sequence KL masks nothing
     _, loose = actor_loss(AlgoConfig(use_opsm=True, opsm_delta=0.6), inputs, reduce)
     assert loose["pg_loss"].item() == pytest.approx(base["pg_loss"].item()) and loose["opsm_clipfrac"].item() == 0.0
+
+
+def _dr_grpo_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss=False):
+    """The reference's example (examples/experimental/DrGRPO/custom_reducer.py): a constant divisor per sample."""
+    seen.append((list(total_lengths), list(response_lengths), [m.tolist() for m in loss_masks], calculate_per_token_loss))
+    return lambda x: sum((x_i * m_i).sum() / 10.0 for x_i, m_i in zip(x.split(response_lengths), loss_masks))
+
+
+seen: list = []
+
+
+def test_custom_pg_loss_reducer_reduces_the_pg_loss_only(monkeypatch):
+    """custom_pg_loss_reducer_function_path: the user's factory gets the reference's arguments (per-sample lists) and
+    reduces the flat pg of the micro-batch; the step divides its sum by the global batch size; the other metrics keep
+    R. Row 0: 2 response tokens of 3 (padding after), row 1: 3; log ratio 0, so pg = -A on every token."""
+    module = types.ModuleType("my_reducers")
+    module.dr_grpo = _dr_grpo_reducer
+    monkeypatch.setitem(sys.modules, "my_reducers", module)
+    seen.clear()
+    logp = torch.zeros(2, 3, requires_grad=True)
+    adv = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 6.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    inputs = LossInputs(logp, torch.zeros(2, 3), adv, mask, response_lengths=[2, 3], total_lengths=[5, 7])
+    reduce = Reducer(False, num_samples=4, num_tokens=4)
+    _, base = actor_loss(AlgoConfig(), inputs, reduce)
+    loss, metrics = actor_loss(AlgoConfig(custom_pg_loss_reducer_function_path="my_reducers.dr_grpo"), inputs, reduce)
+    assert seen == [([5, 7], [2, 3], [[1.0, 1.0], [1.0, 0.0, 1.0]], False)]
+    # default R: (-(1+2)/2 - (3+6)/2) / 4 = -1.5; the reducer: (-(1+2)/10 - (3+6)/10) / 4 = -0.3
+    assert base["pg_loss"].item() == pytest.approx(-1.5) and metrics["pg_loss"].item() == pytest.approx(-0.3)
+    assert metrics["loss"].item() == pytest.approx(-0.3)
+    assert metrics["pg_clipfrac"].item() == base["pg_clipfrac"].item() and metrics["ppo_kl"].item() == base["ppo_kl"].item()
+    loss.backward()  # d/dlogp of -A*ratio/10/4 at ratio 1: -A/40 on masked tokens, 0 on padding and masked-out ones
+    assert torch.allclose(logp.grad, torch.tensor([[-1 / 40, -2 / 40, 0.0], [-3 / 40, 0.0, -6 / 40]]))
+    # calculate_per_token_loss: the flag is passed on and the sum is divided by the step's token count (4)
+    per_token = Reducer(True, num_samples=4, num_tokens=4)
+    _, tok = actor_loss(AlgoConfig(custom_pg_loss_reducer_function_path="my_reducers.dr_grpo", calculate_per_token_loss=True),
+                        inputs, per_token)
+    assert seen[-1][3] is True and tok["pg_loss"].item() == pytest.approx(-(3 + 9) / 10 / 4)

@@ -159,3 +159,22 @@ def test_train_env_vars_are_the_ray_train_actors_and_refused_on_the_local_runtim
     assert build_config({**BASE, "runtime": "ray", "train_env_vars": env}).cluster.train_env_vars == env
     with pytest.raises(ConfigError, match="train_env_vars \\(PYTORCH_CUDA_ALLOC_CONF\\) .* the local runtime trains in this process"):
         build_config({**BASE, "train_env_vars": env})
+
+
+@pytest.mark.parametrize(("over", "match"), [
+    ({"disable_compute_advantages_and_returns": True}, "disable_compute_advantages_and_returns .* loss_type policy_loss"),
+    ({"disable_compute_advantages_and_returns": True, "loss_type": "sft_loss", "use_kl_loss": True, "kl_loss_coef": 0.1},
+     "disable_compute_advantages_and_returns .* a KL term"),
+    ({"skip_actor_forward_only": True, "num_steps_per_rollout": 2}, "skip_actor_forward_only with num_steps_per_rollout 2"),
+    ({"skip_actor_forward_only": True, "loss_type": "sft_loss"}, "skip_actor_forward_only with loss_type sft_loss"),
+    ({"use_rollout_entropy": True, "use_rollout_logprobs": True}, "use_rollout_entropy .* which use_rollout_logprobs skips"),
+])
+def test_skipped_forward_passes_refuse_what_needs_them(over, match):
+    from miles_core.assemble import build_config
+
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
+    build_config({**base, "disable_compute_advantages_and_returns": True, "loss_type": "sft_loss"})
+    build_config({**base, "skip_actor_forward_only": True})
+    build_config({**base, "use_rollout_entropy": True})
+    with pytest.raises(ConfigError, match=match):
+        build_config({**base, **over})

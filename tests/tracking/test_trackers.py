@@ -151,3 +151,28 @@ def test_prometheus_run_name_is_the_run_name_label(tmp_path, store):
         assert labels == [{"run_id": tracker.mlflow.run_id, "run_name": "my-run"}]
     finally:
         tracker.end("FINISHED")
+
+
+def test_wandb_group_takes_the_reference_s_random_suffix_unless_disabled(tmp_path, store):
+    """The reference's init_wandb_primary: group <wandb_group>_<8 characters>, run <group>-RANK_0 (the same group on
+    resume); disable_wandb_random_suffix: both wandb_group; no wandb_group: no group, the MLflow run's name."""
+    cfg = _config(tmp_path, store, use_wandb=True, wandb_group="exp")
+    first = open_run(cfg, None, {})
+    run = _named(first)["wandb"].run
+    group, name = run.group, run.name
+    first.close("FAILED")
+    assert group.startswith("exp_") and len(group) == len("exp_") + 8 and name == f"{group}-RANK_0"
+    resumed = open_run(cfg, first.mlflow.run_id, {})
+    try:
+        assert (_named(resumed)["wandb"].run.group, _named(resumed)["wandb"].run.name) == (group, name)
+    finally:
+        resumed.end("FINISHED")
+    seen = {}
+    for key, over in (("other", {"wandb_group": "exp"}), ("fixed", {"wandb_group": "exp", "disable_wandb_random_suffix": True}),
+                      ("plain", {"mlflow_run_name": "my-run"})):
+        tracker = open_run(_config(tmp_path / key, store, use_wandb=True, **over), None, {})
+        seen[key] = _named(tracker)["wandb"].run.group, _named(tracker)["wandb"].run.name
+        tracker.end("FINISHED")
+    assert seen["other"][0] not in (group, "exp")  # a new run: a new suffix
+    assert seen["fixed"] == ("exp", "exp")
+    assert not seen["plain"][0] and seen["plain"][1] == "my-run"

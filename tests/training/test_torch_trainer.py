@@ -290,3 +290,113 @@ def test_save_debug_train_data_dumps_what_the_steps_trained_on(tiny_model_dir, t
         f"{tmp_path}/dd/trajectory/{{rollout_id}}.jsonl")
     with pytest.raises(ValueError, match="dump_details sets save_debug_train_data itself"):
         load_config("tiny", {"dump_details": "dd", "save_debug_train_data": template, "eval_prompt_data": None})
+
+
+def _counting_log_probs(trainer) -> list[str]:
+    """The roles of every forward-only log-prob pass the trainer runs from now on (a role without a model runs none)."""
+    calls, log_probs = [], trainer.engine.log_probs
+
+    def counted(role, batch):
+        out = log_probs(role, batch)
+        if out is not None:
+            calls.append(role)
+        return out
+
+    trainer.engine.log_probs = counted
+    return calls
+
+
+def test_skip_actor_forward_only_takes_logp_old_from_the_step_even_when_the_engine_would_not(tiny_model_dir, tiny_tokenizer,
+                                                                                             monkeypatch):
+    """An engine that does not replay the step (data parallel, say) runs the old-policy pass; with
+    skip_actor_forward_only it does not: logp_old = the step's own detached log-probs (the same step here, no
+    dropout), and rollout/log_probs is not logged (the reference's train_actor)."""
+    from transformers import AutoModelForCausalLM
+
+    from miles_core.training.torch_trainer import TorchEngine
+
+    monkeypatch.setattr(TorchEngine, "replays_step", property(lambda self: False))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    out = {}
+    for skip in (False, True):
+        trainer = _trainer(copy.deepcopy(base), tiny_tokenizer, micro_batch_size=3, skip_actor_forward_only=skip)
+        calls = _counting_log_probs(trainer)
+        rollout, steps = trainer.train_rollout(samples, rewards)
+        out[skip] = calls, rollout, steps[0]
+    assert out[False][0] == ["actor"] and out[True][0] == []
+    assert "rollout/log_probs" in out[False][1] and "rollout/log_probs" not in out[True][1]
+    for key in ("train/loss", "train/pg_loss", "train/ppo_kl", "train/grad_norm"):
+        assert out[True][2][key] == pytest.approx(out[False][2][key], rel=1e-5, abs=1e-6), key
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.config.attention_dropout = 0.1  # train-mode forward != old policy: refused, as the reference
+    with pytest.raises(ValueError, match="skip_actor_forward_only .* dropout"):
+        _trainer(model, tiny_tokenizer, skip_actor_forward_only=True)
+
+
+def test_disable_compute_advantages_and_returns_skips_the_passes_and_the_advantages(tiny_model_dir, tiny_tokenizer):
+    """sft_loss reads only logp: with the flag no forward-only pass runs (not even the reference's, use_kl_loss off)
+    and no advantage is computed (no rollout/advantages, rollout/log_probs, mismatch metrics); the step is the same."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    out = {}
+    for disable in (False, True):
+        model = copy.deepcopy(base)
+        trainer = _trainer(model, tiny_tokenizer, loss_type="sft_loss", num_steps_per_rollout=2, micro_batch_size=4,
+                           disable_compute_advantages_and_returns=disable)
+        calls = _counting_log_probs(trainer)
+        rollout, steps = trainer.train_rollout(samples, rewards)
+        out[disable] = calls, rollout, steps, torch.cat([p.detach().flatten() for p in model.parameters()])
+    (calls_on, r_on, s_on, w_on), (calls_off, r_off, s_off, w_off) = out[False], out[True]
+    assert calls_on == ["actor"] and calls_off == []
+    assert {"rollout/advantages", "rollout/log_probs"} <= r_on.keys() and not {"rollout/advantages", "rollout/log_probs"} & r_off.keys()
+    assert "train/train_rollout_kl" in s_on[0] and "train/train_rollout_kl" not in s_off[0]
+    assert [s["train/loss"] for s in s_off] == pytest.approx([s["train/loss"] for s in s_on], rel=1e-6)
+    assert torch.allclose(w_on, w_off, atol=1e-7)
+
+
+def sample_mean_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss=False):
+    """The reference's own sum_of_sample_mean (cp_utils.get_sum_of_sample_mean, CP 1), as a custom pg reducer."""
+    return lambda x: sum((x_i * m_i).sum() / m_i.sum().clamp(min=1) for x_i, m_i in zip(x.split(response_lengths), loss_masks))
+
+
+def test_custom_pg_loss_reducer_sees_each_row_s_response(tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """The trainer hands the reducer each row's response (uneven lengths, micro-batches of 3): the reference's
+    default reducer written as a custom one, halved, gives half the default pg_loss (a misaligned row would not)."""
+    import sys
+    import types
+
+    from transformers import AutoModelForCausalLM
+
+    module = types.ModuleType("trainer_reducers")
+    module.halved = lambda *a: (lambda x: sample_mean_reducer(*a)(x) / 2)
+    monkeypatch.setitem(sys.modules, "trainer_reducers", module)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    pg = {}
+    for path in (None, "trainer_reducers.halved"):
+        trainer = _trainer(copy.deepcopy(base), tiny_tokenizer, micro_batch_size=3, custom_pg_loss_reducer_function_path=path,
+                           disable_rewards_normalization=True)  # A = r: pg_loss is not 0 (GRPO's advantages sum to 0)
+        pg[path] = trainer.train_rollout(samples, rewards)[1][0]["train/pg_loss"]
+    assert pg[None] != 0.0
+    assert pg["trainer_reducers.halved"] == pytest.approx(pg[None] / 2, rel=1e-6, abs=1e-9)
+
+
+def test_use_rollout_entropy_logs_the_old_policy_s_entropy(tiny_model_dir, tiny_tokenizer):
+    """The old-policy pass computes the entropy too (it then runs even on-policy): rollout/entropy = the mean over
+    samples of each one's masked token mean, equal to the train step's own entropy at the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    plain = _trainer(copy.deepcopy(base), tiny_tokenizer)
+    assert "rollout/entropy" not in plain.train_rollout(samples, rewards)[0]
+    trainer = _trainer(copy.deepcopy(base), tiny_tokenizer, use_rollout_entropy=True, observe_training_entropy=True,
+                       micro_batch_size=8)
+    calls = _counting_log_probs(trainer)
+    rollout, steps = trainer.train_rollout(samples, rewards)
+    assert not trainer.on_policy and calls == []  # the pass ran through actor_log_probs_and_entropy
+    # one optimizer step over all 8 rows: train/entropy_loss is R(H) at the same weights = the same per-sample mean
+    assert rollout["rollout/entropy"] > 0.1 and rollout["rollout/entropy"] == pytest.approx(steps[0]["train/entropy_loss"], rel=1e-4)

@@ -60,6 +60,7 @@ class MegatronEngine:
 
     collective = True  # every method is a collective over the train group: a Ray train group calls it on every rank
     replays_step = False  # the old-policy pass always runs (rl_step.on_policy)
+    dropout_free = True  # hidden and attention dropout 0 (model.py); lora_dropout is refused at load
 
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         self.cfg, self.algo, self.p = cfg, cfg.algo, cfg.parallel
@@ -177,6 +178,10 @@ class MegatronEngine:
         self.critic.module.eval()
         self.hooks.before_log_prob("critic", self.critic.module)
         return self.critic.values(batch)
+
+    def actor_log_probs_and_entropy(self, batch: TokenBatch):
+        """use_rollout_entropy is refused at load with train_backend megatron (miles_core/config/rules.py)."""
+        raise NotImplementedError("use_rollout_entropy is not supported yet with train_backend megatron")
 
     @property
     def last_stage(self) -> bool:
