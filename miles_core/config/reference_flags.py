@@ -44,7 +44,7 @@ BACKEND_FLAGS: dict[str, str] = {
                      "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer", "custom_megatron_post_save_hook_path",
                      "ref_ckpt_step", "async_save", "critic_num_nodes", "critic_num_gpus_per_node", "balance_by_flops"],
                     MEGATRON),
-    **dict.fromkeys(["rollout_skip_special_tokens", "pause_generation_mode", "update_weight_transfer_mode",
+    **dict.fromkeys(["rollout_skip_special_tokens", "update_weight_transfer_mode",
                      "update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
                      "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
                      "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
@@ -102,6 +102,9 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "load_debug_rollout_data": "a run reuses its own <run_dir>/rollouts/<id>.pt; loading another run's is not supported",
     "eval_tool_key": "no tool calls in eval",
     "eval_min_new_tokens": "no minimum response length",
+    "use_miles_router": "miles always routes through its own router, which is the reference's MilesRouter (least requests in "
+                        "flight, failure quarantine; miles_router_* honoured): the flag is implied, drop it; the SGLang "
+                        "router (sglang-router, token-based policies) is not launched",
 }
 KINDS = ("same", "alias", "backend", "unsupported")
 
@@ -133,7 +136,7 @@ def flag_status(flag: str, group: str, default: str, fields: frozenset[str]) -> 
         return FlagStatus(flag, group, default, "same", name, "")
     if name in ALIASES:
         return FlagStatus(flag, group, default, "alias", ALIASES[name], "")
-    backend = BACKEND_FLAGS.get(name) or BACKEND_GROUPS.get(group)
+    backend = BACKEND_FLAGS.get(name) or (None if name in UNSUPPORTED_FLAGS else BACKEND_GROUPS.get(group))
     if backend:
         return FlagStatus(flag, group, default, "backend", None, backend)
     reason = UNSUPPORTED_FLAGS.get(name) or UNSUPPORTED_GROUPS.get(group) or "not implemented yet"

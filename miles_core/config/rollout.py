@@ -59,6 +59,11 @@ class RolloutConfig(Group):
         None, ge=0, description="async_mode fully: a group generated more than this many weight syncs ago is not trained on (see stale_group_policy); None = no bound.")
     stale_group_policy: Literal["recycle", "drop"] = Field(
         "recycle", description="async_mode fully: a group over max_weight_staleness has its prompt regenerated (recycle) or is dropped (drop).")
+    pause_generation_mode: Literal["abort", "retract", "in_place"] = Field(
+        "retract", description="How each engine pauses for a weight sync (SGLang's /pause_generation mode): abort (requests in "
+        "flight end with finish reason abort), retract (they go back to the queue and continue after the sync), in_place "
+        "(they freeze and resume with their KV cache; the sync then skips /flush_cache). Our own loop holds its generation "
+        "out of a sync, so it matters for requests others send to the engines.")
     fully_async_buffer_groups: int | None = Field(
         None, ge=1, description="async_mode fully: most scored groups held in the buffer (default 2 * rollout_batch_size); the worker waits when full.")
     custom_generate_function_path: str | None = Field(

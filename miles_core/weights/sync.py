@@ -85,6 +85,7 @@ def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_b
 
 # ---- modes: trainer -> engine servers (the Ray runtime) ------------------------------------------------
 MODES = ("tensor", "broadcast", "disk")
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang 0.5.23 PauseGenerationReqInput.mode (io_struct.py)
 
 
 def _dtype_size(dtype: str) -> int:
@@ -181,16 +182,21 @@ class WeightSync:
                while the sender broadcasts the bytes
     disk       the sender saves <disk_dir>/v<version> atomically; engines /update_weights_from_disk
     ``router`` is an EngineRouter (the engines); ``sender`` a WeightSender or a proxy with its methods.
+    ``pause_mode`` is SGLang's /pause_generation mode (pause_generation_mode); in_place keeps the engines' KV cache,
+    so no /flush_cache follows it (the reference's _pause_and_prepare_engines).
     """
 
     SESSION = {"tensor": True, "broadcast": True, "disk": False}  # by mode: inside begin/end_weight_update
 
-    def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo"):
+    def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo",
+                 pause_mode: str = "retract"):
         if mode not in MODES:
             raise ValueError(f"weight sync mode {mode!r}: expected one of {MODES}")
         if mode == "disk" and disk_dir is None:
             raise ValueError("weight sync mode disk needs a directory (disk_dir)")
-        self.mode, self.bucket_bytes, self.backend = mode, bucket_bytes, backend
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {pause_mode!r}: expected one of {PAUSE_MODES}")
+        self.mode, self.bucket_bytes, self.backend, self.pause_mode = mode, bucket_bytes, backend, pause_mode
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
         self._group_key: tuple[str, ...] | None = None
         self._groups = 0
@@ -200,8 +206,9 @@ class WeightSync:
         t0 = time.perf_counter()
         slots = router.weight_targets()
         try:
-            router.pause_generation(slots)
-            router.flush_cache(slots)
+            router.pause_generation(slots, self.pause_mode)
+            if self.pause_mode != "in_place":  # in_place resumes on the engines' KV cache: not flushed
+                router.flush_cache(slots)
             self._in_session(router, slots, lambda: getattr(self, f"_push_{self.mode}")(sender, router, slots, version))
             router.set_weight_version(version, slots)
         except Exception as e:  # every engine paused here generates again, healthy or not, at the version it had

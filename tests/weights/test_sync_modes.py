@@ -148,3 +148,28 @@ def test_a_failed_sync_resumes_the_engines_and_keeps_their_version():
     with pytest.raises(ConnectionError):
         sync_weights([("w", torch.zeros(2))], [e], version=5, max_bytes=1024)
     assert e.events == ["pause", "flush", "begin", "end", "continue"] and e.version == 0
+
+
+@pytest.mark.parametrize("pause_mode", ["abort", "retract", "in_place"])
+def test_pause_generation_mode_is_sent_to_every_engine_and_in_place_skips_the_flush(pause_mode, servers, trainer_model):
+    """pause_generation_mode: each engine's /pause_generation carries it; in_place keeps the KV cache, so no
+    /flush_cache follows (the reference's _pause_and_prepare_engines); the modes are SGLang 0.5.23's."""
+    import typing
+
+    from miles_core.config import RolloutConfig
+    from miles_core.rollout.sglang.protocol import protocol
+    from miles_core.weights.sync import PAUSE_MODES
+
+    sglang_modes = protocol()["requests"]["PauseGenerationReqInput"]["mode"]["type"]  # "Literal['abort', 'retract', ...]"
+    assert sglang_modes == "Literal[" + ", ".join(repr(m) for m in PAUSE_MODES) + "]"
+    assert typing.get_args(RolloutConfig.model_fields["pause_generation_mode"].annotation) == PAUSE_MODES
+    sender = WeightSender(lambda: trainer_model.state_dict().items())
+    sync = WeightSync("tensor", BUCKET, pause_mode=pause_mode)
+    with EngineRouter.from_urls([h.url for h in servers], bucket_bytes=BUCKET) as router:
+        sync.sync(sender, router, 1)
+    for h in servers:
+        control = [e for e in h.server.events if e.startswith("pause") or e == "flush_cache"]
+        assert control == [f"pause:{pause_mode}"] + ([] if pause_mode == "in_place" else ["flush_cache"])
+    with pytest.raises(ValueError, match="pause mode 'stop'"):
+        WeightSync("tensor", BUCKET, pause_mode="stop")
+    sync.close()

@@ -11,6 +11,10 @@ generate(requests, seed):
      result is written once, by the attempt that returned it: no request is lost or duplicated.
      HTTP 4xx (a bad request) is raised at once, never retried.
 
+Concurrency: at most ``max_in_flight`` requests are in flight from this router over all engines (chunks are cut
+no larger; a chunk waits for room), the bound of the reference's rollout semaphore and MilesRouter connection pool
+(sglang_server_concurrency per engine, miles_router_max_connections in all).
+
 Health: an engine is unhealthy after ``max_failures`` consecutive failures or a failed health
 check. Unhealthy engines are probed again (GET /health_generate, then GET /model_info) at most
 every ``recheck_s`` seconds, at the start of a call. An engine serves generate only if healthy and,
@@ -77,15 +81,18 @@ def is_retryable(e: EngineError) -> bool:
 
 class EngineRouter(SeededGenerate):
     def __init__(self, clients: list[HTTPEngineClient], *, chunk_size: int | None = None, max_attempts: int = 3,
-                 max_failures: int = 1, recheck_s: float = 5.0, bucket_bytes: int | None = None):
+                 max_failures: int = 1, recheck_s: float = 5.0, bucket_bytes: int | None = None,
+                 max_in_flight: int | None = None):
         if not clients:
             raise ValueError("EngineRouter needs at least one engine client")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.slots = [EngineSlot(c) for c in clients]
         self.chunk_size, self.max_attempts = chunk_size, max_attempts
-        self.max_failures, self.recheck_s = max_failures, recheck_s
+        self.max_failures, self.recheck_s, self.max_in_flight = max_failures, recheck_s, max_in_flight
         self.bucket_bytes = bucket_bytes or clients[0].bucket_bytes
         self.weight_version: int | None = None  # set by set_weight_version / update_weights_from_disk
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # guards the slots; notified when requests in flight come back
         self._pool = ThreadPoolExecutor(max(4, 8 * len(clients)), thread_name_prefix="miles-router")
 
     @classmethod
@@ -112,6 +119,7 @@ class EngineRouter(SeededGenerate):
         self.recheck()
         n_healthy = max(1, sum(self._eligible(s) for s in self.slots))
         size = self.chunk_size or max(1, math.ceil(len(requests) / (4 * n_healthy)))
+        size = min(size, self.max_in_flight or size)
         results: list[GenerateResult | None] = [None] * len(requests)
         futures = [self._pool.submit(self._run_chunk, range(a, min(a + size, len(requests))), requests, seeds, results)
                    for a in range(0, len(requests), size)]
@@ -147,11 +155,16 @@ class EngineRouter(SeededGenerate):
         return slot.healthy and (self.weight_version is None or slot.version in (None, self.weight_version))
 
     def _acquire(self, n: int, exclude: list[EngineSlot]) -> EngineSlot | None:
-        """The eligible engine with the fewest requests in flight (ties: lower index); counts n on it."""
+        """The eligible engine with the fewest requests in flight (ties: lower index); counts n on it. Waits while
+        max_in_flight requests are out (None: no eligible engine)."""
         with self._lock:
-            candidates = [s for s in self.slots if self._eligible(s) and s not in exclude]
-            if not candidates:
-                return None
+            while True:
+                candidates = [s for s in self.slots if self._eligible(s) and s not in exclude]
+                if not candidates:
+                    return None
+                if self.max_in_flight is None or sum(s.in_flight for s in self.slots) + n <= self.max_in_flight:
+                    break
+                self._lock.wait(1.0)  # a release notifies; the timeout re-reads the engines' health
             slot = min(candidates, key=lambda s: s.in_flight)
             slot.in_flight += n
             return slot
@@ -159,6 +172,7 @@ class EngineRouter(SeededGenerate):
     def _release(self, slot: EngineSlot, n: int, error: EngineError | None) -> None:
         with self._lock:
             slot.in_flight -= n
+            self._lock.notify_all()
             if error is None:
                 slot.failures, slot.served = 0, slot.served + n
             elif is_retryable(error):
@@ -243,8 +257,9 @@ class EngineRouter(SeededGenerate):
             raise NoHealthyEngine(f"{what} failed on {len(errors)} of {len(targets)} engine(s): {errors or self.why_none()}")
         return ok
 
-    def pause_generation(self, slots: list[EngineSlot] | None = None) -> None:
-        self._broadcast("pause_generation", lambda c: c.pause_generation(), slots)
+    def pause_generation(self, slots: list[EngineSlot] | None = None, mode: str = "abort") -> None:
+        """SGLang's /pause_generation with ``mode`` (abort, its default; retract; in_place) on every engine."""
+        self._broadcast("pause_generation", lambda c: c.pause_generation(mode), slots)
 
     def continue_generation(self, slots: list[EngineSlot] | None = None) -> None:
         self._broadcast("continue_generation", lambda c: c.continue_generation(), slots)

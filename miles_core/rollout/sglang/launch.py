@@ -71,8 +71,11 @@ def launch_command(cfg: "TrainConfig", spec: EngineLaunch, python: str = sys.exe
 
 def engine_client_options(cfg: "TrainConfig", api_key: str | None) -> dict[str, Any]:
     """Keyword arguments of ``HTTPEngineClient`` for an SGLang engine of this run: the API key and the
-    read timeout of a generate request (sglang_router_request_timeout_secs)."""
-    return {"api_key": api_key, "timeout_s": float(cfg.sglang.sglang_router_request_timeout_secs)}
+    read timeout of a request (miles_router_timeout, else sglang_router_request_timeout_secs)."""
+    from miles_core.rollout.http.options import client_options
+
+    opts = client_options(cfg, api_key)
+    return {"api_key": opts["api_key"], "timeout_s": opts["timeout_s"]}
 
 
 class SGLangNotInstalled(RuntimeError):

@@ -11,7 +11,6 @@ already running (probed before any rank starts), and rank 0 sends them the weigh
 from __future__ import annotations
 
 from miles_core.config import TrainConfig
-from miles_core.weights.sync import WeightSync
 
 from ..runtime import RunData, RunParts
 from .engines import ENGINE_SERVERS, EngineGroup
@@ -61,6 +60,7 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
 def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     """-> (the train group, the engine fleet) in the placement group; appends each part's shutdown to ``built``."""
     from miles_core.rollout.http import EngineRouter, HTTPFleet
+    from miles_core.rollout.http.options import router_options, weight_sync
 
     cl = cfg.cluster
     backend = "nccl" if plan.bundles[0].get("GPU") else "gloo"
@@ -77,10 +77,9 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     built.append(train_group.shutdown)
     engines = EngineGroup(cfg, data.model_path, pg, plan, ENGINE_SERVERS[cl.rollout_engine])
     built.append(engines.shutdown)
-    bucket = cl.update_weight_buffer_size
-    router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket, "api_key": engines.api_key}, bucket_bytes=bucket)
-    fleet = HTTPFleet(router, WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend),
-                      colocate=cl.colocate, launcher=engines, client=engines.client)  # its close() shuts the engines down
+    router = EngineRouter([engines.client(u) for u in engines.urls], **router_options(cfg, len(engines.urls)))
+    fleet = HTTPFleet(router, weight_sync(cfg, backend), colocate=cl.colocate, launcher=engines,
+                      client=engines.client)  # its close() shuts the engines down
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)
     return train_group, fleet

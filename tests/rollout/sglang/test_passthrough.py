@@ -42,7 +42,7 @@ def test_recipe_keys_become_server_args():
     ({"sglang_cuda_graph_bs_decode": [1, "two"]}, "expected a list of int"),
     ({"sglang_tokenizer_mode": "fast"}, "'fast' is not one of ['auto', 'slow']"),
     ({"sglang_dp_size": 2, "sglang_data_parallel_size": 2}, "is given twice"),
-    ({"sglang_server_concurrency": 8}, "not supported yet"),
+    ({"sglang_config": "groups.yaml"}, "not supported yet"),
     ({"sglang_router_policy": "round_robin"}, "sglang_router_policy is not supported yet"),
 ])
 def test_bad_passthrough_fails_at_load_naming_the_key(over, needle):
