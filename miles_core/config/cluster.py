@@ -24,6 +24,14 @@ class ClusterConfig(Group):
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where models train and generate: cpu, cuda (fails at run "
         "start without a CUDA device), auto (cuda when present, else cpu). On Ray, cuda (or auto on a cluster with GPUs) reserves "
         "a GPU per bundle and each actor uses its own. Refused on a GPU yet: train_backend megatron (docs/gpu.md).")
+    offload_rollout: bool | None = Field(
+        None, description="Release the rollout engines' memory (the offload_rollout_level kinds, and CUDA graphs) for each train "
+        "stage and resume it at the next weight sync (SGLang's /release_memory_occupation, /resume_memory_occupation). "
+        "None: when colocated. Engines that generate during training (async_mode) or run in this process (runtime local) "
+        "cannot release it.")
+    offload_rollout_level: list[Literal["kv_cache", "weight"]] = Field(
+        ["kv_cache", "weight"], min_length=1, description="What offload_rollout releases besides CUDA graphs: kv_cache, weight "
+        "(SGLang's memory tags kv_cache and weights).")
     balance_data: bool = Field(False, description="Ray runtime: split each global batch over the train ranks by token count (else in contiguous blocks).")
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1, description="Bytes per weight-sync bucket.")
     update_weight_mode: Literal["tensor", "broadcast", "disk"] | None = Field(
@@ -46,6 +54,15 @@ class ClusterConfig(Group):
         "(~30 s on 2 CPU cores for the tiny model; kernels are cached under .cache/torchinductor), later training "
         "steps of a small model run up to ~20% faster on CPU (a matmul-bound one, e.g. SmolLM2-135M, gains nothing): "
         "for long runs of small models (docs/guide/backends.md).")
+
+    @property
+    def rollout_offload_tags(self) -> list[str]:
+        """SGLang's memory tags the engines release for a train stage (the reference's train.py: cuda_graph, then kv_cache
+        and weights by offload_rollout_level); [] when offload_rollout is off (its default: colocate)."""
+        if not (self.colocate if self.offload_rollout is None else self.offload_rollout):
+            return []
+        level = self.offload_rollout_level
+        return ["cuda_graph"] + ["kv_cache"] * ("kv_cache" in level) + ["weights"] * ("weight" in level)
 
     @property
     def weight_sync_mode(self) -> str:

@@ -49,7 +49,7 @@ BACKEND_FLAGS: dict[str, str] = {
                      "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
                      "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
                      "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position",
-                     "rollout_external", "offload_rollout", "offload_rollout_level"],
+                     "rollout_external"],
                     SGLANG),
 }
 UNSUPPORTED_GROUPS: dict[str, str] = {

@@ -140,11 +140,24 @@ def _runtime_rules(c: "TrainConfig") -> None:
     elif cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
         raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
                          "process); set runtime: ray or drop update_weight_mode")
+    _offload_rules(c, external)
     if cl.runtime == "ray" and c.eval.eval_mode == "snapshot":
         raise ValueError("eval_mode snapshot is not supported yet with runtime ray; use eval_mode: inline")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
+
+
+def _offload_rules(c: "TrainConfig", external: bool) -> None:
+    cl = c.cluster
+    explicit = cl.offload_rollout is not None or cl.offload_rollout_level != ["kv_cache", "weight"]
+    if cl.runtime == "local" and not external and explicit:
+        raise ValueError("offload_rollout / offload_rollout_level release engine servers' memory; the local runtime's engine "
+                         "shares this process's memory with the trainer, so there is nothing to release: drop them, or use "
+                         "runtime: ray (or rollout_external_engine_addrs)")
+    if cl.offload_rollout and c.rollout.async_mode != "off":  # colocated async: _async_rules says why
+        raise ValueError(f"offload_rollout releases the engines' memory while the trainer runs, but async_mode "
+                         f"{c.rollout.async_mode} generates then: set offload_rollout: false (or async_mode: off)")
 
 
 def _external_rules(c: "TrainConfig") -> None:

@@ -45,7 +45,7 @@ def external_router(cfg: TrainConfig) -> EngineRouter:
 def external_fleet(cfg: TrainConfig, backend: str = "gloo") -> HTTPFleet:
     """backend: the broadcast group's (gloo on CPU, nccl when the sender's weights are on GPUs)."""
     cl = cfg.cluster
-    fleet = HTTPFleet(external_router(cfg), weight_sync(cfg, backend), colocate=False)
+    fleet = HTTPFleet(external_router(cfg), weight_sync(cfg, backend), offload_tags=cfg.cluster.rollout_offload_tags)
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)
     return fleet

@@ -78,7 +78,7 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     engines = EngineGroup(cfg, data.model_path, pg, plan, ENGINE_SERVERS[cl.rollout_engine])
     built.append(engines.shutdown)
     router = EngineRouter([engines.client(u) for u in engines.urls], **router_options(cfg, len(engines.urls)))
-    fleet = HTTPFleet(router, weight_sync(cfg, backend), colocate=cl.colocate, launcher=engines,
+    fleet = HTTPFleet(router, weight_sync(cfg, backend), offload_tags=cl.rollout_offload_tags, launcher=engines,
                       client=engines.client)  # its close() shuts the engines down
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)

@@ -117,6 +117,10 @@ def test_launch_command_is_exact():
         "py", "-m", "sglang.launch_server", "--model-path", "/ckpt/hf", "--host", "10.0.0.5", "--port", "30001",
         "--tp-size", "4", "--api-key", "KEY", "--random-seed", "9", "--enable-memory-saver",
         "--mem-fraction-static", "0.7", "--enable-metrics", "--cuda-graph-bs-decode", "1", "2"]  # store_true False: nothing
+    one = EngineLaunch(model_path="/m", host="h", port=1, api_key="K")
+    assert "--enable-memory-saver" not in launch_command(cfg(), one)  # nothing released: no memory saver
+    assert "--enable-memory-saver" in launch_command(cfg(runtime="ray", offload_rollout=True), one)  # not colocated, offloaded
+    assert "--enable-memory-saver" not in launch_command(cfg(runtime="ray", colocate=True, offload_rollout=False), one)
     two = EngineLaunch(model_path="/m", host="h", port=1, api_key="K", nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")
     assert launch_command(cfg(), two)[-6:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000"]
     assert launch_command(cfg(), two)[0] == sys.executable
