@@ -44,7 +44,7 @@ BACKEND_FLAGS: dict[str, str] = {
                      "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer", "custom_megatron_post_save_hook_path",
                      "ref_ckpt_step", "async_save", "critic_num_nodes", "critic_num_gpus_per_node", "balance_by_flops"],
                     MEGATRON),
-    **dict.fromkeys(["rollout_skip_special_tokens", "update_weight_transfer_mode",
+    **dict.fromkeys(["update_weight_transfer_mode",
                      "update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
                      "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
                      "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",

@@ -47,6 +47,10 @@ class RolloutConfig(Group):
     rollout_max_context_len: int | None = Field(None, ge=1, description="Maximum prompt + response tokens; max_new_tokens = min(response len, context len - prompt len).")
     rollout_max_prompt_len: int | None = Field(None, ge=1, description="Prompts longer than this (in tokens) are dropped and counted.")
     rollout_stop: list[str] | None = Field(None, description="Stop strings.")
+    rollout_skip_special_tokens: bool = Field(
+        False, description="Decode responses (rollout and eval) with the tokenizer's special tokens skipped; off (the "
+        "reference's default): they stay in the text. Either way the stop token that ended a response is trimmed, as "
+        "SGLang does; it is sent to SGLang engines as sampling_params.skip_special_tokens. The trained token ids never change.")
     rollout_stop_token_ids: list[int] | None = Field(None, description="Stop token ids (the tokenizer's EOS is always one).")
     over_sampling_batch_size: int | None = Field(None, ge=1, description="Groups to sample per round with dynamic sampling (>= rollout_batch_size).")
     dynamic_sampling_filter_path: str | None = Field(None, description="Dotted path of a group filter (dynamic sampling).")

@@ -250,10 +250,10 @@ class EngineServer:
         t0 = time.perf_counter()
         results = await self.batcher.submit(requests, seeds, rids)
         latency = time.perf_counter() - t0
-        decode = self.engine.tokenizer.decode
+        tok = self.engine.tokenizer
         return_logprob = bool(body.get("return_logprob", False))
-        out = [wire.result_to_json(res, decode(res.output_ids, skip_special_tokens=True), r, latency, return_logprob)
-               for res, r in zip(results, rids)]
+        out = [wire.result_to_json(res, wire.response_text(tok, res.output_ids, req.params), r, latency, return_logprob)
+               for res, req, r in zip(results, requests, rids)]
         return web.json_response(out if batched else out[0])
 
     async def health_generate(self, request: web.Request) -> web.Response:
