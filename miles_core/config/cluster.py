@@ -39,6 +39,10 @@ class ClusterConfig(Group):
         "to the engines, metadata over HTTP), disk (an HF dir under <run_dir>/weight_sync, engines reload it). "
         "None: tensor when colocated (disk with rollout_engine sglang), broadcast when disaggregated. The local runtime always "
         "copies in process (tensor).")
+    update_weight_transfer_mode: Literal["broadcast", "p2p", "disk-delta"] = Field(
+        "broadcast", description="How weights reach disaggregated engines when update_weight_mode is unset: broadcast (a "
+        "process group from train rank 0 to the engines, metadata over HTTP: the reference's default). p2p (Mooncake "
+        "transfers) and disk-delta (the engines' /pull_weights) are refused: see the compat page.")
     use_fault_tolerance: bool = Field(False, description="Ray runtime: a health monitor polls every engine and restarts dead ones (see ft_components).")
     ft_components: list[Literal["rollout"]] = Field(["rollout"], description="What the fault tolerance covers: rollout (engine servers).")
     rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
@@ -66,10 +70,11 @@ class ClusterConfig(Group):
 
     @property
     def weight_sync_mode(self) -> str:
-        """update_weight_mode, or its default: tensor when colocated (or local), broadcast when disaggregated; colocated
+        """update_weight_mode, or its default: tensor when colocated (or local), update_weight_transfer_mode (broadcast) when
+        disaggregated; colocated
         SGLang engines: disk (SGLang's tensor route takes CUDA-IPC handles, which miles does not build: docs/engines.md)."""
         if self.update_weight_mode is not None:
             return self.update_weight_mode
         if self.colocate and self.rollout_engine == "sglang":
             return "disk"
-        return "tensor" if self.colocate or self.runtime == "local" else "broadcast"
+        return "tensor" if self.colocate or self.runtime == "local" else self.update_weight_transfer_mode

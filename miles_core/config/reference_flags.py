@@ -44,10 +44,7 @@ BACKEND_FLAGS: dict[str, str] = {
                      "use_indexer_replay", "use_rollout_indexer_replay", "freeze_indexer", "custom_megatron_post_save_hook_path",
                      "ref_ckpt_step", "async_save", "critic_num_nodes", "critic_num_gpus_per_node", "balance_by_flops"],
                     MEGATRON),
-    **dict.fromkeys(["update_weight_transfer_mode",
-                     "update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
-                     "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
-                     "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
+    **dict.fromkeys(["eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
                      "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position",
                      "rollout_external"],
                     SGLANG),
@@ -102,6 +99,14 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "load_debug_rollout_data": "a run reuses its own <run_dir>/rollouts/<id>.pt; loading another run's is not supported",
     "eval_tool_key": "no tool calls in eval",
     "eval_min_new_tokens": "no minimum response length",
+    **dict.fromkeys(["update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
+                     "update_weight_delta_checksum", "custom_update_weight_post_write_path"],
+                    "it applies only to update_weight_transfer_mode disk-delta, refused: its engines apply deltas with a "
+                    "/pull_weights route that SGLang 0.5.23 does not serve; update_weight_mode disk reloads a full HF dir "
+                    "under <run_dir>/weight_sync instead"),
+    **dict.fromkeys(["p2p_transfer_num_workers", "p2p_transfer_timeout"],
+                    "it applies only to update_weight_transfer_mode p2p, refused: miles builds no Mooncake transfer engine; "
+                    "use update_weight_transfer_mode broadcast (a gloo/NCCL group) or update_weight_mode disk"),
     "use_miles_router": "miles always routes through its own router, which is the reference's MilesRouter (least requests in "
                         "flight, failure quarantine; miles_router_* honoured): the flag is implied, drop it; the SGLang "
                         "router (sglang-router, token-based policies) is not launched",

@@ -141,11 +141,26 @@ def _runtime_rules(c: "TrainConfig") -> None:
         raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
                          "process); set runtime: ray or drop update_weight_mode")
     _offload_rules(c, external)
+    _transfer_rules(c)
     if cl.runtime == "ray" and c.eval.eval_mode == "snapshot":
         raise ValueError("eval_mode snapshot is not supported yet with runtime ray; use eval_mode: inline")
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
+
+
+P2P_REFUSAL = ("p2p writes each bucket into the engines' registered memory with Mooncake's transfer engine (the reference's "
+               "UpdateWeightP2P, p2p_transfer_utils.py), which miles does not build")
+DELTA_REFUSAL = ("disk-delta publishes changed bytes that each engine applies with its /pull_weights route, which SGLang 0.5.23 "
+                 "does not serve (not in miles_core/rollout/sglang/protocol.json) nor does our server")
+
+
+def _transfer_rules(c: "TrainConfig") -> None:
+    mode = c.cluster.update_weight_transfer_mode
+    if mode != "broadcast":
+        why = P2P_REFUSAL if mode == "p2p" else DELTA_REFUSAL
+        raise ValueError(f"update_weight_transfer_mode {mode} is not supported: {why}; use update_weight_transfer_mode: "
+                         "broadcast, or update_weight_mode: disk (the engines reload a full HF dir)")
 
 
 def _offload_rules(c: "TrainConfig", external: bool) -> None:
