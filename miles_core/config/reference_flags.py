@@ -46,7 +46,7 @@ BACKEND_FLAGS: dict[str, str] = {
                     MEGATRON),
     **dict.fromkeys(["eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
                      "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position",
-                     "rollout_external"],
+                     ],
                     SGLANG),
 }
 UNSUPPORTED_GROUPS: dict[str, str] = {

@@ -83,6 +83,9 @@ class RolloutConfig(Group):
         None, description="Dotted path of the tool runner fn(name, arguments) -> str, sync or async.")
     generate_tool_timeout: float = Field(
         30.0, gt=0, description="Seconds one tool call may run; past it the call fails (reason timeout) and the sample's reward is 0.")
+    rollout_external: bool = Field(
+        False, description="Use engines already running elsewhere instead of launching them (the reference's switch): their "
+        "addresses are rollout_external_engine_addrs, which it needs (the addresses alone select them too).")
     rollout_external_engine_addrs: list[str] | None = Field(
         None, min_length=1, description="Engines already running, as host:port (or http://host:port): any server speaking the "
         "SGLang HTTP protocol (SGLang's, or ours: python -m miles_core.rollout.http.server). Nothing is launched: the router "

@@ -132,6 +132,9 @@ def _runtime_rules(c: "TrainConfig") -> None:
         raise ValueError(f"mfu_peak_tflops is not supported yet with train_backend {cl.train_backend}: only the torch trainer "
                          "reports perf/actor_train_mfu; drop mfu_peak_tflops or use train_backend torch")
     external = c.rollout.rollout_external_engine_addrs is not None
+    if c.rollout.rollout_external and not external:
+        raise ValueError("rollout_external uses engines already running, at rollout_external_engine_addrs, which is unset: "
+                         "give their host:port addresses, or drop rollout_external (miles then launches the engines)")
     refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine, launched=not external)
     if refused:
         raise ValueError(refused)
