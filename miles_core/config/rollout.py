@@ -108,6 +108,12 @@ class RolloutConfig(Group):
     rm_timeout: float = Field(30.0, gt=0, description="Seconds per remote reward request.")
     rm_max_retries: int = Field(3, ge=0, description="Retries of a failed remote reward request.")
 
+    @property
+    def external_engines(self) -> bool:
+        """Engines already running elsewhere, nothing launched: rollout_external (which needs the addresses; rules.py) or
+        the addresses alone."""
+        return self.rollout_external or self.rollout_external_engine_addrs is not None
+
     @field_validator("rollout_external_engine_addrs")
     @classmethod
     def _engine_addresses(cls, value: list[str] | None) -> list[str] | None:

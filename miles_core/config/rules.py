@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .train import TrainConfig
 
+# sglang_router_ip / sglang_router_port: why an SGLang router already running cannot be used
+ROUTER_WHY = ("the reference registers its engines with the SGLang router at that address and generates through it; "
+              "miles' router runs in the driver and reaches every engine itself (generate and weight syncs), so an outside "
+              "router would get no engines: drop it (engines already running: rollout_external_engine_addrs)")
 # Fields kept under the reference's names that no code honours yet: a non-default value is refused at load,
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
@@ -19,9 +23,8 @@ NOT_SUPPORTED: dict[str, str] = {
     "offload_train": "offloading the trainer between train stages is not built yet",
     "offload_train_target": "it applies only with offload_train, which is not built yet",
     "offload_train_disk_dir": "it applies only with offload_train, which is not built yet",
-    "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
-    "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
-    "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
+    "sglang_router_ip": ROUTER_WHY,
+    "sglang_router_port": ROUTER_WHY,
     "lora_sync_from_tensor": "the engines get the merged weights (base + scaled BA) at every sync; adapter-only sync is not built",
     "lora_train_only": "the engines always serve the trained policy (the merged weights)",
     "lora_base_cpu_backup": "the engines get the merged weights at every sync; there is no engine-side copy of the base",
@@ -131,8 +134,8 @@ def _runtime_rules(c: "TrainConfig") -> None:
     if cl.mfu_peak_tflops is not None and cl.train_backend != "torch":
         raise ValueError(f"mfu_peak_tflops is not supported yet with train_backend {cl.train_backend}: only the torch trainer "
                          "reports perf/actor_train_mfu; drop mfu_peak_tflops or use train_backend torch")
-    external = c.rollout.rollout_external_engine_addrs is not None
-    if c.rollout.rollout_external and not external:
+    external = c.rollout.external_engines
+    if external and c.rollout.rollout_external_engine_addrs is None:
         raise ValueError("rollout_external uses engines already running, at rollout_external_engine_addrs, which is unset: "
                          "give their host:port addresses, or drop rollout_external (miles then launches the engines)")
     refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine, launched=not external)
@@ -319,7 +322,7 @@ def _sglang_rules(c: "TrainConfig") -> None:
         first = next(iter(sg.sglang_server_args))
         raise ValueError(f"sglang_{first}: SGLang server arguments apply only with rollout_engine sglang "
                          f"(got {c.cluster.rollout_engine}); set rollout_engine: sglang or drop the sglang_* keys")
-    for name in ("sglang_router_ip", "sglang_router_port", "sglang_router_policy"):
+    for name in ("sglang_router_ip", "sglang_router_port"):
         if getattr(sg, name) is not None:
             raise ValueError(f"{name} is not supported yet: miles routes requests with its own router "
                              "(least-loaded healthy engine); drop it")

@@ -7,7 +7,7 @@ ServerArgs snapshot (miles_core/config/server_args.py; the list: docs/reference/
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -25,7 +25,10 @@ class SglangConfig(Group):
         "sets itself (model path, host, port, tp size, api key) fail. Only with rollout_engine sglang.")
     sglang_router_ip: str | None = Field(None, description="Address of an SGLang router already running (not supported yet: miles routes with its own router).")
     sglang_router_port: int | None = Field(None, ge=1, description="Port of an SGLang router already running (not supported yet, see sglang_router_ip).")
-    sglang_router_policy: str | None = Field(None, description="The SGLang router's policy (not supported yet: miles' router sends each chunk to the least-loaded healthy engine).")
+    sglang_router_policy: Literal["round_robin", "random", "power_of_two"] | None = Field(
+        None, description="How the router picks an engine for each chunk, of the SGLang router's policies: round_robin, random, "
+        "power_of_two (the less loaded of two drawn at random); None: the one with the fewest requests in flight (the "
+        "reference's MilesRouter). cache_aware, consistent_hashing and the other prefix-keyed policies are not implemented.")
     sglang_router_request_timeout_secs: int = Field(14400, ge=1, description="Seconds a generate request to an engine may take before it counts as failed (the engine client's read timeout; miles_router_timeout overrides it).")
     sglang_server_concurrency: int = Field(
         512, ge=1, description="Requests (samples) in flight per engine: the router sends at most this many times the number "

@@ -34,7 +34,7 @@ ENGINE_FLEETS = {"hf": hf_engine_fleet}
 
 
 def build_local(cfg: TrainConfig, data: RunData) -> RunParts:
-    if cfg.rollout.rollout_external_engine_addrs:
+    if cfg.rollout.external_engines:
         return _with_external_engines(cfg, data)
     trainer = _trainer(cfg, data)
     return RunParts(trainer=trainer, fleet=ENGINE_FLEETS[cfg.cluster.rollout_engine](cfg, data), weights=LocalWeights(trainer))

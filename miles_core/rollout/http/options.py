@@ -31,7 +31,7 @@ def router_options(cfg: "TrainConfig", n_engines: int) -> dict[str, Any]:
     if sg.miles_router_max_connections is not None:
         bound = min(bound, sg.miles_router_max_connections)
     return {"max_failures": sg.miles_router_health_check_failure_threshold, "max_in_flight": bound,
-            "bucket_bytes": cfg.cluster.update_weight_buffer_size}
+            "bucket_bytes": cfg.cluster.update_weight_buffer_size, "policy": sg.sglang_router_policy or "least_loaded"}
 
 
 def weight_sync(cfg: "TrainConfig", backend: str) -> "WeightSync":

@@ -40,7 +40,7 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
     import ray
 
     cl = cfg.cluster
-    launched = cfg.rollout.rollout_external_engine_addrs is None
+    launched = not cfg.rollout.external_engines
     started = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False, engines=launched).bundles))
     plan = plan_placement(cl, use_gpu=wants_gpu(cfg), engines=launched)
     if plan.num_train > cfg.global_batch_size:
@@ -65,7 +65,7 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     cl = cfg.cluster
     backend = "nccl" if plan.bundles[0].get("GPU") else "gloo"
     res = plan.actor_resources()
-    if cfg.rollout.rollout_external_engine_addrs is not None:
+    if cfg.rollout.external_engines:
         from miles_core.rollout.http.external import external_fleet
 
         fleet = external_fleet(cfg, backend)  # probed first: a bad address fails before any rank loads the model

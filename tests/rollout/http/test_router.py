@@ -227,4 +227,33 @@ def test_router_and_client_options_follow_the_config():
                         "miles_router_health_check_failure_threshold": 1, "miles_router_timeout": 7.5})
     assert router_options(cfg, 2)["max_in_flight"] == 5 and router_options(cfg, 1)["max_in_flight"] == 3  # the lower bound
     assert router_options(cfg, 2)["max_failures"] == 1
+    assert router_options(default, 2)["policy"] == "least_loaded"
+    assert router_options(build_config({**base, "sglang_router_policy": "round_robin"}), 2)["policy"] == "round_robin"
     assert client_options(cfg, "k")["timeout_s"] == 7.5 and client_options(cfg, "k")["api_key"] == "k"
+
+
+def test_policy_picks_the_engine_of_each_chunk():
+    """sglang_router_policy: round_robin takes the eligible engines in turn whatever their load; least_loaded (None)
+    the fewest in flight; power_of_two the less loaded of two drawn; unknown names fail."""
+    def picks(policy, n=6):
+        router = EngineRouter([HTTPEngineClient(f"http://127.0.0.1:{p}") for p in (1, 2, 3)], policy=policy)
+        try:
+            router.slots[0].in_flight = 100  # the first engine is busy
+            return [router.slots.index(router._acquire(1, exclude=[])) for _ in range(n)]
+        finally:
+            router.close()
+
+    assert picks("round_robin") == [0, 1, 2, 0, 1, 2]
+    assert picks("least_loaded") == [1, 2, 1, 2, 1, 2]
+    assert 0 not in picks("power_of_two", 30)  # two of three drawn: the busy one loses whenever drawn
+    assert set(picks("random", 30)) == {0, 1, 2}  # load-blind
+    with pytest.raises(ValueError, match="router policy 'cache_aware'"):
+        EngineRouter([HTTPEngineClient("http://127.0.0.1:1")], policy="cache_aware")
+
+
+def test_round_robin_splits_chunks_evenly_over_real_servers(start_server, make_router, make_engine):
+    a, b = start_server(), start_server()
+    reqs = requests_for(6, max_new_tokens=4)
+    assert same_results(make_router([a, b], chunk_size=1, policy="round_robin").generate(reqs, seed=8),
+                        make_engine().generate(reqs, seed=8))
+    assert stats(a) == (3, 3) and stats(b) == (3, 3)

@@ -43,7 +43,8 @@ def test_recipe_keys_become_server_args():
     ({"sglang_tokenizer_mode": "fast"}, "'fast' is not one of ['auto', 'slow']"),
     ({"sglang_dp_size": 2, "sglang_data_parallel_size": 2}, "is given twice"),
     ({"sglang_config": "groups.yaml"}, "not supported yet"),
-    ({"sglang_router_policy": "round_robin"}, "sglang_router_policy is not supported yet"),
+    ({"sglang_router_ip": "10.0.0.1"}, "sglang_router_ip is not supported yet"),
+    ({"sglang_router_policy": "cache_aware"}, "sglang_router_policy"),
 ])
 def test_bad_passthrough_fails_at_load_naming_the_key(over, needle):
     with pytest.raises(ConfigError) as e:
