@@ -41,7 +41,7 @@ def preflight(cfg: TrainConfig) -> None:
 def _backend_installed(cfg: TrainConfig) -> None:
     """rollout_engine sglang needs the optional sglang install (validating such a recipe does not), unless the
     engines are external (rollout_external_engine_addrs: nothing is launched)."""
-    if cfg.cluster.rollout_engine == "sglang" and cfg.rollout.rollout_external_engine_addrs is None:
+    if cfg.cluster.rollout_engine == "sglang" and not cfg.rollout.external_engines:
         from miles_core.rollout.sglang.launch import SGLangNotInstalled, require_sglang
 
         try:

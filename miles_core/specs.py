@@ -78,4 +78,5 @@ def sampling_params(cfg: TrainConfig, eos_id: int) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(temperature=r.rollout_temperature, top_p=r.rollout_top_p, top_k=r.rollout_top_k,
                           max_new_tokens=r.rollout_max_response_len,
-                          stop_token_ids=tuple(r.rollout_stop_token_ids or ()) + (eos_id,), stop=tuple(r.rollout_stop or ()))
+                          stop_token_ids=tuple(r.rollout_stop_token_ids or ()) + (eos_id,), stop=tuple(r.rollout_stop or ()),
+                          skip_special_tokens=r.rollout_skip_special_tokens)

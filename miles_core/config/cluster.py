@@ -24,6 +24,14 @@ class ClusterConfig(Group):
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where models train and generate: cpu, cuda (fails at run "
         "start without a CUDA device), auto (cuda when present, else cpu). On Ray, cuda (or auto on a cluster with GPUs) reserves "
         "a GPU per bundle and each actor uses its own. Refused on a GPU yet: train_backend megatron (docs/gpu.md).")
+    offload_rollout: bool | None = Field(
+        None, description="Release the rollout engines' memory (the offload_rollout_level kinds, and CUDA graphs) for each train "
+        "stage and resume it at the next weight sync (SGLang's /release_memory_occupation, /resume_memory_occupation). "
+        "None: when colocated. Engines that generate during training (async_mode) or run in this process (runtime local) "
+        "cannot release it.")
+    offload_rollout_level: list[Literal["kv_cache", "weight"]] = Field(
+        ["kv_cache", "weight"], min_length=1, description="What offload_rollout releases besides CUDA graphs: kv_cache, weight "
+        "(SGLang's memory tags kv_cache and weights).")
     balance_data: bool = Field(False, description="Ray runtime: split each global batch over the train ranks by token count (else in contiguous blocks).")
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1, description="Bytes per weight-sync bucket.")
     update_weight_mode: Literal["tensor", "broadcast", "disk"] | None = Field(
@@ -31,6 +39,10 @@ class ClusterConfig(Group):
         "to the engines, metadata over HTTP), disk (an HF dir under <run_dir>/weight_sync, engines reload it). "
         "None: tensor when colocated (disk with rollout_engine sglang), broadcast when disaggregated. The local runtime always "
         "copies in process (tensor).")
+    update_weight_transfer_mode: Literal["broadcast", "p2p", "disk-delta"] = Field(
+        "broadcast", description="How weights reach disaggregated engines when update_weight_mode is unset: broadcast (a "
+        "process group from train rank 0 to the engines, metadata over HTTP: the reference's default). p2p (Mooncake "
+        "transfers) and disk-delta (the engines' /pull_weights) are refused: see the compat page.")
     use_fault_tolerance: bool = Field(False, description="Ray runtime: a health monitor polls every engine and restarts dead ones (see ft_components).")
     ft_components: list[Literal["rollout"]] = Field(["rollout"], description="What the fault tolerance covers: rollout (engine servers).")
     rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
@@ -52,11 +64,21 @@ class ClusterConfig(Group):
         "for long runs of small models (docs/guide/backends.md).")
 
     @property
+    def rollout_offload_tags(self) -> list[str]:
+        """SGLang's memory tags the engines release for a train stage (the reference's train.py: cuda_graph, then kv_cache
+        and weights by offload_rollout_level); [] when offload_rollout is off (its default: colocate)."""
+        if not (self.colocate if self.offload_rollout is None else self.offload_rollout):
+            return []
+        level = self.offload_rollout_level
+        return ["cuda_graph"] + ["kv_cache"] * ("kv_cache" in level) + ["weights"] * ("weight" in level)
+
+    @property
     def weight_sync_mode(self) -> str:
-        """update_weight_mode, or its default: tensor when colocated (or local), broadcast when disaggregated; colocated
+        """update_weight_mode, or its default: tensor when colocated (or local), update_weight_transfer_mode (broadcast) when
+        disaggregated; colocated
         SGLang engines: disk (SGLang's tensor route takes CUDA-IPC handles, which miles does not build: docs/engines.md)."""
         if self.update_weight_mode is not None:
             return self.update_weight_mode
         if self.colocate and self.rollout_engine == "sglang":
             return "disk"
-        return "tensor" if self.colocate or self.runtime == "local" else "broadcast"
+        return "tensor" if self.colocate or self.runtime == "local" else self.update_weight_transfer_mode

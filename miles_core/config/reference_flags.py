@@ -35,14 +35,7 @@ BACKEND_GROUPS: dict[str, str] = {
     "miles": SGLANG,
 }
 BACKEND_FLAGS: dict[str, str] = {
-    **dict.fromkeys(["rollout_skip_special_tokens", "pause_generation_mode", "update_weight_transfer_mode",
-                     "update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
-                     "update_weight_delta_checksum", "custom_update_weight_post_write_path", "p2p_transfer_num_workers",
-                     "p2p_transfer_timeout", "eval_num_gpus", "eval_num_gpus_per_engine", "opd_teacher_urls",
-                     "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position",
-                     "opd_reward_weight_mode",
-                     "rollout_external", "offload_rollout", "offload_rollout_level"],
-                    SGLANG),
+    "opd_reward_weight_mode": SGLANG,
 }
 UNSUPPORTED_GROUPS: dict[str, str] = {
     "wandb": "this W&B option is not implemented by the W&B mirror (miles_core/tracking/wandb_tracker.py)",
@@ -257,6 +250,37 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                     "which is not implemented; use_fault_tolerance restarts dead engines and Prefect retries failed stages"),
     "eval_min_new_tokens": "the reference registers it but none of its code reads it (snapshot 31f1ca96; its eval datasets' "
                            "min_new_tokens neither): it changes nothing there",
+    **dict.fromkeys(["update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
+                     "update_weight_delta_checksum", "custom_update_weight_post_write_path"],
+                    "it applies only to update_weight_transfer_mode disk-delta, refused: its engines apply deltas with a "
+                    "/pull_weights route that SGLang 0.5.23 does not serve; update_weight_mode disk reloads a full HF dir "
+                    "under <run_dir>/weight_sync instead"),
+    **dict.fromkeys(["p2p_transfer_num_workers", "p2p_transfer_timeout"],
+                    "it applies only to update_weight_transfer_mode p2p, refused: miles builds no Mooncake transfer engine; "
+                    "use update_weight_transfer_mode broadcast (a gloo/NCCL group) or update_weight_mode disk"),
+    **dict.fromkeys(["eval_num_gpus", "eval_num_gpus_per_engine"],
+                    "a dedicated eval engine fleet (the reference's EvalFleet, miles/ray/rollout/eval_fleet.py) is not built: "
+                    "eval runs on the rollout engines (eval_mode inline), or, on the local runtime, eval_mode snapshot scores "
+                    "each HF snapshot on an engine of its own"),
+    **dict.fromkeys(["opd_teacher_urls", "opd_teacher_key"],
+                    "per-sample teacher routing is not built: opd_type sglang scores every sample with the one teacher of "
+                    "opd_teacher_load (an engine miles starts); the reference posts prefill-only /generate requests to "
+                    "name=url teachers chosen by sample.metadata[opd_teacher_key]"),
+    **dict.fromkeys(["opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position"],
+                    "top-k distillation is not built: OPD uses the teacher's log-prob of each sampled token only "
+                    "(A -= opd_kl_coef * (logp_old - logp_teacher)); the reference's top-k needs SGLang's top_logprobs_num "
+                    "and, per position, a patched SGLang (token_ids_logprob_positions)"),
+    "sglang_config": "server groups from a YAML (several models or worker types per run) are not built: every engine runs "
+                     "the policy with the same sglang_* server arguments",
+    "prefill_num_servers": "prefill/decode disaggregation is not built: each engine serves whole requests (SGLang's "
+                           "--disaggregation-mode stays null) and miles' router has no prefill/decode pairing",
+    "padded_vocab_size": "the megatron trainer derives it (ModelArgs.padded_for: the HF vocab_size rounded up to a "
+                         "multiple of tensor_model_parallel_size, the extra rows masked); an explicit size is not read: drop it",
+    "no_sglang_lora_use_virtual_experts": "SGLang LoRA on MoE experts is not built: miles syncs merged weights to the "
+                                          "engines, never LoRA adapters on virtual experts",
+    "use_miles_router": "miles always routes through its own router, which is the reference's MilesRouter (least requests in "
+                        "flight, failure quarantine; miles_router_* honoured): the flag is implied, drop it; the SGLang "
+                        "router (sglang-router, token-based policies) is not launched",
 }
 KINDS = ("same", "alias", "backend", "unsupported")
 
@@ -288,7 +312,7 @@ def flag_status(flag: str, group: str, default: str, fields: frozenset[str]) -> 
         return FlagStatus(flag, group, default, "same", name, "")
     if name in ALIASES:
         return FlagStatus(flag, group, default, "alias", ALIASES[name], "")
-    backend = BACKEND_FLAGS.get(name) or BACKEND_GROUPS.get(group)
+    backend = BACKEND_FLAGS.get(name) or (None if name in UNSUPPORTED_FLAGS else BACKEND_GROUPS.get(group))
     if backend:
         return FlagStatus(flag, group, default, "backend", None, backend)
     reason = UNSUPPORTED_FLAGS.get(name) or UNSUPPORTED_GROUPS.get(group) or "not implemented yet"

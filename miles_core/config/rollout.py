@@ -47,6 +47,10 @@ class RolloutConfig(Group):
     rollout_max_context_len: int | None = Field(None, ge=1, description="Maximum prompt + response tokens; max_new_tokens = min(response len, context len - prompt len).")
     rollout_max_prompt_len: int | None = Field(None, ge=1, description="Prompts longer than this (in tokens) are dropped and counted.")
     rollout_stop: list[str] | None = Field(None, description="Stop strings.")
+    rollout_skip_special_tokens: bool = Field(
+        False, description="Decode responses (rollout and eval) with the tokenizer's special tokens skipped; off (the "
+        "reference's default): they stay in the text. Either way the stop token that ended a response is trimmed, as "
+        "SGLang does; it is sent to SGLang engines as sampling_params.skip_special_tokens. The trained token ids never change.")
     rollout_stop_token_ids: list[int] | None = Field(None, description="Stop token ids (the tokenizer's EOS is always one).")
     over_sampling_batch_size: int | None = Field(None, ge=1, description="Groups to sample per round with dynamic sampling (>= rollout_batch_size).")
     dynamic_sampling_filter_path: str | None = Field(None, description="Dotted path of a group filter (dynamic sampling).")
@@ -72,6 +76,11 @@ class RolloutConfig(Group):
         "drop", description="async_mode fully: what happens to a group not trained on for being over max_weight_staleness, "
                             "as the reference's: drop (discarded with its prompt) or retry (its prompt regenerated with "
                             "fresh weights, stale_group_policy recycle); stale_group_policy, when set, instead.")
+    pause_generation_mode: Literal["abort", "retract", "in_place"] = Field(
+        "retract", description="How each engine pauses for a weight sync (SGLang's /pause_generation mode): abort (requests in "
+        "flight end with finish reason abort), retract (they go back to the queue and continue after the sync), in_place "
+        "(they freeze and resume with their KV cache; the sync then skips /flush_cache). Our own loop holds its generation "
+        "out of a sync, so it matters for requests others send to the engines.")
     fully_async_buffer_groups: int | None = Field(
         None, ge=1, description="async_mode fully: most scored groups held in the buffer (default async_data_buffer_capacity_factor "
                                 "* rollout_batch_size); the worker waits when full.")
@@ -95,6 +104,9 @@ class RolloutConfig(Group):
         None, description="Dotted path of the tool runner fn(name, arguments) -> str, sync or async.")
     generate_tool_timeout: float = Field(
         30.0, gt=0, description="Seconds one tool call may run; past it the call fails (reason timeout) and the sample's reward is 0.")
+    rollout_external: bool = Field(
+        False, description="Use engines already running elsewhere instead of launching them (the reference's switch): their "
+        "addresses are rollout_external_engine_addrs, which it needs (the addresses alone select them too).")
     rollout_external_engine_addrs: list[str] | None = Field(
         None, min_length=1, description="Engines already running, as host:port (or http://host:port): any server speaking the "
         "SGLang HTTP protocol (SGLang's, or ours: python -m miles_core.rollout.http.server). Nothing is launched: the router "
@@ -125,6 +137,12 @@ class RolloutConfig(Group):
                           "dataset metrics (eval/<ds>...) are not logged.")
     rm_timeout: float = Field(30.0, gt=0, description="Seconds per remote reward request.")
     rm_max_retries: int = Field(3, ge=0, description="Retries of a failed remote reward request.")
+
+    @property
+    def external_engines(self) -> bool:
+        """Engines already running elsewhere, nothing launched: rollout_external (which needs the addresses; rules.py) or
+        the addresses alone."""
+        return self.rollout_external or self.rollout_external_engine_addrs is not None
 
     @field_validator("rollout_external_engine_addrs")
     @classmethod

@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .train import TrainConfig
 
+# sglang_router_ip / sglang_router_port: why an SGLang router already running cannot be used
+ROUTER_WHY = ("the reference registers its engines with the SGLang router at that address and generates through it; "
+              "miles' router runs in the driver and reaches every engine itself (generate and weight syncs), so an outside "
+              "router would get no engines: drop it (engines already running: rollout_external_engine_addrs)")
 # Fields kept under the reference's names that no code honours yet: a non-default value is refused at load,
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
@@ -22,9 +26,8 @@ NOT_SUPPORTED: dict[str, str] = {
     "offload_train_target": "it applies only with offload_train, which is not built yet (and disk, the reference's "
                             "torch_memory_saver disk backend, not at all)",
     "offload_train_disk_dir": "it applies only with offload_train_target disk, which is not built",
-    "sglang_router_ip": "miles routes requests with its own router (least-loaded healthy engine)",
-    "sglang_router_port": "miles routes requests with its own router (least-loaded healthy engine)",
-    "sglang_router_policy": "miles routes requests with its own router (least-loaded healthy engine)",
+    "sglang_router_ip": ROUTER_WHY,
+    "sglang_router_port": ROUTER_WHY,
     "lora_base_cpu_backup": "it keeps a colocated engine's base across the train stage so adapter syncs skip the base; miles "
                             "syncs adapters (lora_sync_from_tensor) to non-colocated engines only, which keep their base, and "
                             "a merged sync re-sends every weight",
@@ -179,7 +182,10 @@ def _runtime_rules(c: "TrainConfig") -> None:
     if cl.train_env_vars and cl.runtime != "ray":
         raise ValueError(f"train_env_vars ({', '.join(sorted(cl.train_env_vars))}) sets the environment of the Ray train "
                          "actors; the local runtime trains in this process: set them in its environment, or use runtime: ray")
-    external = c.rollout.rollout_external_engine_addrs is not None
+    external = c.rollout.external_engines
+    if external and c.rollout.rollout_external_engine_addrs is None:
+        raise ValueError("rollout_external uses engines already running, at rollout_external_engine_addrs, which is unset: "
+                         "give their host:port addresses, or drop rollout_external (miles then launches the engines)")
     refused = unsupported(cl.runtime, cl.train_backend, cl.rollout_engine, launched=not external)
     if refused:
         raise ValueError(refused)
@@ -188,6 +194,8 @@ def _runtime_rules(c: "TrainConfig") -> None:
     elif cl.runtime == "local" and cl.update_weight_mode not in (None, "tensor"):
         raise ValueError(f"update_weight_mode {cl.update_weight_mode} needs runtime ray (the local runtime copies weights in "
                          "process); set runtime: ray or drop update_weight_mode")
+    _offload_rules(c, external)
+    _transfer_rules(c)
     if cl.runtime == "ray" and c.eval.eval_mode == "snapshot":
         raise ValueError("eval_mode snapshot is not supported yet with runtime ray; use eval_mode: inline")
     if c.eval.eval_hf_dir is not None and c.eval.eval_mode != "snapshot":
@@ -196,6 +204,32 @@ def _runtime_rules(c: "TrainConfig") -> None:
     ev = c.eval.eval_prompt_data
     if ev is not None and len(ev) % 2:
         raise ValueError(f"eval_prompt_data takes name path pairs; got an odd number of items: {ev}")
+
+
+P2P_REFUSAL = ("p2p writes each bucket into the engines' registered memory with Mooncake's transfer engine (the reference's "
+               "UpdateWeightP2P, p2p_transfer_utils.py), which miles does not build")
+DELTA_REFUSAL = ("disk-delta publishes changed bytes that each engine applies with its /pull_weights route, which SGLang 0.5.23 "
+                 "does not serve (not in miles_core/rollout/sglang/protocol.json) nor does our server")
+
+
+def _transfer_rules(c: "TrainConfig") -> None:
+    mode = c.cluster.update_weight_transfer_mode
+    if mode != "broadcast":
+        why = P2P_REFUSAL if mode == "p2p" else DELTA_REFUSAL
+        raise ValueError(f"update_weight_transfer_mode {mode} is not supported: {why}; use update_weight_transfer_mode: "
+                         "broadcast, or update_weight_mode: disk (the engines reload a full HF dir)")
+
+
+def _offload_rules(c: "TrainConfig", external: bool) -> None:
+    cl = c.cluster
+    explicit = cl.offload_rollout is not None or cl.offload_rollout_level != ["kv_cache", "weight"]
+    if cl.runtime == "local" and not external and explicit:
+        raise ValueError("offload_rollout / offload_rollout_level release engine servers' memory; the local runtime's engine "
+                         "shares this process's memory with the trainer, so there is nothing to release: drop them, or use "
+                         "runtime: ray (or rollout_external_engine_addrs)")
+    if cl.offload_rollout and c.rollout.async_mode != "off":  # colocated async: _async_rules says why
+        raise ValueError(f"offload_rollout releases the engines' memory while the trainer runs, but async_mode "
+                         f"{c.rollout.async_mode} generates then: set offload_rollout: false (or async_mode: off)")
 
 
 def _external_rules(c: "TrainConfig") -> None:
@@ -368,7 +402,7 @@ def _sglang_rules(c: "TrainConfig") -> None:
         first = next(iter(sg.sglang_server_args))
         raise ValueError(f"sglang_{first}: SGLang server arguments apply only with rollout_engine sglang "
                          f"(got {c.cluster.rollout_engine}); set rollout_engine: sglang or drop the sglang_* keys")
-    for name in ("sglang_router_ip", "sglang_router_port", "sglang_router_policy"):
+    for name in ("sglang_router_ip", "sglang_router_port"):
         if getattr(sg, name) is not None:
             raise ValueError(f"{name} is not supported yet: miles routes requests with its own router "
                              "(least-loaded healthy engine); drop it")

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from miles_core.config import TrainConfig
 from miles_core.data import PromptSpec, load_prompts
+from miles_core.rollout.http.wire import response_text
 from miles_core.specs import prompt_spec, resolve_data_path, reward_options, sampling_params
 
 from .core import EvalDataset, eval_params
@@ -36,7 +37,7 @@ def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
         reward = None if ds.rm_type == base_reward.rm_type else replace(base_reward, rm_type=ds.rm_type)
         datasets.append(EvalDataset(ds.name, tuple(prompts), ds.n_samples, params, reward, cfg.eval.eval_max_context_len))
     return EvalSuite(tuple(datasets), base_reward, base_reward.reward_key, cfg.misc.seed,
-                     lambda ids: tokenizer.decode(ids, skip_special_tokens=True), resolve_eval_fn(cfg.eval.eval_function_path),
+                     lambda ids: response_text(tokenizer, ids, base_params), resolve_eval_fn(cfg.eval.eval_function_path),
                      _eval_log(cfg))
 
 

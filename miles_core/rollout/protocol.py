@@ -17,6 +17,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True  # the response text only (SGLang's default): the token ids never change
 
 
 @dataclass(frozen=True)

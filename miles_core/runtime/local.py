@@ -57,7 +57,7 @@ class NoEngines:
 
 
 def build_local(cfg: TrainConfig, data: RunData) -> RunParts:
-    if cfg.rollout.rollout_external_engine_addrs:
+    if cfg.rollout.external_engines:
         return _with_external_engines(cfg, data)
     trainer = _trainer(cfg, data)
     fleet = NoEngines() if cfg.misc.train_only else ENGINE_FLEETS[cfg.cluster.rollout_engine](cfg, data)

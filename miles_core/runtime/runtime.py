@@ -111,7 +111,10 @@ class Runtime:
         return c.rollout.num_rollout or max(1, self.num_prompts // c.rollout.rollout_batch_size * c.data.num_epoch)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """A response's text as SGLang returns it for the rollout's sampling params (rollout_skip_special_tokens)."""
+        from miles_core.rollout.http.wire import response_text
+
+        return response_text(self.tokenizer, ids, self.data.params)
 
     def rollout_spec(self) -> RolloutSpec:
         r = self.cfg.rollout

@@ -111,6 +111,7 @@ def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: 
 
 # ---- modes: trainer -> engine servers (the Ray runtime) ------------------------------------------------
 MODES = ("tensor", "broadcast", "disk")
+PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang 0.5.23 PauseGenerationReqInput.mode (io_struct.py)
 
 
 def _dtype_size(dtype: str) -> int:
@@ -215,17 +216,22 @@ class WeightSync:
     ``lora_adapter`` (lora_sync_from_tensor): instead of any mode, the adapter alone (sender.adapter()) reloaded on every
     engine (/unload_lora_adapter where loaded, /load_lora_adapter_from_tensors), outside a session, as sync_adapter.
     ``router`` is an EngineRouter (the engines); ``sender`` a WeightSender or a proxy with its methods.
+    ``pause_mode`` is SGLang's /pause_generation mode (pause_generation_mode); in_place keeps the engines' KV cache,
+    so no /flush_cache follows it (the reference's _pause_and_prepare_engines).
     """
 
     SESSION = {"tensor": True, "broadcast": True, "disk": False}  # by mode: inside begin/end_weight_update
 
     def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo",
-                 lora_adapter: bool = False):
+                 lora_adapter: bool = False, pause_mode: str = "retract"):
         if mode not in MODES:
             raise ValueError(f"weight sync mode {mode!r}: expected one of {MODES}")
         if mode == "disk" and disk_dir is None:
             raise ValueError("weight sync mode disk needs a directory (disk_dir)")
-        self.mode, self.bucket_bytes, self.backend, self.lora_adapter = mode, bucket_bytes, backend, lora_adapter
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {pause_mode!r}: expected one of {PAUSE_MODES}")
+        self.mode, self.bucket_bytes, self.backend, self.pause_mode = mode, bucket_bytes, backend, pause_mode
+        self.lora_adapter = lora_adapter
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
         self._group_key: tuple[str, ...] | None = None
         self._groups = 0
@@ -235,8 +241,9 @@ class WeightSync:
         t0 = time.perf_counter()
         slots = router.weight_targets()
         try:
-            router.pause_generation(slots)
-            router.flush_cache(slots)
+            router.pause_generation(slots, self.pause_mode)
+            if self.pause_mode != "in_place":  # in_place resumes on the engines' KV cache: not flushed
+                router.flush_cache(slots)
             if self.lora_adapter:
                 router.reload_lora_adapter(LORA_ADAPTER_NAME, *sender.adapter(), slots)
             else:

@@ -58,3 +58,16 @@ def test_sglang_external_engines_need_no_sglang_install(tmp_path):
 
     preflight(build_config({**BASE, "rollout_external_engine_addrs": ["127.0.0.1:8000"], "rollout_engine": "sglang",
                             "update_weight_mode": "disk", "run_dir": str(tmp_path / "run")}))
+
+
+def test_rollout_external_needs_the_engine_addresses():
+    """The reference's switch: engines already running (placement reserves no rollout GPUs); their addresses are
+    rollout_external_engine_addrs (its allocate_rollout_engine_addr_and_ports_external reads them)."""
+    with pytest.raises(ConfigError, match="rollout_external uses engines already running, at rollout_external_engine_addrs"):
+        build_config({**BASE, "rollout_external": True})
+    cfg = build_config({**BASE, "rollout_external": True, "rollout_external_engine_addrs": ["127.0.0.1:8000"],
+                        "runtime": "ray", "colocate": False})
+    assert cfg.rollout.rollout_external and cfg.cluster.weight_sync_mode == "broadcast"
+    with pytest.raises(ConfigError, match="colocate shares devices with engines miles launches"):
+        build_config({**BASE, "rollout_external": True, "rollout_external_engine_addrs": ["127.0.0.1:8000"], "colocate": True,
+                      "runtime": "ray"})

@@ -87,8 +87,9 @@ def test_colocated_offload_order_disk_mode(tmp_path):
         assert info["released"] == [] and info["weight_version"] == "2"
         ev = info["events"]
         i = ev.index("release:cuda_graph,kv_cache,weights")
-        assert ev[i + 1 :] == ["resume:weights", ev[i + 2], "version:2", "resume:cuda_graph,kv_cache"], ev
-        assert ev[i + 2].startswith("weights:")  # every tensor from the disk dir, after the resume
+        assert ev[i + 1 :] == ["resume:weights", "pause:retract", "flush_cache", ev[i + 4], "version:2",
+                               "resume:cuda_graph,kv_cache"], ev  # pause_generation_mode's default, then the flush
+        assert ev[i + 4].startswith("weights:")  # every tensor from the disk dir, after the resume
         assert _engine_weights_equal_trainer(rt, rt.fleet.launcher.urls[0])
         assert [p.name for p in (cfg.run_dir / "weight_sync").iterdir()] == ["v2"]
         rt.generate(1)  # serves again

@@ -119,3 +119,20 @@ def test_a_sync_failing_on_one_engine_leaves_every_engine_serving(serve, trainer
         sync.sync(sender, router, 3)
         assert router.engine_versions() == {a.url: 3, b.url: 3} and _holds(a, trainer_model) and _holds(b, trainer_model)
     sync.close()
+
+
+def test_update_weight_transfer_mode_broadcast_is_the_disaggregated_sync_and_the_others_are_refused():
+    """The reference picks the disaggregated updater by update_weight_transfer_mode (megatron_utils/actor.py): broadcast is
+    ours; disk-delta needs the engines' /pull_weights, which SGLang 0.5.23's snapshot lacks; p2p a Mooncake engine."""
+    from miles_core.config import ConfigError, build_config
+
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith", "runtime": "ray"}
+    assert build_config(base).cluster.weight_sync_mode == "broadcast"
+    assert build_config({**base, "update_weight_transfer_mode": "broadcast", "colocate": True}).cluster.weight_sync_mode == "tensor"
+    assert not any("pull_weights" in route for route in protocol()["routes"])
+    with pytest.raises(ConfigError, match="update_weight_transfer_mode disk-delta is not supported: .*/pull_weights.*SGLang 0.5.23"):
+        build_config({**base, "update_weight_transfer_mode": "disk-delta"})
+    with pytest.raises(ConfigError, match="update_weight_transfer_mode p2p is not supported: .*Mooncake"):
+        build_config({**base, "update_weight_transfer_mode": "p2p"})
+    with pytest.raises(ConfigError, match="update_weight_disk_dir .* applies only to update_weight_transfer_mode disk-delta"):
+        build_config({**base, "update_weight_disk_dir": "/mnt/deltas"})

@@ -111,6 +111,8 @@ def test_release_resume_then_sync(servers, trainer_model, tiny_tokenizer):
         assert [r.output_ids for r in router.generate(reqs, 3)] == [r.output_ids for r in local.generate(reqs, 3)]
         events = client.server_info()["events"]
         assert events[0] == "release:cuda_graph,kv_cache,weights" and events[1] == "resume:weights"
+        assert events[2:4] == ["pause:retract", "flush_cache"]  # WeightSync's default pause mode
+        events = events[2:]
         assert events[2] == "begin_weight_update" and events[3].startswith("weights:")  # buckets inside the session
         assert events[-3:] == ["end_weight_update", "version:1", "resume:cuda_graph,kv_cache"]
 
@@ -148,3 +150,60 @@ def test_a_failed_sync_resumes_the_engines_and_keeps_their_version():
     with pytest.raises(ConnectionError):
         sync_weights([("w", torch.zeros(2))], [e], version=5, max_bytes=1024)
     assert e.events == ["pause", "flush", "begin", "end", "continue"] and e.version == 0
+
+
+@pytest.mark.parametrize("pause_mode", ["abort", "retract", "in_place"])
+def test_pause_generation_mode_is_sent_to_every_engine_and_in_place_skips_the_flush(pause_mode, servers, trainer_model):
+    """pause_generation_mode: each engine's /pause_generation carries it; in_place keeps the KV cache, so no
+    /flush_cache follows (the reference's _pause_and_prepare_engines); the modes are SGLang 0.5.23's."""
+    import typing
+
+    from miles_core.config import RolloutConfig
+    from miles_core.rollout.sglang.protocol import protocol
+    from miles_core.weights.sync import PAUSE_MODES
+
+    sglang_modes = protocol()["requests"]["PauseGenerationReqInput"]["mode"]["type"]  # "Literal['abort', 'retract', ...]"
+    assert sglang_modes == "Literal[" + ", ".join(repr(m) for m in PAUSE_MODES) + "]"
+    assert typing.get_args(RolloutConfig.model_fields["pause_generation_mode"].annotation) == PAUSE_MODES
+    sender = WeightSender(lambda: trainer_model.state_dict().items())
+    sync = WeightSync("tensor", BUCKET, pause_mode=pause_mode)
+    with EngineRouter.from_urls([h.url for h in servers], bucket_bytes=BUCKET) as router:
+        sync.sync(sender, router, 1)
+    for h in servers:
+        control = [e for e in h.server.events if e.startswith("pause") or e == "flush_cache"]
+        assert control == [f"pause:{pause_mode}"] + ([] if pause_mode == "in_place" else ["flush_cache"])
+    with pytest.raises(ValueError, match="pause mode 'stop'"):
+        WeightSync("tensor", BUCKET, pause_mode="stop")
+    sync.close()
+
+
+@pytest.mark.parametrize(("level", "released"), [(["kv_cache", "weight"], "cuda_graph,kv_cache,weights"),
+                                                 (["kv_cache"], "cuda_graph,kv_cache")])
+def test_offload_rollout_level_picks_the_memory_the_engines_release(level, released, servers, trainer_model, tmp_path):
+    """offload_rollout_level: the train stage releases cuda_graph plus these tags (the reference's train.py), the sync
+    resumes exactly them, weights first; kept weights are not dropped."""
+    from miles_core.config import ConfigError, build_config
+    from miles_core.rollout.http import HTTPFleet
+
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith", "runtime": "ray"}
+    cfg = build_config({**base, "offload_rollout": True, "offload_rollout_level": level, "run_dir": str(tmp_path)})
+    assert build_config({**base, "colocate": True}).cluster.rollout_offload_tags == ["cuda_graph", "kv_cache", "weights"]
+    assert build_config(base).cluster.rollout_offload_tags == []  # default: offload follows colocate
+    with pytest.raises(ConfigError, match="offload_rollout.*local runtime"):
+        build_config({**base, "runtime": "local", "offload_rollout": True})
+    with pytest.raises(ConfigError, match="async_mode one_step generates then"):
+        build_config({**base, "offload_rollout": True, "async_mode": "one_step"})
+    router = EngineRouter.from_urls([servers[0].url], bucket_bytes=BUCKET)
+    fleet = HTTPFleet(router, WeightSync("tensor", BUCKET), offload_tags=cfg.cluster.rollout_offload_tags)
+    try:
+        fleet.before_train()
+        engine = servers[0].server
+        assert engine.released == set(released.split(","))
+        assert all(p.numel() > 0 for p in engine.engine.model.parameters()) == ("weights" not in released)
+        fleet.update_weights(WeightSender(lambda: trainer_model.state_dict().items()), 1)
+        memory = [e for e in engine.events if e.startswith(("release", "resume"))]
+        resumed = ["resume:weights", "resume:cuda_graph,kv_cache"] if "weights" in released else ["resume:cuda_graph,kv_cache"]
+        assert memory == [f"release:{released}", *resumed] and not engine.released
+        _assert_engines_hold(servers[:1], trainer_model, 1)
+    finally:
+        fleet.close()

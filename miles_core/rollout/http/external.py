@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from miles_core.config import TrainConfig
 from miles_core.config.rollout import API_KEY_ENV, engine_api_key, engine_url
-from miles_core.rollout.sglang.launch import engine_client_options
-from miles_core.weights.sync import WeightSync
 
 from .fleet import HTTPFleet
+from .options import client_options, router_options, weight_sync
 from .router import EngineRouter
 
 
@@ -31,10 +30,8 @@ class ExternalEngineError(RuntimeError):
 
 def external_router(cfg: TrainConfig) -> EngineRouter:
     """A router over the configured addresses, every engine probed: raises ExternalEngineError naming each bad one."""
-    bucket = cfg.cluster.update_weight_buffer_size
     urls = [engine_url(a) for a in cfg.rollout.rollout_external_engine_addrs]
-    client = {"bucket_bytes": bucket, **engine_client_options(cfg, engine_api_key())}
-    router = EngineRouter.from_urls(urls, client, bucket_bytes=bucket)
+    router = EngineRouter.from_urls(urls, client_options(cfg, engine_api_key()), **router_options(cfg, len(urls)))
     router.check_health()
     bad = [row for row in router.status() if not row["healthy"]]
     if bad:
@@ -48,9 +45,7 @@ def external_router(cfg: TrainConfig) -> EngineRouter:
 def external_fleet(cfg: TrainConfig, backend: str = "gloo") -> HTTPFleet:
     """backend: the broadcast group's (gloo on CPU, nccl when the sender's weights are on GPUs)."""
     cl = cfg.cluster
-    sync = WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync", backend=backend,
-                      lora_adapter=cfg.lora.lora_sync_from_tensor)
-    fleet = HTTPFleet(external_router(cfg), sync, colocate=False)
+    fleet = HTTPFleet(external_router(cfg), weight_sync(cfg, backend), offload_tags=cfg.cluster.rollout_offload_tags)
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)
     return fleet

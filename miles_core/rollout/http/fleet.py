@@ -1,8 +1,9 @@
 """HTTPFleet: rollout engines behind an EngineRouter, speaking the SGLang HTTP protocol (our server on CPU,
 SGLang's on GPU, or engines already running at given addresses), as one EngineFleet (rollout/fleet.py).
 
-Weight sync: ``WeightSync`` in mode tensor / broadcast / disk (weights/sync.py). Colocated, the engines
-release their memory for the train stage and resume it (weights first) at the sync. With a launcher (the
+Weight sync: ``WeightSync`` in mode tensor / broadcast / disk (weights/sync.py). With ``offload_tags``
+(offload_rollout: by default when colocated) the engines release those memory kinds for the train stage and
+resume them (weights first) at the sync. With a launcher (the
 placement's engine actors) the fleet can restart engines: dead ones at each sync, and, with a health
 monitor (``use_fault_tolerance``), at any time (without one, external engines, the monitor marks them dead): a restarted engine gets the current weights before it
 rejoins the router, or, while the trainer is ahead of the engines, waits out of generate (version -1) for
@@ -33,9 +34,13 @@ class EngineLauncher(Protocol):
 
 
 class HTTPFleet:
-    def __init__(self, router: EngineRouter, weight_sync, *, colocate: bool, launcher: EngineLauncher | None = None,
+    def __init__(self, router: EngineRouter, weight_sync, *, offload_tags: list[str], launcher: EngineLauncher | None = None,
                  client: Callable[[str], object] | None = None):
-        self.router, self.weight_sync, self.colocate = router, weight_sync, colocate
+        bad = set(offload_tags) - set(ALL_MEMORY)
+        if bad:
+            raise ValueError(f"offload tags {sorted(bad)}: expected some of {ALL_MEMORY}")
+        self.router, self.weight_sync = router, weight_sync
+        self.offload_tags = [t for t in ALL_MEMORY if t in offload_tags]  # what the engines release for the train stage
         self.launcher, self._client = launcher, client
         self._weights_lock = threading.Lock()
         self._fresh = True  # trainer weights == what the engines serve (true at start: both load hf_checkpoint)
@@ -79,8 +84,8 @@ class HTTPFleet:
     def before_train(self) -> None:
         with self._weights_lock:
             self._fresh = False  # from here the trainer is ahead of the engines
-            if self.colocate and not self._released:
-                self.router.release_memory_occupation(ALL_MEMORY)
+            if self.offload_tags and not self._released:
+                self.router.release_memory_occupation(self.offload_tags)
                 self._released = True
 
     def update_weights(self, source, version: int) -> dict[str, float]:
@@ -88,13 +93,14 @@ class HTTPFleet:
         engine (``version``) in the configured mode."""
         with self._weights_lock:
             self._restart_dead()
-            if self._released:
+            if self._released and "weights" in self.offload_tags:
                 self.router.resume_memory_occupation(["weights"])
             metrics = self.weight_sync.sync(source, self.router, version)
             self._source, self._version = source, version
-            if self._released:
-                self.router.resume_memory_occupation([t for t in ALL_MEMORY if t != "weights"])
-                self._released = False
+            rest = [t for t in self.offload_tags if t != "weights"]
+            if self._released and rest:
+                self.router.resume_memory_occupation(rest)
+            self._released = False
             self._fresh = True
         return {**metrics, "rollout/engine_restarts": float(self._restarts)}
 

@@ -4,12 +4,16 @@ generate(requests, seed):
   1. request i gets seed request_seed(seed, i) (its global index), so its result does not depend
      on the engine or the sub-batch that serves it (with servers in "exact" batching, bit for bit);
   2. the batch is cut into chunks (``chunk_size``; default: about 4 chunks per healthy engine),
-     sent concurrently; each chunk goes to the healthy engine with the fewest requests in flight
-     from this router (ties: the lower index);
+     sent concurrently; each chunk goes to an eligible engine by ``policy`` (POLICIES): by default the
+     one with the fewest requests in flight from this router (ties: the lower index);
   3. a chunk whose engine fails (unreachable, timeout, HTTP 5xx) is sent again to another healthy
      engine, at most ``max_attempts`` engines in all; the failed engine is marked unhealthy. A
      result is written once, by the attempt that returned it: no request is lost or duplicated.
      HTTP 4xx (a bad request) is raised at once, never retried.
+
+Concurrency: at most ``max_in_flight`` requests are in flight from this router over all engines (chunks are cut
+no larger; a chunk waits for room), the bound of the reference's rollout semaphore and MilesRouter connection pool
+(sglang_server_concurrency per engine, miles_router_max_connections in all).
 
 Health: an engine is unhealthy after ``max_failures`` consecutive failures or a failed health
 check. Unhealthy engines are probed again (GET /health_generate, then GET /model_info) at most
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -48,6 +53,10 @@ from . import wire
 from .client import EngineError, EngineHTTPError, HTTPEngineClient
 
 log = logging.getLogger(__name__)
+
+
+# How a chunk picks among the eligible engines (sglang_router_policy; None: least_loaded, the reference's MilesRouter).
+POLICIES = ("least_loaded", "round_robin", "random", "power_of_two")
 
 
 class NoHealthyEngine(RuntimeError):
@@ -77,15 +86,22 @@ def is_retryable(e: EngineError) -> bool:
 
 class EngineRouter(SeededGenerate):
     def __init__(self, clients: list[HTTPEngineClient], *, chunk_size: int | None = None, max_attempts: int = 3,
-                 max_failures: int = 1, recheck_s: float = 5.0, bucket_bytes: int | None = None):
+                 max_failures: int = 1, recheck_s: float = 5.0, bucket_bytes: int | None = None,
+                 max_in_flight: int | None = None, policy: str = "least_loaded"):
         if not clients:
             raise ValueError("EngineRouter needs at least one engine client")
+        if policy not in POLICIES:
+            raise ValueError(f"router policy {policy!r}: expected one of {POLICIES}")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.slots = [EngineSlot(c) for c in clients]
         self.chunk_size, self.max_attempts = chunk_size, max_attempts
-        self.max_failures, self.recheck_s = max_failures, recheck_s
+        self.max_failures, self.recheck_s, self.max_in_flight, self.policy = max_failures, recheck_s, max_in_flight, policy
+        self._turn, self._rng = 0, random.Random(0)  # round_robin's next turn; random / power_of_two draws (results never
+        # depend on routing: every request carries its own seed)
         self.bucket_bytes = bucket_bytes or clients[0].bucket_bytes
         self.weight_version: int | None = None  # set by set_weight_version / update_weights_from_disk
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # guards the slots; notified when requests in flight come back
         self._pool = ThreadPoolExecutor(max(4, 8 * len(clients)), thread_name_prefix="miles-router")
 
     @classmethod
@@ -112,6 +128,7 @@ class EngineRouter(SeededGenerate):
         self.recheck()
         n_healthy = max(1, sum(self._eligible(s) for s in self.slots))
         size = self.chunk_size or max(1, math.ceil(len(requests) / (4 * n_healthy)))
+        size = min(size, self.max_in_flight or size)
         results: list[GenerateResult | None] = [None] * len(requests)
         futures = [self._pool.submit(self._run_chunk, range(a, min(a + size, len(requests))), requests, seeds, results)
                    for a in range(0, len(requests), size)]
@@ -147,18 +164,35 @@ class EngineRouter(SeededGenerate):
         return slot.healthy and (self.weight_version is None or slot.version in (None, self.weight_version))
 
     def _acquire(self, n: int, exclude: list[EngineSlot]) -> EngineSlot | None:
-        """The eligible engine with the fewest requests in flight (ties: lower index); counts n on it."""
+        """The eligible engine with the fewest requests in flight (ties: lower index); counts n on it. Waits while
+        max_in_flight requests are out (None: no eligible engine)."""
         with self._lock:
-            candidates = [s for s in self.slots if self._eligible(s) and s not in exclude]
-            if not candidates:
-                return None
-            slot = min(candidates, key=lambda s: s.in_flight)
+            while True:
+                candidates = [s for s in self.slots if self._eligible(s) and s not in exclude]
+                if not candidates:
+                    return None
+                if self.max_in_flight is None or sum(s.in_flight for s in self.slots) + n <= self.max_in_flight:
+                    break
+                self._lock.wait(1.0)  # a release notifies; the timeout re-reads the engines' health
+            slot = self._pick(candidates)
             slot.in_flight += n
             return slot
+
+    def _pick(self, candidates: list[EngineSlot]) -> EngineSlot:
+        """One of the eligible engines by the policy (caller holds the lock)."""
+        if self.policy == "round_robin":
+            self._turn += 1
+            return candidates[(self._turn - 1) % len(candidates)]
+        if self.policy == "random":
+            return self._rng.choice(candidates)
+        if self.policy == "power_of_two" and len(candidates) > 2:
+            candidates = self._rng.sample(candidates, 2)
+        return min(candidates, key=lambda s: s.in_flight)
 
     def _release(self, slot: EngineSlot, n: int, error: EngineError | None) -> None:
         with self._lock:
             slot.in_flight -= n
+            self._lock.notify_all()
             if error is None:
                 slot.failures, slot.served = 0, slot.served + n
             elif is_retryable(error):
@@ -243,8 +277,9 @@ class EngineRouter(SeededGenerate):
             raise NoHealthyEngine(f"{what} failed on {len(errors)} of {len(targets)} engine(s): {errors or self.why_none()}")
         return ok
 
-    def pause_generation(self, slots: list[EngineSlot] | None = None) -> None:
-        self._broadcast("pause_generation", lambda c: c.pause_generation(), slots)
+    def pause_generation(self, slots: list[EngineSlot] | None = None, mode: str = "abort") -> None:
+        """SGLang's /pause_generation with ``mode`` (abort, its default; retract; in_place) on every engine."""
+        self._broadcast("pause_generation", lambda c: c.pause_generation(mode), slots)
 
     def continue_generation(self, slots: list[EngineSlot] | None = None) -> None:
         self._broadcast("continue_generation", lambda c: c.continue_generation(), slots)

@@ -111,7 +111,7 @@ class EngineServer:
         self.fault: Fault | None = None
         self.crashed = False
         self.stats = {"requests_total": 0, "generate_calls": 0, "weight_buckets": 0, "weight_tensors": 0}
-        self.events: list[str] = []  # control calls in order (release, resume, weights, version): /get_server_info
+        self.events: list[str] = []  # control calls in order (pause, flush, release, resume, weights, version): /get_server_info
         self.weight_groups: dict[str, tuple[str, list]] = {}  # group name -> (backend, one group per TP rank)
         self.group_ranks: dict[str, list[int]] = {}  # group name -> this engine's ranks in it (rank_offset + tp_rank)
         self.received: dict[int, int] = {}  # group rank -> tensors it received by broadcast (every TP rank: all of them)
@@ -259,10 +259,10 @@ class EngineServer:
         t0 = time.perf_counter()
         results = await self.batcher.submit(requests, seeds, rids)
         latency = time.perf_counter() - t0
-        decode = self.engine.tokenizer.decode
+        tok = self.engine.tokenizer
         return_logprob = bool(body.get("return_logprob", False))
-        out = [wire.result_to_json(res, decode(res.output_ids, skip_special_tokens=True), r, latency, return_logprob)
-               for res, r in zip(results, rids)]
+        out = [wire.result_to_json(res, wire.response_text(tok, res.output_ids, req.params), r, latency, return_logprob)
+               for res, req, r in zip(results, requests, rids)]
         return web.json_response(out if batched else out[0])
 
     async def health_generate(self, request: web.Request) -> web.Response:
@@ -298,6 +298,7 @@ class EngineServer:
         return web.json_response({"success": True, "num_aborted": n})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
+        self.events.append("flush_cache")
         return web.Response(text="Cache flushed.\n")  # no prefix cache is kept between requests
 
     async def pause_generation(self, request: web.Request) -> web.Response:
@@ -309,6 +310,7 @@ class EngineServer:
         if mode not in PAUSE_MODES:
             raise wire.WireError(f"pause_generation mode {mode!r}: expected one of {PAUSE_MODES}")
         self.batcher.resumed.clear()
+        self.events.append(f"pause:{mode}")
         if mode == "abort":
             self.batcher.abort()
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})

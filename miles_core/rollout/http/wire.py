@@ -6,7 +6,7 @@ POST /generate body (SGLang native API; ``seed`` at the top level is ours)::
      "sampling_params": {...} | [{...}, ...],   # one dict shared by all, or one per request
      "return_logprob": true, "seed": int?}
     sampling_params: temperature, top_p, top_k (-1 = off), max_new_tokens, stop, stop_token_ids,
-                     sampling_seed (SGLang's name; the per-request seed)
+                     sampling_seed (SGLang's name; the per-request seed), skip_special_tokens (the text only)
 
 Response: one object per request (a list when ``input_ids`` is a list of lists)::
 
@@ -51,8 +51,9 @@ NEUTRAL_PARAMS: dict[str, Any] = {
     "min_p": 0.0, "ignore_eos": False, "n": 1,
 }
 # SGLang params that only shape the returned text: accepted and ignored.
-TEXT_ONLY_PARAMS = frozenset({"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"})
-KNOWN_PARAMS = frozenset({"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed"})
+TEXT_ONLY_PARAMS = frozenset({"spaces_between_special_tokens", "no_stop_trim"})
+KNOWN_PARAMS = frozenset({"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed",
+                          "skip_special_tokens"})
 
 
 class WireError(ValueError):
@@ -64,6 +65,7 @@ def params_to_json(params: SamplingParams, seed: int | None) -> dict[str, Any]:
     body = {
         "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
         "max_new_tokens": params.max_new_tokens, "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids),
+        "skip_special_tokens": params.skip_special_tokens,
     }
     if seed is not None:
         body["sampling_seed"] = seed
@@ -98,6 +100,7 @@ def params_from_json(d: dict[str, Any]) -> tuple[SamplingParams, int | None]:
             top_k=int(d.get("top_k", -1)), max_new_tokens=int(d.get("max_new_tokens", 128)),
             stop_token_ids=tuple(int(t) for t in d.get("stop_token_ids") or ()),
             stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
+            skip_special_tokens=bool(d.get("skip_special_tokens", True)),
         )
         seed = d.get("sampling_seed")
         seed = None if seed is None else int(seed)
@@ -139,6 +142,16 @@ def parse_generate(body: Any, vocab_size: int) -> tuple[list[GenerateRequest], l
 
 
 # ---- responses --------------------------------------------------------------------------------
+def response_text(tokenizer, ids: list[int], params: SamplingParams) -> str:
+    """SGLang's ``text`` of a response: a final stop token (EOS or one of stop_token_ids: the one that ended it) is
+    trimmed (SGLang 0.5.23 managers/detokenizer_manager.py trim_matched_stop, no_stop_trim off), the rest decoded with
+    ``params.skip_special_tokens``. The token ids themselves are never changed."""
+    stops = set(params.stop_token_ids) | {tokenizer.eos_token_id}
+    if ids and ids[-1] in stops:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
+
 def result_to_json(res: GenerateResult, text: str, rid: str, latency: float, return_logprob: bool) -> dict[str, Any]:
     finish: dict[str, Any] = {"type": res.finish_reason}
     if res.finish_reason == "length":

@@ -42,8 +42,8 @@ class GenerateFront:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(self._calls.generate(r, s if s is not None else self._next_seed()) for r, s in zip(requests, seeds)))
         latency = time.perf_counter() - t0
-        out = [wire.result_to_json(res, self.tokenizer.decode(res.output_ids, skip_special_tokens=True), f"front-{i}", latency,
-                                   bool(body.get("return_logprob", False))) for i, res in enumerate(results)]
+        out = [wire.result_to_json(res, wire.response_text(self.tokenizer, res.output_ids, req.params), f"front-{i}", latency,
+                                   bool(body.get("return_logprob", False))) for i, (res, req) in enumerate(zip(results, requests))]
         return web.json_response(out if batched else out[0])
 
     def _next_seed(self) -> int:

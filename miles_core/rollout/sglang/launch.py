@@ -5,8 +5,8 @@
     require_sglang(cfg)                    # when a run starts, before any model loads
 
 The argv: the model path, host, port, ``--tp-size`` = rollout_num_gpus_per_engine, the run's API key,
-``--random-seed`` = seed + engine index, ``--enable-memory-saver`` when colocated (the engines release
-memory around training), multi-node flags when an engine spans nodes, then every passthrough
+``--random-seed`` = seed + engine index, ``--enable-memory-saver`` when the engines release
+memory around training (offload_rollout; by default when colocated), multi-node flags when an engine spans nodes, then every passthrough
 (``sglang_server_args``) in the CLI form SGLang's argparse reads (server_args.to_argv), in the order
 the config gives them. sglang is never imported here: the command runs in the engine's own process.
 """
@@ -60,7 +60,7 @@ def launch_command(cfg: "TrainConfig", spec: EngineLaunch, python: str = sys.exe
             "--model-path", str(spec.model_path), "--host", spec.host, "--port", str(spec.port),
             "--tp-size", str(cfg.cluster.rollout_num_gpus_per_engine), "--api-key", spec.api_key,
             "--random-seed", str(cfg.misc.seed + spec.engine_index)]
-    if cfg.cluster.colocate:
+    if cfg.cluster.rollout_offload_tags:  # SGLang releases memory only with its memory saver
         argv.append("--enable-memory-saver")
     if spec.nnodes > 1:
         argv += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank), "--dist-init-addr", spec.dist_init_addr]
@@ -71,8 +71,11 @@ def launch_command(cfg: "TrainConfig", spec: EngineLaunch, python: str = sys.exe
 
 def engine_client_options(cfg: "TrainConfig", api_key: str | None) -> dict[str, Any]:
     """Keyword arguments of ``HTTPEngineClient`` for an SGLang engine of this run: the API key and the
-    read timeout of a generate request (sglang_router_request_timeout_secs)."""
-    return {"api_key": api_key, "timeout_s": float(cfg.sglang.sglang_router_request_timeout_secs)}
+    read timeout of a request (miles_router_timeout, else sglang_router_request_timeout_secs)."""
+    from miles_core.rollout.http.options import client_options
+
+    opts = client_options(cfg, api_key)
+    return {"api_key": opts["api_key"], "timeout_s": opts["timeout_s"]}
 
 
 class SGLangNotInstalled(RuntimeError):

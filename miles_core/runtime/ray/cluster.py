@@ -11,7 +11,6 @@ already running (probed before any rank starts), and rank 0 sends them the weigh
 from __future__ import annotations
 
 from miles_core.config import TrainConfig
-from miles_core.weights.sync import WeightSync
 
 from ..runtime import RunData, RunParts
 from .engines import ENGINE_SERVERS, EngineGroup
@@ -41,7 +40,7 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
     import ray
 
     cl = cfg.cluster
-    launched = cfg.rollout.rollout_external_engine_addrs is None
+    launched = not cfg.rollout.external_engines
     started = start_ray(cl.ray_address, len(plan_placement(cl, use_gpu=False, engines=launched).bundles))
     plan = plan_placement(cl, use_gpu=wants_gpu(cfg), engines=launched)
     if plan.num_train > cfg.global_batch_size:
@@ -61,11 +60,12 @@ def build_ray(cfg: TrainConfig, data: RunData) -> RunParts:
 def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     """-> (the train group, the engine fleet) in the placement group; appends each part's shutdown to ``built``."""
     from miles_core.rollout.http import EngineRouter, HTTPFleet
+    from miles_core.rollout.http.options import router_options, weight_sync
 
     cl = cfg.cluster
     backend = "nccl" if plan.bundles[0].get("GPU") else "gloo"
     res = plan.actor_resources()
-    if cfg.rollout.rollout_external_engine_addrs is not None:
+    if cfg.rollout.external_engines:
         from miles_core.rollout.http.external import external_fleet
 
         fleet = external_fleet(cfg, backend)  # probed first: a bad address fails before any rank loads the model
@@ -77,12 +77,9 @@ def _build_parts(cfg: TrainConfig, data: RunData, plan, pg, built: list):
     built.append(train_group.shutdown)
     engines = EngineGroup(cfg, data.model_path, pg, plan, ENGINE_SERVERS[cl.rollout_engine])
     built.append(engines.shutdown)
-    bucket = cl.update_weight_buffer_size
-    router = EngineRouter.from_urls(engines.urls, {"bucket_bytes": bucket, "api_key": engines.api_key}, bucket_bytes=bucket)
-    sync = WeightSync(cl.weight_sync_mode, bucket, cfg.run_dir / "weight_sync", backend=backend,
-                      lora_adapter=cfg.lora.lora_sync_from_tensor)
-    fleet = HTTPFleet(router, sync,
-                      colocate=cl.colocate, launcher=engines, client=engines.client)  # its close() shuts the engines down
+    router = EngineRouter([engines.client(u) for u in engines.urls], **router_options(cfg, len(engines.urls)))
+    fleet = HTTPFleet(router, weight_sync(cfg, backend), offload_tags=cl.rollout_offload_tags, launcher=engines,
+                      client=engines.client)  # its close() shuts the engines down
     if cl.use_fault_tolerance and "rollout" in cl.ft_components:
         fleet.watch(cl.rollout_health_check_interval, cl.rollout_health_check_timeout, cl.rollout_health_check_first_wait)
     return train_group, fleet

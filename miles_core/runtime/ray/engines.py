@@ -99,6 +99,7 @@ class EngineGroup:
     def __init__(self, cfg, model_path: str, pg, plan, start):
         import ray
 
+        from miles_core.rollout.http.options import client_options
         from miles_core.rollout.http.server import FAULT_ENV
         from miles_core.rollout.sglang.launch import new_api_key
 
@@ -121,13 +122,13 @@ class EngineGroup:
             for w in self.workers:  # an engine that failed to start frees its bundle
                 ray.kill(w)
             raise
-        self.bucket_bytes = cfg.cluster.update_weight_buffer_size
+        self._client_options = client_options(cfg, self.api_key)
 
     def client(self, url: str):
-        """A client like the router's (fails fast: the router fails over)."""
+        """A client of the router's (fails fast: the router fails over; the run's key and read timeout)."""
         from miles_core.rollout.http import HTTPEngineClient
 
-        return HTTPEngineClient(url, max_retries=1, backoff_s=0.05, bucket_bytes=self.bucket_bytes, api_key=self.api_key)
+        return HTTPEngineClient(url, **self._client_options)
 
     def restart(self, i: int) -> str:
         """Kill engine i's server (if still running) and start a fresh one at the same place. -> its URL."""

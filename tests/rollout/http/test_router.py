@@ -172,3 +172,88 @@ def test_killed_server_process_request_retried_elsewhere(server_process, start_s
     assert proc.proc.returncode == -9
     assert same_results(out["r"], make_engine().generate(reqs, seed=9))
     assert stats(b)[0] == 4 and [s["healthy"] for s in router.status()] == [False, True]
+
+
+def test_max_in_flight_holds_a_chunk_back_until_requests_come_back():
+    router = EngineRouter([HTTPEngineClient(f"http://127.0.0.1:{p}") for p in (1, 2)], max_in_flight=3)
+    try:
+        first = router._acquire(2, exclude=[])
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(router._acquire(2, exclude=[])))
+        waiter.start()
+        time.sleep(0.3)
+        assert not got and [s["in_flight"] for s in router.status()] == [2, 0]  # 2 + 2 > 3: held back
+        router._release(first, 2, None)
+        waiter.join(5)
+        assert got == [router.slots[0]]  # room again: the least-loaded engine (a tie: the first)
+    finally:
+        router.close()
+    with pytest.raises(ValueError, match="max_in_flight"):
+        EngineRouter([HTTPEngineClient("http://127.0.0.1:1")], max_in_flight=0)
+
+
+def test_max_in_flight_caps_the_chunks_sent(start_server, make_router, make_engine):
+    reqs = requests_for(16, max_new_tokens=4)
+    expected = make_engine().generate(reqs, seed=4)
+    calls = {}
+    for bound in (None, 1):
+        a, b = start_server(), start_server()
+        assert same_results(make_router([a, b], max_in_flight=bound).generate(reqs, seed=4), expected)
+        calls[bound] = a.server.stats["generate_calls"] + b.server.stats["generate_calls"]
+    assert calls == {None: 8, 1: 16}  # chunks of 16 / (4 * 2) = 2 requests; with the bound, one request each
+
+
+def test_an_engine_leaves_routing_after_max_failures_consecutive_failures(start_server, make_router, make_engine):
+    a, b = start_server(), start_server()
+    router = make_router([a, b], chunk_size=4, max_failures=2)
+    HTTPEngineClient(a.url).request("POST", "/debug/fail", json={"mode": "error", "on": "generate"})
+    reqs = requests_for(4)
+    for healthy in ([True, True], [False, True]):  # each call tries a first (a tie at 0 in flight), then b
+        assert same_results(router.generate(reqs, seed=2), make_engine().generate(reqs, seed=2))
+        assert [s["healthy"] for s in router.status()] == healthy
+    assert stats(b)[0] == 8 and stats(a)[0] == 0
+
+
+def test_router_and_client_options_follow_the_config():
+    from miles_core.config import build_config
+    from miles_core.rollout.http.options import client_options, router_options
+
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
+    default = build_config(base)
+    assert router_options(default, 2)["max_failures"] == 3  # miles_router_health_check_failure_threshold
+    assert router_options(default, 2)["max_in_flight"] == 512 * 2  # sglang_server_concurrency * engines
+    assert client_options(default, None)["timeout_s"] == 14400.0  # sglang_router_request_timeout_secs
+    cfg = build_config({**base, "sglang_server_concurrency": 3, "miles_router_max_connections": 5,
+                        "miles_router_health_check_failure_threshold": 1, "miles_router_timeout": 7.5})
+    assert router_options(cfg, 2)["max_in_flight"] == 5 and router_options(cfg, 1)["max_in_flight"] == 3  # the lower bound
+    assert router_options(cfg, 2)["max_failures"] == 1
+    assert router_options(default, 2)["policy"] == "least_loaded"
+    assert router_options(build_config({**base, "sglang_router_policy": "round_robin"}), 2)["policy"] == "round_robin"
+    assert client_options(cfg, "k")["timeout_s"] == 7.5 and client_options(cfg, "k")["api_key"] == "k"
+
+
+def test_policy_picks_the_engine_of_each_chunk():
+    """sglang_router_policy: round_robin takes the eligible engines in turn whatever their load; least_loaded (None)
+    the fewest in flight; power_of_two the less loaded of two drawn; unknown names fail."""
+    def picks(policy, n=6):
+        router = EngineRouter([HTTPEngineClient(f"http://127.0.0.1:{p}") for p in (1, 2, 3)], policy=policy)
+        try:
+            router.slots[0].in_flight = 100  # the first engine is busy
+            return [router.slots.index(router._acquire(1, exclude=[])) for _ in range(n)]
+        finally:
+            router.close()
+
+    assert picks("round_robin") == [0, 1, 2, 0, 1, 2]
+    assert picks("least_loaded") == [1, 2, 1, 2, 1, 2]
+    assert 0 not in picks("power_of_two", 30)  # two of three drawn: the busy one loses whenever drawn
+    assert set(picks("random", 30)) == {0, 1, 2}  # load-blind
+    with pytest.raises(ValueError, match="router policy 'cache_aware'"):
+        EngineRouter([HTTPEngineClient("http://127.0.0.1:1")], policy="cache_aware")
+
+
+def test_round_robin_splits_chunks_evenly_over_real_servers(start_server, make_router, make_engine):
+    a, b = start_server(), start_server()
+    reqs = requests_for(6, max_new_tokens=4)
+    assert same_results(make_router([a, b], chunk_size=1, policy="round_robin").generate(reqs, seed=8),
+                        make_engine().generate(reqs, seed=8))
+    assert stats(a) == (3, 3) and stats(b) == (3, 3)

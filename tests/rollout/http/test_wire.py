@@ -13,7 +13,8 @@ def test_request_body_round_trips_through_the_server_parser():
     reqs = [GenerateRequest([1, 2], SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=5, stop_token_ids=(3,), stop=("\n\n",))), GenerateRequest([4], SamplingParams())]
     body = wire.generate_body(reqs, [11, 12])
     assert body["sampling_params"][0] == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 5,
-                                          "stop": ["\n\n"], "stop_token_ids": [3], "sampling_seed": 11}
+                                          "stop": ["\n\n"], "stop_token_ids": [3], "sampling_seed": 11,
+                                          "skip_special_tokens": True}
     parsed, seeds, batched, top = wire.parse_generate(body, vocab_size=10)
     assert parsed == reqs and seeds == [11, 12] and batched and top is None
 
@@ -22,6 +23,7 @@ def test_single_request_shared_params_and_sglang_extras():
     body = {"input_ids": [1, 2], "sampling_params": {"stop": "x", "skip_special_tokens": False, "n": 1}, "seed": 3}
     [req], seeds, batched, top = wire.parse_generate(body, vocab_size=10)
     assert req.params.stop == ("x",) and req.params.max_new_tokens == 128 and seeds == [None]
+    assert req.params.skip_special_tokens is False  # SGLang's default True when absent: the text only
     assert not batched and top == 3
 
 
@@ -65,3 +67,27 @@ def test_versions():
     assert wire.parse_version("7") == 7 and wire.parse_version(7) == 7 and wire.parse_version("default") == 0
     with pytest.raises(wire.WireError, match="not an integer"):
         wire.parse_version("v1")
+
+
+def test_response_text_trims_the_stop_that_ended_it_and_follows_skip_special_tokens(tiny_tokenizer):
+    """SGLang's text: the final stop token trimmed (detokenizer trim_matched_stop), special tokens kept unless
+    skip_special_tokens; rollout_skip_special_tokens (default off, the reference's) reaches the rollout's params."""
+    from miles_core.config import build_config
+    from miles_core.rollout.protocol import SamplingParams
+    from miles_core.specs import sampling_params
+
+    tok = tiny_tokenizer
+    eos, word = tok.eos_token_id, tok("hello", add_special_tokens=False)["input_ids"]
+    ids = word + [eos] + word + [eos]  # a special token inside the response, and the EOS that ended it
+    keep = wire.response_text(tok, ids, SamplingParams(stop_token_ids=(eos,), skip_special_tokens=False))
+    skip = wire.response_text(tok, ids, SamplingParams(stop_token_ids=(eos,), skip_special_tokens=True))
+    assert keep == tok.decode(ids[:-1], skip_special_tokens=False) and keep.count(tok.eos_token) == 1
+    assert skip == tok.decode(ids, skip_special_tokens=True) and tok.eos_token not in skip
+    assert wire.response_text(tok, word, SamplingParams(skip_special_tokens=False)) == tok.decode(word)  # no stop: kept whole
+    base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
+    assert sampling_params(build_config(base), eos).skip_special_tokens is False
+    assert sampling_params(build_config({**base, "rollout_skip_special_tokens": True}), eos).skip_special_tokens is True
+    from miles_core.rollout.sglang.protocol import protocol  # sent as SGLang 0.5.23's SamplingParams.skip_special_tokens
+
+    sent = wire.params_to_json(SamplingParams(skip_special_tokens=False), None)
+    assert sent["skip_special_tokens"] is False and "skip_special_tokens" in protocol()["requests"]["SamplingParams"]

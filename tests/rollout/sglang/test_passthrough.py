@@ -42,8 +42,9 @@ def test_recipe_keys_become_server_args():
     ({"sglang_cuda_graph_bs_decode": [1, "two"]}, "expected a list of int"),
     ({"sglang_tokenizer_mode": "fast"}, "'fast' is not one of ['auto', 'slow']"),
     ({"sglang_dp_size": 2, "sglang_data_parallel_size": 2}, "is given twice"),
-    ({"sglang_server_concurrency": 8}, "not supported yet"),
-    ({"sglang_router_policy": "round_robin"}, "sglang_router_policy is not supported yet"),
+    ({"sglang_config": "groups.yaml"}, "not supported yet"),
+    ({"sglang_router_ip": "10.0.0.1"}, "sglang_router_ip is not supported yet"),
+    ({"sglang_router_policy": "cache_aware"}, "sglang_router_policy"),
 ])
 def test_bad_passthrough_fails_at_load_naming_the_key(over, needle):
     with pytest.raises(ConfigError) as e:
@@ -117,6 +118,10 @@ def test_launch_command_is_exact():
         "py", "-m", "sglang.launch_server", "--model-path", "/ckpt/hf", "--host", "10.0.0.5", "--port", "30001",
         "--tp-size", "4", "--api-key", "KEY", "--random-seed", "9", "--enable-memory-saver",
         "--mem-fraction-static", "0.7", "--enable-metrics", "--cuda-graph-bs-decode", "1", "2"]  # store_true False: nothing
+    one = EngineLaunch(model_path="/m", host="h", port=1, api_key="K")
+    assert "--enable-memory-saver" not in launch_command(cfg(), one)  # nothing released: no memory saver
+    assert "--enable-memory-saver" in launch_command(cfg(runtime="ray", offload_rollout=True), one)  # not colocated, offloaded
+    assert "--enable-memory-saver" not in launch_command(cfg(runtime="ray", colocate=True, offload_rollout=False), one)
     two = EngineLaunch(model_path="/m", host="h", port=1, api_key="K", nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")
     assert launch_command(cfg(), two)[-6:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000"]
     assert launch_command(cfg(), two)[0] == sys.executable
