@@ -58,8 +58,8 @@ def iter_buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[list[t
         yield bucket
 
 
-def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_bytes: int) -> dict[str, float]:
-    """Push weights into every engine (tensor mode, same process). -> perf metrics. A failure leaves the
+def _paused(engines: list, version: int, push) -> dict[str, float]:
+    """pause -> flush -> ``push()`` -> version -> continue, on every engine. -> perf metrics. A failure leaves the
     engines generating again at the version they had (the caller does not bump its own)."""
     t0 = time.perf_counter()
     for e in engines:
@@ -67,6 +67,18 @@ def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_b
     try:
         for e in engines:
             e.flush_cache()
+        push()
+        for e in engines:
+            e.set_weight_version(version)
+    finally:
+        for e in engines:
+            e.continue_generation()
+    return {"perf/update_weights_time": time.perf_counter() - t0}
+
+
+def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_bytes: int) -> dict[str, float]:
+    """Push weights into every engine (tensor mode, same process), in one weight-update session. -> perf metrics."""
+    def push() -> None:
         for e in engines:
             e.begin_weight_update()
         try:
@@ -76,12 +88,8 @@ def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_b
         finally:
             for e in engines:
                 e.end_weight_update()
-        for e in engines:
-            e.set_weight_version(version)
-    finally:
-        for e in engines:
-            e.continue_generation()
-    return {"perf/update_weights_time": time.perf_counter() - t0}
+
+    return _paused(engines, version, push)
 
 
 # ---- adapters (lora_sync_from_tensor) ------------------------------------------------------------------
@@ -89,24 +97,16 @@ LORA_ADAPTER_NAME = "miles_lora"  # the reference's name of the one adapter (mil
 
 
 def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: list, version: int) -> dict[str, float]:
-    """lora_sync_from_tensor, in process: pause -> flush -> reload the adapter -> version -> continue. No weight-update
+    """lora_sync_from_tensor, in process: the adapter reloaded on every engine, paused as a weight sync. No weight-update
     session (SGLang's load_lora_adapter_from_tensors needs none) and no base tensors (the engines keep hf_checkpoint's,
     which the trainer never changes)."""
-    t0 = time.perf_counter()
     config, tensors = adapter
-    for e in engines:
-        e.pause_generation()
-    try:
-        for e in engines:
-            e.flush_cache()
+
+    def push() -> None:
         for e in engines:
             e.reload_lora_adapter(LORA_ADAPTER_NAME, config, tensors)
-        for e in engines:
-            e.set_weight_version(version)
-    finally:
-        for e in engines:
-            e.continue_generation()
-    return {"perf/update_weights_time": time.perf_counter() - t0}
+
+    return _paused(engines, version, push)
 
 
 # ---- modes: trainer -> engine servers (the Ray runtime) ------------------------------------------------
