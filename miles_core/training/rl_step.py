@@ -76,6 +76,7 @@ class RLTrainer:
     def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> TrainOutput:
         """-> rollout-level metrics and one metrics dict per optimizer step (module docstring)."""
         engine = self.engine
+        engine.start_rollout(rollout_id)
         batch = make_batch(samples, engine.pad_id).to(engine.device)
         train_wait = self.timer.start_rollout()
         t0 = time.perf_counter()

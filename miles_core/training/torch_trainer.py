@@ -164,6 +164,9 @@ class TorchEngine:
                 return response_log_probs(self.model, row, self.temperature, False)[0].sum()
             return response_values(self.critic.module, row).sum()
 
+    def start_rollout(self, rollout_id: int) -> None:
+        """Nothing is kept per rollout here (no per-rollout hooks on this engine)."""
+
     def reset_optimizer_states(self) -> None:
         """reset_optimizer_states: a fresh Adam state for the actor and the critic."""
         for optimizer in (self.optimizer, *([] if self.critic is None else [self.critic.optimizer])):

@@ -240,6 +240,9 @@ class MegatronEngine:
         return Piece(rows=mb.rows, loss_mask=mb.loss_mask, rollout_log_probs=mb.rollout_log_probs,
                      values=self.critic.response_values(mb, out))
 
+    def start_rollout(self, rollout_id: int) -> None:
+        self.hooks.rollout_id = rollout_id  # the before-train-step hook's rollout_id
+
     def reset_optimizer_states(self) -> None:
         """reset_optimizer_states: a fresh Adam state for the actor and the critic (megatron-core's inner AdamW)."""
         for optimizer in (self.optimizer, *([] if self.critic is None else [self.critic.optimizer])):
@@ -343,10 +346,6 @@ class MegatronTrainer(RLTrainer):
 
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         super().__init__(MegatronEngine(cfg, model_path, pad_id), cfg)
-
-    def train_rollout(self, samples, rewards, rollout_id: int = 0):
-        self.engine.hooks.rollout_id = rollout_id  # the before-train-step hook's rollout_id
-        return super().train_rollout(samples, rewards, rollout_id)
 
     def close(self) -> None:
         self.engine.close()
