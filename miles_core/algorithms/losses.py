@@ -16,7 +16,7 @@ Metrics are detached scalars reduced with R (global denominators), named without
 loss, pg_loss, pg_clipfrac, ppo_kl, ess_ratio (policy_loss: the per-sample ESS of pi/pi_old over the original
 mask, as the reference), entropy_loss (policy_loss: 0 when no entropy is given, which the trainers compute only
 with entropy_coef > 0 or observe_training_entropy, as the reference), kl_loss (use_kl_loss),
-opd_reverse_kl = R'(logp - logp_teacher) (teacher given), the correction's metrics and ois (correction on),
+opd_reverse_kl = R'(logp - logp_teacher) (teacher given; top-k OPD: R'(its estimate)), the correction's metrics and ois (correction on),
 opsm_clipfrac (use_opsm),
 and for every loss type train_rollout_logprob_abs_diff, train_rollout_kl (rollout and old log-probs given: not with
 disable_compute_advantages_and_returns, whose loss gets no old log-probs, advantages, reference or teacher).
@@ -54,6 +54,7 @@ class LossInputs:
     rollout_log_probs: Tensor | None = None  # [N, T] engine log-probs (mismatch metrics, TIS/MIS)
     ref_log_probs: Tensor | None = None  # [N, T] (use_kl_loss)
     teacher_log_probs: Tensor | None = None  # [N, T] (opd_reverse_kl metric)
+    opd_reverse_kl: Tensor | None = None  # [N, T] top-k OPD's estimate (opd_reverse_kl metric)
     response_lengths: list[int] | None = None  # [N] response tokens per row (custom_pg_loss_reducer_function_path)
     total_lengths: list[int] | None = None  # [N] prompt + response tokens per row (custom_pg_loss_reducer_function_path)
 
@@ -82,6 +83,8 @@ def _regularizers(algo: AlgoConfig, inputs: LossInputs, mask: Tensor, reduce: Re
         metrics["kl_loss"] = kl.detach()
     if inputs.teacher_log_probs is not None:
         metrics["opd_reverse_kl"] = reduce((inputs.log_probs - inputs.teacher_log_probs).detach(), mask)
+    elif inputs.opd_reverse_kl is not None:
+        metrics["opd_reverse_kl"] = reduce(inputs.opd_reverse_kl, mask)
     return term, metrics
 
 

@@ -12,6 +12,20 @@ AdvantageEstimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_p
 KLType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
+def parse_teacher_urls(entries: list[str] | None) -> dict[str, str]:
+    """opd_teacher_urls ``NAME=URL`` entries -> {name: url} (split at the first ``=``, so a URL may hold one).
+    Raises ValueError on an entry without a name or URL, or a name given twice."""
+    urls: dict[str, str] = {}
+    for entry in entries or []:
+        name, sep, url = (x.strip() for x in entry.partition("="))
+        if not sep or not name or not url:
+            raise ValueError(f"opd_teacher_urls entry {entry!r}: expected NAME=URL (e.g. math=http://host:30001/generate)")
+        if name in urls:
+            raise ValueError(f"opd_teacher_urls names teacher {name!r} twice")
+        urls[name] = url
+    return urls
+
+
 class AlgoConfig(Group):
     """How rewards become advantages and the losses, KL terms and AdamW settings of each optimizer step."""
 
@@ -120,3 +134,24 @@ class AlgoConfig(Group):
     opd_type: Literal["megatron", "sglang"] = Field("megatron", description="Teacher: a second in-process model (megatron) or an engine (sglang).")
     opd_teacher_load: str | None = Field(None, description="Teacher checkpoint (HF dir or builtin://) of use_opd: loaded in process "
                                           "(opd_type megatron) or served as a scoring engine (opd_type sglang).")
+    opd_log_prob_top_k: int = Field(
+        0, ge=0, description="Top-k OPD (the reference's 'Rethinking On-Policy Distillation' recipe): the advantage penalty "
+                             "is a weighted reverse KL over a set of the student's and teacher's k likeliest tokens at each "
+                             "position (opd_top_k_strategy, opd_reward_weight_mode) instead of the sampled token's "
+                             "logp_old - logp_teacher; 0: sampled-token OPD. The student side is the old policy's full "
+                             "distribution (train_backend torch); the teacher an in-process model (opd_type megatron) or "
+                             "opd_teacher_urls.")
+    opd_top_k_strategy: Literal["only-student", "only-teacher", "intersection", "union", "xor"] = Field(
+        "only-student", description="Top-k OPD's token set per position: the student's top-k, the teacher's, their "
+                                    "intersection, union, or symmetric difference (xor: weights not normalised).")
+    opd_reward_weight_mode: Literal["student_p", "teacher_p", "none"] = Field(
+        "student_p", description="Top-k OPD's weights over the token set: the student's probabilities, the teacher's, or "
+                                 "uniform, renormalised over the set (xor: exp(logp) or 1).")
+    opd_teacher_urls: list[str] | None = Field(
+        None, description="OPD teachers behind SGLang's POST /generate as NAME=URL entries (e.g. "
+                          "math=http://h1:30001/generate): each sample is scored, prefill-only, by the teacher its "
+                          "metadata[opd_teacher_key] names; the name 'default' serves samples without a known name. "
+                          "opd_type sglang, no opd_teacher_load, rollout_temperature 1 (SGLang's input log-probs are "
+                          "not divided by a temperature).")
+    opd_teacher_key: str = Field("opd_teacher", description="The sample metadata key naming its teacher in opd_teacher_urls "
+                                                              "(from the data's metadata_key column).")

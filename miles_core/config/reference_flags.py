@@ -34,9 +34,7 @@ BACKEND_GROUPS: dict[str, str] = {
     "lora": LORA, "sglang": SGLANG, "sglang_router": SGLANG, "router": SGLANG, "prefill_decode_disaggregation": SGLANG,
     "miles": SGLANG,
 }
-BACKEND_FLAGS: dict[str, str] = {
-    "opd_reward_weight_mode": SGLANG,
-}
+BACKEND_FLAGS: dict[str, str] = {}
 UNSUPPORTED_GROUPS: dict[str, str] = {
     "wandb": "this W&B option is not implemented by the W&B mirror (miles_core/tracking/wandb_tracker.py)",
     "tensorboard": "the TensorBoard writer reads use_tensorboard and tensorboard_dir; this naming option is not wired yet",
@@ -262,14 +260,10 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                     "a dedicated eval engine fleet (the reference's EvalFleet, miles/ray/rollout/eval_fleet.py) is not built: "
                     "eval runs on the rollout engines (eval_mode inline), or, on the local runtime, eval_mode snapshot scores "
                     "each HF snapshot on an engine of its own"),
-    **dict.fromkeys(["opd_teacher_urls", "opd_teacher_key"],
-                    "per-sample teacher routing is not built: opd_type sglang scores every sample with the one teacher of "
-                    "opd_teacher_load (an engine miles starts); the reference posts prefill-only /generate requests to "
-                    "name=url teachers chosen by sample.metadata[opd_teacher_key]"),
-    **dict.fromkeys(["opd_log_prob_top_k", "opd_top_k_strategy", "opd_topk_per_position"],
-                    "top-k distillation is not built: OPD uses the teacher's log-prob of each sampled token only "
-                    "(A -= opd_kl_coef * (logp_old - logp_teacher)); the reference's top-k needs SGLang's top_logprobs_num "
-                    "and, per position, a patched SGLang (token_ids_logprob_positions)"),
+    "opd_topk_per_position": "it sends token_ids_logprob_positions (one id list per position), a field of a patched "
+                             "SGLang that SGLang 0.5.23's GenerateReqInput does not have (miles_core/rollout/sglang/"
+                             "protocol.json); top-k OPD asks a teacher for its log-probs of the union of the sample's "
+                             "student top-k ids (token_ids_logprob), which gives the same estimate with a larger answer: drop it",
     "sglang_config": "server groups from a YAML (several models or worker types per run) are not built: every engine runs "
                      "the policy with the same sglang_* server arguments",
     "prefill_num_servers": "prefill/decode disaggregation is not built: each engine serves whole requests (SGLang's "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .algo import parse_teacher_urls
+
 if TYPE_CHECKING:
     from .train import TrainConfig
 
@@ -83,6 +85,7 @@ def _algo_rules(c: "TrainConfig") -> None:
         raise ValueError("loss_type custom_loss needs custom_loss_function_path (a dotted path to the loss function)")
     if a.use_opd and a.opd_type == "megatron" and not a.opd_teacher_load:
         raise ValueError("use_opd with opd_type megatron needs opd_teacher_load (the teacher's HF dir or builtin:// name)")
+    _opd_rules(c)
     if a.tis_clip_low > a.tis_clip:
         raise ValueError(f"tis_clip_low ({a.tis_clip_low}) must be <= tis_clip ({a.tis_clip}): TIS weights are clamped to "
                          "[tis_clip_low, tis_clip]")
@@ -93,6 +96,43 @@ def _algo_rules(c: "TrainConfig") -> None:
                          "or disable_rewards_normalization: true (raw rewards)")
     _mis_options(a)
     _skipped_passes(c)
+
+
+def _opd_rules(c: "TrainConfig") -> None:
+    """opd_teacher_urls / opd_teacher_key (HTTP teachers) and top-k OPD: what applies with what (the reference's
+    arguments.py OPD checks, plus what our teacher paths need)."""
+    a = c.algo
+    if not a.use_opd:
+        for name in ("opd_teacher_urls", "opd_teacher_key", "opd_log_prob_top_k", "opd_top_k_strategy", "opd_reward_weight_mode"):
+            if getattr(a, name) != type(a).model_fields[name].default:
+                raise ValueError(f"{name} is set but use_opd is not: add use_opd: true, or drop {name}")
+        return
+    if a.opd_teacher_urls:
+        parse_teacher_urls(a.opd_teacher_urls)
+        if a.opd_type != "sglang" or a.opd_teacher_load:
+            raise ValueError("opd_teacher_urls (teachers behind SGLang's /generate) needs opd_type sglang and no "
+                             "opd_teacher_load (an in-process teacher); use one teacher source")
+        if c.rollout.rollout_temperature != 1.0:
+            raise ValueError(f"opd_teacher_urls with rollout_temperature {c.rollout.rollout_temperature}: SGLang's "
+                             "prefill-only input log-probs are log_softmax of the raw logits, while the policy's are divided "
+                             "by rollout_temperature, so the KL would compare different temperatures; use rollout_temperature "
+                             "1, or an in-process teacher (opd_type megatron with opd_teacher_load)")
+    elif a.opd_teacher_key != type(a).model_fields["opd_teacher_key"].default:
+        raise ValueError("opd_teacher_key names the metadata key that routes samples among opd_teacher_urls, which is "
+                         "not set: add opd_teacher_urls, or drop opd_teacher_key")
+    if not a.opd_log_prob_top_k:
+        for name in ("opd_top_k_strategy", "opd_reward_weight_mode"):
+            if getattr(a, name) != type(a).model_fields[name].default:
+                raise ValueError(f"{name} applies to top-k OPD only: set opd_log_prob_top_k > 0, or drop {name}")
+        return
+    if not a.opd_teacher_urls and not (a.opd_type == "megatron" and a.opd_teacher_load):
+        raise ValueError("opd_log_prob_top_k needs a teacher that answers top-k queries: an in-process teacher (opd_type "
+                         "megatron with opd_teacher_load) or opd_teacher_urls; the samples' teacher_log_probs and an "
+                         "opd_type sglang engine teacher give sampled-token log-probs only")
+    if c.cluster.train_backend != "torch":
+        raise ValueError(f"opd_log_prob_top_k is not supported with train_backend {c.cluster.train_backend}: it needs the "
+                         "old policy's full distribution, which the megatron engine's vocab-parallel logits do not gather; "
+                         "use train_backend torch")
 
 
 def _skipped_passes(c: "TrainConfig") -> None:

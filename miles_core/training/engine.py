@@ -14,6 +14,9 @@ steps, the learning-rate schedule, the rollout metrics) is rl_step.RLTrainer, wr
     log_probs(role)    [N, T] response log-probs of "actor", "ref" or "teacher" (None: no such model, or not
                        on this pipeline stage)
     values             the critic's V [N, T] (None without a critic, or not on this stage)
+    opd_topk_reverse_kl  top-k OPD's kl [N, T]: the old policy's full distribution per micro-batch, scored by a
+                       teacher (its own, or an HttpTeacher given); the torch engine only (config rules refuse
+                       opd_log_prob_top_k on train_backend megatron)
     backward(model)    gradients of loss_fn over ``rows`` of one global batch for "actor" or "critic", in
                        micro-batches (and this data-parallel rank's share); -> the loss metrics summed over
                        micro-batches and ranks. loss_fn(Piece) -> (loss, metrics)
@@ -59,7 +62,8 @@ class RolloutTensors:
     old       logp_old: the policy before this rollout's updates (on-policy, rl_step.on_policy: zeros
               written by the first step from its own forward, ``fill_old``)
     ref       the reference model's log-probs (KL), None without one
-    teacher   the OPD teacher's log-probs, None without OPD
+    teacher   the OPD teacher's log-probs, None without OPD (and with top-k OPD)
+    opd_kl    top-k OPD's reverse-KL estimate (opd_log_prob_top_k), else None
     values    the critic's values (ppo), None without a critic
     entropy   the old policy's entropy per position (use_rollout_entropy), else None
     adv       advantages; ``returns`` the critic's targets (ppo), else None
@@ -73,6 +77,7 @@ class RolloutTensors:
     returns: torch.Tensor | None = None
     fill_old: bool = False
     entropy: torch.Tensor | None = None
+    opd_kl: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class TrainEngine(Protocol):
     def log_probs(self, role: Role, batch: TokenBatch) -> torch.Tensor | None: ...
     def actor_log_probs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
     def values(self, batch: TokenBatch) -> torch.Tensor | None: ...
+    def opd_topk_reverse_kl(self, batch: TokenBatch, samples: list, teacher=None) -> torch.Tensor: ...
     def backward(self, model: Trained, batch: TokenBatch, rows: range, loss_fn: LossFn) -> dict[str, float]: ...
     def optimizer_step(self, model: Trained, lr: float, check: Callable[[object], None]) -> float: ...
     def start_rollout(self, rollout_id: int) -> None: ...

@@ -2,8 +2,9 @@
 
 One rollout (train_rollout):
     1. forward-only passes (REFERENCE §1.3): old policy log-probs (unless use_rollout_logprobs, or exactly
-       on-policy: see ``on_policy``), reference (KL), OPD teacher (a teacher model, else the samples'
-       teacher_log_probs), critic values (ppo); each [N, T]
+       on-policy: see ``on_policy``), reference (KL), OPD teacher (a teacher model, the HTTP teachers of
+       opd_teacher_urls, else the samples' teacher_log_probs; with opd_log_prob_top_k the top-k estimate instead),
+       critic values (ppo); each [N, T]
     2. advantages (algorithms.compute_advantages), on the process holding the outputs (last pipeline stage)
        (disable_compute_advantages_and_returns: neither 1 nor 2, as the reference's train_actor)
     3. num_steps_per_rollout optimizer steps of global_batch_size rows: actor_loss with the Reducer's global
@@ -30,6 +31,7 @@ from .batch import TokenBatch, make_batch, per_token
 from .engine import LossFn, Piece, RolloutTensors, StepShape, TrainEngine
 from .perf import PhaseTimer, perf_metrics
 from .protocol import TrainOutput
+from .teacher import HttpTeacher
 from .schedule import learning_rate
 from .train_dump import save_train_data
 
@@ -47,6 +49,7 @@ class RLTrainer:
         self.timer, self.peak_tflops = PhaseTimer(), cfg.cluster.mfu_peak_tflops
         self.train_dump = cfg.misc.train_dump  # save_debug_train_data (or dump_details'): the path template, or None
         self.steps_done = 0
+        self.http_teacher = HttpTeacher.of(cfg.algo) if cfg.algo.use_opd and cfg.algo.opd_teacher_urls else None
         if cfg.algo.skip_actor_forward_only and not engine.dropout_free:
             raise ValueError("skip_actor_forward_only takes logp_old from the step's own train-mode forward, which "
                              "differs from the old policy's under dropout: use a model without dropout (attention_dropout, "
@@ -122,17 +125,24 @@ class RLTrainer:
                 old = engine.log_probs("actor", batch)
         with self.timer.phase("ref_log_probs", when="ref" in engine.roles):
             ref = engine.log_probs("ref", batch)
-        with self.timer.phase("teacher_log_probs", when="teacher" in engine.roles):
-            teacher = self._teacher_log_probs(batch, samples)
+        teacher, opd_kl = None, None
+        with self.timer.phase("teacher_log_probs", when="teacher" in engine.roles or self.http_teacher is not None):
+            if self.algo.use_opd and self.algo.opd_log_prob_top_k:
+                opd_kl = engine.opd_topk_reverse_kl(batch, samples, self.http_teacher)  # [N, T]
+            else:
+                teacher = self._teacher_log_probs(batch, samples)
         return RolloutTensors(old=old, ref=ref, teacher=teacher, values=engine.values(batch),
-                              entropy=entropy)
+                              entropy=entropy, opd_kl=opd_kl)
 
     def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
-        """OPD: from the teacher (model or engine), else from the samples' teacher_log_probs; None without OPD."""
+        """OPD: from the teacher (model or engine), the HTTP teachers (opd_teacher_urls), else from the samples'
+        teacher_log_probs; None without OPD."""
         if "teacher" in self.engine.roles:
             return self.engine.log_probs("teacher", batch)
         if not self.algo.use_opd:
             return None
+        if self.http_teacher is not None:
+            return self.http_teacher.log_probs(batch, samples).to(self.engine.device)
         try:
             return per_token(samples, "teacher_log_probs", batch.loss_mask.shape[1]).to(self.engine.device)
         except ValueError as e:
@@ -147,7 +157,7 @@ class RLTrainer:
             rewards=torch.tensor(rewards, dtype=torch.float, device=device),
             group_index=torch.tensor([s.group_index for s in samples], device=device),
             loss_mask=batch.loss_mask, old_log_probs=tensors.old, ref_log_probs=tensors.ref,
-            values=tensors.values, teacher_log_probs=tensors.teacher,
+            values=tensors.values, teacher_log_probs=tensors.teacher, opd_reverse_kl=tensors.opd_kl,
         )
         tensors.adv, tensors.returns, adv_metrics = compute_advantages(self.algo, adv_in)
         return adv_metrics
@@ -190,7 +200,7 @@ class RLTrainer:
             inputs = LossInputs(
                 log_probs=piece.log_probs, old_log_probs=cut(tensors.old), advantages=cut(tensors.adv),
                 loss_mask=piece.loss_mask, entropy=piece.entropy, rollout_log_probs=piece.rollout_log_probs,
-                ref_log_probs=cut(tensors.ref), teacher_log_probs=cut(tensors.teacher),
+                ref_log_probs=cut(tensors.ref), teacher_log_probs=cut(tensors.teacher), opd_reverse_kl=cut(tensors.opd_kl),
                 response_lengths=[response_lengths[i] for i in rows], total_lengths=[total_lengths[i] for i in rows],
             )
             return actor_loss(self.loss_algo, inputs, reduce)

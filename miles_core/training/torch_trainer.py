@@ -17,7 +17,7 @@ import torch
 
 from miles_core.config import TrainConfig
 
-from .batch import TokenBatch, forward_only, prompt_units, response_log_probs
+from .batch import TokenBatch, forward_only, prompt_units, response_log_probs, response_logits
 from .critic import Critic, build_critic, response_values
 from .data_parallel import SingleProcess, as_float
 from .engine import LossFn, Piece, RolloutTensors
@@ -25,7 +25,7 @@ from .lora import AdapterView, NoAdapters
 from .precision import Precision
 from .rl_step import RLTrainer
 from .schedule import reset_adam_state
-from .teacher import Teacher
+from .teacher import Teacher, TopK
 
 
 class TorchEngine:
@@ -99,6 +99,23 @@ class TorchEngine:
         with self.precision.autocast():
             logp = forward_only(fn, batch, self.micro_batch_size)
         return logp, torch.cat(entropies)
+
+    @torch.no_grad()
+    def opd_topk_reverse_kl(self, batch: TokenBatch, samples: list, teacher=None) -> torch.Tensor:
+        """Top-k OPD's kl [N, T] (algorithms/opd.py): per micro-batch, the old policy's full distribution
+        log_softmax(logits / T) [n, t, V] handed to ``teacher`` (default: this engine's own teacher model)."""
+        teacher = teacher or self.teacher
+        topk = TopK.of(self.algo)
+        self.model.eval()
+        T, parts = batch.loss_mask.shape[1], []
+        for s in range(0, len(batch), self.micro_batch_size):
+            piece = batch.slice(s, s + self.micro_batch_size)
+            with self.precision.autocast():
+                logits = response_logits(self.model, piece)
+            student = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # [n, t, V]
+            kl = teacher.topk_kl(student, piece, samples[s : s + self.micro_batch_size], topk)  # [n, t]
+            parts.append(torch.nn.functional.pad(kl, (0, T - kl.shape[1])))
+        return torch.cat(parts)
 
     def log_probs(self, role: str, batch: TokenBatch) -> torch.Tensor | None:
         if role == "teacher":

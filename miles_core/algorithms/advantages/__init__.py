@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from miles_core.config.algo import AlgoConfig
 
-from ..opd import apply_opd
+from ..opd import apply_opd, sampled_token_kl
 from ..ops import masked_mean, masked_whiten
 from .base import AdvantageInputs, Estimator, EstimatorResult, group_normalize, normalized_rewards
 from .grpo import grpo_advantages
@@ -40,11 +40,14 @@ def compute_advantages(algo: AlgoConfig, inputs: AdvantageInputs) -> EstimatorRe
     advantages, returns, metrics = estimator(algo, inputs)
     mask = inputs.loss_mask
     if algo.use_opd:
-        if inputs.teacher_log_probs is None:
-            raise ValueError("use_opd is set but AdvantageInputs.teacher_log_probs is None; score the teacher first")
-        advantages, opd_metrics = apply_opd(
-            advantages, inputs.old_log_probs, inputs.teacher_log_probs, mask, algo.opd_kl_coef
-        )
+        if inputs.opd_reverse_kl is not None:  # top-k OPD (opd_log_prob_top_k): the estimate, precomputed
+            reverse_kl = inputs.opd_reverse_kl
+        elif inputs.teacher_log_probs is not None:
+            reverse_kl = sampled_token_kl(inputs.old_log_probs, inputs.teacher_log_probs)
+        else:
+            raise ValueError("use_opd is set but AdvantageInputs has neither teacher_log_probs nor opd_reverse_kl; "
+                             "score the teacher first")
+        advantages, opd_metrics = apply_opd(advantages, reverse_kl, mask, algo.opd_kl_coef)
         metrics |= opd_metrics
     if algo.normalize_advantages:
         advantages = masked_whiten(advantages, mask)

@@ -34,7 +34,8 @@ class AdvantageInputs:
     old_log_probs: Tensor  # [N, T] old policy (trainer recompute, or rollout with use_rollout_logprobs)
     ref_log_probs: Tensor | None = None  # [N, T] needed only when kl_coef > 0
     values: Tensor | None = None  # [N, T] critic values (ppo)
-    teacher_log_probs: Tensor | None = None  # [N, T] (use_opd)
+    teacher_log_probs: Tensor | None = None  # [N, T] (use_opd, sampled-token)
+    opd_reverse_kl: Tensor | None = None  # [N, T] (use_opd with opd_log_prob_top_k: the top-k estimate, opd.py)
 
 
 EstimatorResult = tuple[Tensor, Tensor | None, dict[str, float]]

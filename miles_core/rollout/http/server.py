@@ -247,6 +247,7 @@ class EngineServer:
             rids = [f"{rid}-{i}" if rid else uuid.uuid4().hex for i in range(len(requests))]
         if len(rids) != len(requests):
             raise wire.WireError(f"{len(requests)} input_ids but {len(rids)} rids")
+        scoring = wire.parse_input_logprobs(body, requests, vocab)  # prefill-only scoring (OPD teachers), or None
         self.stats["requests_total"] += len(requests)
         self.stats["generate_calls"] += 1
         if self.fault is not None and self.fault.on == "generate" and self.stats["generate_calls"] > self.fault.after:
@@ -256,6 +257,11 @@ class EngineServer:
             if self.fault.mode == "hang":
                 return await self._hang()
             return _error(500, "injected fault (error)")
+        if scoring is not None:
+            fields = await self.batcher.run(self._score_inputs, requests, scoring)
+            version = self.engine.get_weight_version()
+            out = [wire.prefill_to_json(req, r, f, version) for req, r, f in zip(requests, rids, fields)]
+            return web.json_response(out if batched else out[0])
         t0 = time.perf_counter()
         results = await self.batcher.submit(requests, seeds, rids)
         latency = time.perf_counter() - t0
@@ -264,6 +270,13 @@ class EngineServer:
         out = [wire.result_to_json(res, wire.response_text(tok, res.output_ids, req.params), r, latency, return_logprob)
                for res, req, r in zip(results, requests, rids)]
         return web.json_response(out if batched else out[0])
+
+    def _score_inputs(self, requests: list[GenerateRequest], scoring: list[wire.InputLogprobs]) -> list[dict]:
+        """SGLang's input log-prob fields of each prefill-only request (models/scoring.py input_logprobs)."""
+        from miles_core.models.scoring import input_logprobs
+
+        return [input_logprobs(self.engine.model, r.input_ids, o.start, o.top_k, list(o.token_ids))
+                for r, o in zip(requests, scoring)]
 
     async def health_generate(self, request: web.Request) -> web.Response:
         """200 when the engine generates: a decode step within the timeout (busy), or a 1-token probe (idle)."""

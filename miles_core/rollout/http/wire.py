@@ -8,6 +8,13 @@ POST /generate body (SGLang native API; ``seed`` at the top level is ours)::
     sampling_params: temperature, top_p, top_k (-1 = off), max_new_tokens, stop, stop_token_ids,
                      sampling_seed (SGLang's name; the per-request seed), skip_special_tokens (the text only)
 
+Prefill-only scoring (what OPD teachers are asked, the reference's on_policy_distillation._score_payload):
+``sampling_params.max_new_tokens`` 0 (temperature 0 allowed: nothing is sampled), ``return_logprob`` and
+``logprob_start_len`` >= 0, optionally ``top_logprobs_num`` (int) and ``token_ids_logprob`` ([int] shared, or one list
+per request); the response has no output tokens and meta_info gains SGLang's ``input_token_logprobs``
+(``[[logprob | null, id, null], ...]``, null for token 0), ``input_top_logprobs`` and ``input_token_ids_logprobs``
+(per input token ``null`` or ``[[logprob, id, null], ...]``): parse_input_logprobs, models/scoring.py input_logprobs.
+
 Response: one object per request (a list when ``input_ids`` is a list of lists)::
 
     {"text": str, "output_ids": [int, ...],
@@ -35,6 +42,7 @@ Weight buckets (ours only): the body of POST /update_weights_from_tensor is a sa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -106,7 +114,7 @@ def params_from_json(d: dict[str, Any]) -> tuple[SamplingParams, int | None]:
         seed = None if seed is None else int(seed)
     except (TypeError, ValueError) as e:
         raise WireError(f"bad sampling_params {d}: {e}") from e
-    if params.temperature <= 0:
+    if params.temperature <= 0 and params.max_new_tokens > 0:  # 0 is SGLang's greedy; a prefill-only request samples nothing
         raise WireError(f"temperature={params.temperature}: must be > 0 (greedy decoding is not implemented by the HF engine)")
     if not 0 < params.top_p <= 1 or params.max_new_tokens < 0:
         raise WireError(f"bad sampling_params {d}: need 0 < top_p <= 1 and max_new_tokens >= 0")
@@ -139,6 +147,66 @@ def parse_generate(body: Any, vocab_size: int) -> tuple[list[GenerateRequest], l
         seeds.append(seed)
     top = body.get("seed")
     return requests, seeds, batched, None if top is None else int(top)
+
+
+@dataclass(frozen=True)
+class InputLogprobs:
+    """What a prefill-only request asks for (SGLang's GenerateReqInput): input log-probs from token ``start`` on
+    (logprob_start_len), the ``top_k`` most likely tokens of each position (top_logprobs_num) and the log-probs of
+    ``token_ids`` at each position (token_ids_logprob)."""
+
+    start: int
+    top_k: int = 0
+    token_ids: tuple[int, ...] = ()
+
+
+def _per_request(value: Any, n: int, name: str, nested: bool = False) -> list:
+    """A GenerateReqInput field given once for all requests or as one value per request."""
+    if value is None:
+        return [None] * n
+    per = value if isinstance(value, list) and (not nested or (value and isinstance(value[0], list))) else None
+    if per is None:
+        return [value] * n
+    if len(per) != n:
+        raise WireError(f"{n} input_ids but {len(per)} {name}")
+    return per
+
+
+def parse_input_logprobs(body: dict[str, Any], requests: list[GenerateRequest], vocab_size: int) -> list[InputLogprobs] | None:
+    """The prefill-only scoring a /generate body asks for (logprob_start_len >= 0 with return_logprob), one per
+    request, or None. This server scores input tokens only for prefill-only requests (max_new_tokens 0, the
+    reference's teacher scoring) and returns top / token-id log-probs of input positions only: anything else that
+    asks for them is a WireError, never a response without them."""
+    n = len(requests)
+    starts = _per_request(body.get("logprob_start_len"), n, "logprob_start_len")
+    tops = _per_request(body.get("top_logprobs_num"), n, "top_logprobs_num")
+    ids = _per_request(body.get("token_ids_logprob"), n, "token_ids_logprob", nested=True)
+    asked = any(s is not None and int(s) >= 0 for s in starts) and bool(body.get("return_logprob"))
+    extra = any(t for t in tops) or any(i for i in ids)
+    if not asked:
+        if extra:
+            raise WireError("top_logprobs_num / token_ids_logprob: this server returns them for prefill-only requests only "
+                            "(max_new_tokens 0, return_logprob, logprob_start_len >= 0), not output_top_logprobs")
+        return None
+    if any(r.params.max_new_tokens != 0 for r in requests) or any(r.lora_path is not None for r in requests):
+        raise WireError("logprob_start_len: this server returns input log-probs of prefill-only requests only "
+                        "(every sampling_params.max_new_tokens 0, no lora_path)")
+    out = []
+    for r, s, t, i in zip(requests, starts, tops, ids):
+        s, t, i = int(s if s is not None else 0), int(t or 0), tuple(int(x) for x in (i or ()))
+        if not 0 <= s < len(r.input_ids) or t < 0 or not all(0 <= x < vocab_size for x in i):
+            raise WireError(f"bad input log-probs request: logprob_start_len {s} (input of {len(r.input_ids)} tokens), "
+                            f"top_logprobs_num {t}, token_ids_logprob in [0, {vocab_size})")
+        out.append(InputLogprobs(start=s, top_k=t, token_ids=i))
+    return out
+
+
+def prefill_to_json(req: GenerateRequest, rid: str, fields: dict[str, list], weight_version: int) -> dict[str, Any]:
+    """The response to a prefill-only request (SGLang's shape: no text, no output tokens, finish_reason length 0)."""
+    meta = {"id": rid, "finish_reason": {"type": "length", "length": 0}, "prompt_tokens": len(req.input_ids),
+            "completion_tokens": 0, "cached_tokens": 0, "weight_version": str(weight_version), "e2e_latency": 0.0,
+            "output_token_logprobs": [], **fields}
+    return {"text": "", "output_ids": [], "meta_info": meta}
 
 
 # ---- responses --------------------------------------------------------------------------------

@@ -164,6 +164,10 @@ class MegatronEngine:
     def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
         return fn(batch, samples)  # every rank runs every row (the data-parallel split is in the optimizer steps)
 
+    def opd_topk_reverse_kl(self, batch: TokenBatch, samples: list, teacher=None) -> torch.Tensor:
+        raise NotImplementedError("opd_log_prob_top_k needs the old policy's full distribution, which the megatron "
+                                  "engine's vocab-parallel logits do not gather; use train_backend torch")
+
     def log_probs(self, role: str, batch: TokenBatch) -> torch.Tensor | None:
         stage = {"actor": self.model, "ref": self.ref_model, "teacher": self.teacher_model}[role]
         if stage is None:
