@@ -1,5 +1,5 @@
 """The algorithm recipes end to end through the real Prefect engine and a real MLflow SQLite store:
-PPO with a critic and GSPO learn on the tiny task, and so does GRPO in bf16 on both trainers; REINFORCE++ (reward-level KL), OPD (in-process
+PPO with a critic and GSPO learn on the tiny task, and so does GRPO in bf16; REINFORCE++ (reward-level KL), OPD (in-process
 teacher) and MIS run and log their own metrics. Eval is off to keep the file fast.
 """
 
@@ -72,16 +72,16 @@ def test_gspo_learns(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.usefixtures("prefect_harness")
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
-def test_tiny_learns_in_bf16_on_both_trainers(tmp_path, tiny_model_dir, backend):
-    """`miles train tiny --dtype bfloat16`: fp32 main weights in both trainers, bf16 engines (the Megatron trainer in
-    fp32 goes through the flow in tests/e2e/test_resume.py, and equals the torch trainer in tests/training/megatron_backend)."""
-    client, run_id = _train("tiny", tmp_path, num_rollout=NUM_LEARN, train_backend=backend, dtype="bfloat16")
+def test_tiny_learns_in_bf16(tmp_path, tiny_model_dir):
+    """`miles train tiny --dtype bfloat16`: fp32 main weights, bf16 engines. The Megatron trainer in bf16 goes through
+    the flow in tests/e2e/test_resume.py (the SIGINT case, to its uninterrupted run's metrics and this file's log-prob
+    bound), and its bf16 update of the fp32 main weights agrees with its fp32 one, which equals the torch trainer's, in
+    tests/training/megatron_backend (20 Megatron bf16 rollouts here cost ~110 s of suite time on 2 CPUs)."""
+    client, run_id = _train("tiny", tmp_path, num_rollout=NUM_LEARN, dtype="bfloat16")
     _learned(client, run_id, "tiny-bf16")
     params = client.get_run(run_id).data.params
     assert params["derived.trainer.main_dtype"] == "float32" and params["misc.dtype"] == "bfloat16"
-    chosen = {"torch": ("derived.trainer.autocast", "bfloat16"), "megatron": ("derived.trainer.layer_spec", "local")}[backend]
-    assert params[chosen[0]] == chosen[1]  # no CUDA here: the local spec, named in the run's params
+    assert params["derived.trainer.autocast"] == "bfloat16"
     diff = [v for _, v in _history(client, run_id, "train/train_rollout_logprob_abs_diff")]
     assert len(diff) == NUM_LEARN and max(diff) < BF16_ABS_DIFF  # bf16 engines sample from the weights trained
 
