@@ -8,8 +8,10 @@ parameter), so a typo fails in seconds naming the field:
   function, its parser, tool specs and execute function (rollout.multi_turn);
 - every extension point, by the one resolver (registry names first, else a dotted path):
   custom_rm_path, custom_reward_post_process_path, custom_rollout_log_function_path, buffer_filter_path,
-  custom_eval_rollout_log_function_path, rollout_sample_filter_path, dynamic_sampling_filter_path,
+  custom_eval_rollout_log_function_path, rollout_sample_filter_path, rollout_all_samples_process_path,
+  dynamic_sampling_filter_path,
   custom_loss_function_path, custom_tis_function_path, eval_function_path, the Megatron plugin hooks;
+- rollout_function_path (the reference's signature) and data_source_path (a class with its DataSource methods);
 - champion_metric against the metrics catalog; with train_backend megatron, the parallel sizes against
   the model's shape (its config.json).
 
@@ -46,6 +48,18 @@ def _multi_turn_rule(c: TrainConfig) -> None:
     from miles_core.rollout.multi_turn import check_multi_turn_config
 
     check_multi_turn_config(c)
+
+
+def _custom_rollout_rule(c: TrainConfig) -> None:
+    """rollout_function_path resolves to the reference's signature (or class form); data_source_path, unless one of the
+    reference's own, to a class with its DataSource methods."""
+    from miles_core.config.data import REFERENCE_DATA_SOURCES
+    from miles_core.rollout.custom_rollout import resolve_data_source, resolve_rollout_function
+
+    if c.rollout.rollout_function_path is not None:
+        resolve_rollout_function(c.rollout.rollout_function_path)
+    if c.data.data_source_path not in REFERENCE_DATA_SOURCES:
+        resolve_data_source(c.data.data_source_path)
 
 
 def _model_shape_rule(c: TrainConfig) -> None:
@@ -93,6 +107,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
         "buffer_filter_path": (r.buffer_filter_path, None),
         "custom_eval_rollout_log_function_path": (r.custom_eval_rollout_log_function_path, None),
         "rollout_sample_filter_path": (r.rollout_sample_filter_path, None),
+        "rollout_all_samples_process_path": (r.rollout_all_samples_process_path, None),
         "dynamic_sampling_filter_path": (r.dynamic_sampling_filter_path, FILTERS),
         "custom_loss_function_path": (a.custom_loss_function_path, LOSS_FUNCTIONS),
         "custom_tis_function_path": (a.custom_tis_function_path, TIS_FUNCTIONS),
@@ -110,7 +125,8 @@ def _extension_rule(c: TrainConfig) -> None:
 
 # in the order the config's own rules used to run them (rm_type before multi-turn before extension points)
 REGISTRY_RULES: tuple[Callable[[TrainConfig], None], ...] = (
-    _loss_rule, _rm_type_rule, _model_shape_rule, _champion_metric_rule, _multi_turn_rule, _extension_rule)
+    _loss_rule, _rm_type_rule, _model_shape_rule, _champion_metric_rule, _multi_turn_rule, _extension_rule,
+    _custom_rollout_rule)
 
 
 def check(c: TrainConfig, source: str = "config") -> TrainConfig:

@@ -8,11 +8,26 @@ from pydantic import Field
 
 from ._base import Group
 
+# data_source_path: the reference's own data sources (miles/rollout/data_source.py) -> read-only (no add_samples); both are
+# miles' data source here (rollout/custom_rollout.py)
+REFERENCE_DATA_SOURCES = {"miles.rollout.data_source.RolloutDataSourceWithBuffer": False,
+                          "miles.rollout.data_source.RolloutDataSource": True}
+
 
 class DataConfig(Group):
     """The prompt dataset: its file, row keys, chat template, shuffling and epochs."""
 
     prompt_data: str | None = Field(None, description="Prompt dataset: a jsonl or parquet path, optionally sliced as path@[start:end]; builtin://<name> for a generated task.")
+    disable_rollout_global_dataset: bool = Field(
+        False, description="No prompt dataset: prompt_data is not loaded (and must not be set), data_source.get_samples hands out "
+                           "groups of empty Samples (numbered on), and a rollout_function_path function makes the prompts; "
+                           "num_rollout is then required.")
+    data_source_path: str = Field(
+        "miles.rollout.data_source.RolloutDataSourceWithBuffer",
+        description="The data source a rollout_function_path function gets: the reference's RolloutDataSourceWithBuffer "
+                    "(default) or RolloutDataSource (no add_samples) are miles' own over prompt_data (its state saved in every "
+                    "checkpoint); another dotted path names a class built with (args) that has get_samples(n), add_samples, "
+                    "save(rollout_id) and load(rollout_id), called at each checkpoint save and resume.")
     input_key: str = Field("input", description="Row key of the prompt.")
     label_key: str | None = Field("label", description="Row key of the label (None: no label).")
     metadata_key: str = Field("metadata", description="Row key of the per-sample metadata dict.")

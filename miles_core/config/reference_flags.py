@@ -125,12 +125,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "num_gpus_per_node": "it places SGLang engines' GPUs within a node (the reference's sglang_engine.py); miles places "
                          "engines by rollout_num_gpus and rollout_num_gpus_per_engine bundles",
     "fully_async": "use async_mode: fully (the reference's train_async.py --fully-async)",
-    "rollout_function_path": "the reference's whole-rollout function (args, rollout_id, data_source, evaluation) drives its "
-                             "RolloutDataSource (get_samples / add_samples) and returns its RolloutFnTrainOutput; miles' "
-                             "generate loop (groups, dynamic sampling, partial rollout, fully async, checkpointed cursor) is "
-                             "not replaceable: custom_generate_function_path replaces the per-sample generation "
-                             "(docs/guide/multi-turn.md), dynamic_sampling_filter_path the group filter, buffer_filter_path "
-                             "the buffered groups' order",
     "model_name": "it picks the reference's Megatron-to-HF converter by name; miles maps tensor names by config.json's "
                   "model_type (miles_core/training/megatron/model_args.py FAMILIES) and an override is not supported",
     "custom_async_data_buffer_path": "the reference's DataBuffer class (async put / get on its event loop, built from "
@@ -151,11 +145,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                             "(<run_dir>/rollouts/<id>.pt); choosing a store (the reference's ray / mooncake) is not supported",
     "mooncake_store_init_kwargs": "the Mooncake object store is not supported (rollouts go through Ray's own store)",
     "mooncake_replica_num": "the Mooncake object store is not supported (rollouts go through Ray's own store)",
-    "disable_rollout_global_dataset": "prompt_data is required: the reference's mode without a global dataset feeds prompts "
-                                      "from a whole-rollout function (rollout_function_path), which is not supported",
-    "data_source_path": "the reference's data-source class (get_samples / add_samples / save / load on its args) has no "
-                        "counterpart: the data source is miles_core/data/source.py (cursor and partial-rollout buffer saved "
-                        "in every checkpoint); buffer_filter_path picks the buffered groups",
     "multimodal_keys": "no multimodal inputs: prompts are text or chat messages and the engines take token ids only",
     "allow_partial_train_step": "a rollout here always fills its steps exactly (rollout_batch_size * n_samples_per_prompt = "
                                 "global_batch_size * num_steps_per_rollout, checked at load; dynamic sampling keeps exactly "
@@ -181,9 +170,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "use_dynamic_global_batch_size": "the global batch is fixed by the batch invariant (rollout_batch_size * "
                                      "n_samples_per_prompt = global_batch_size * num_steps_per_rollout); one that follows "
                                      "the samples a rollout kept is not supported",
-    "rollout_all_samples_process_path": "the reference passes its RolloutDataSource (get_samples / add_samples) beside every "
-                                        "group dynamic sampling examined; miles' data source has another interface "
-                                        "(miles_core/data/source.py), so a ported function could not use it: not supported yet",
     "max_seq_len": "the reference's session server caps an agent's collected sequence with it; here rollout_max_context_len "
                    "caps prompt + response of every sample",
     "use_mlflow": "MLflow is miles' primary tracker, always on (params, metrics, the checkpoints' run id), so the reference's "

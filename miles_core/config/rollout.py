@@ -130,6 +130,17 @@ class RolloutConfig(Group):
         None, description="Dotted path of fn(args, data) -> None, the reference's: called with each rollout's groups "
                           "(list[list[Sample]]) once generated and scored; a sample it marks sample.remove_sample = True "
                           "gets loss mask 0 (still in the group's advantage normalization and the rollout metrics).")
+    rollout_function_path: str | None = Field(
+        None, description="Dotted path of the reference's whole-rollout function fn(args, rollout_id, data_source, evaluation=False) "
+                          "-> list[list[Sample]] or RolloutFnTrainOutput (or a class built with RolloutFnConstructorInput and "
+                          "called with RolloutFnTrainInput): it replaces miles' generate loop; data_source.get_samples(n) hands "
+                          "out groups of the run's prompts, args.sglang_router_ip / port is an SGLang /generate endpoint over "
+                          "the run's engines; it returns rollout_batch_size groups of n_samples_per_prompt finished samples "
+                          "(docs/guide/customization.md).")
+    rollout_all_samples_process_path: str | None = Field(
+        None, description="Dotted path of fn(args, all_samples, data_source), the reference's: called after each rollout of miles' "
+                          "generate loop with every group dynamic sampling examined (kept and dropped, in group order) and the "
+                          "run's data source (data_source.add_samples(groups) hands groups to the next rollout).")
     custom_eval_rollout_log_function_path: str | None = Field(
         None, description="Dotted path of fn(rollout_id, args, data, extra_metrics) -> bool, the reference's signature, called "
                           "after each eval's datasets are generated and scored (data: {dataset: {rewards, truncated, samples}}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .algo import parse_teacher_urls
+from .data import REFERENCE_DATA_SOURCES
 
 if TYPE_CHECKING:
     from .train import TrainConfig
@@ -202,11 +203,55 @@ def _rollout_rules(c: "TrainConfig") -> None:
         raise ValueError("group_rm needs custom_rm_path (a function scoring a whole group)")
     if not r.custom_rm_path and r.rm_type.removeprefix("boxed_") == "remote_rm" and not r.rm_url:
         raise ValueError("rm_type remote_rm needs rm_url")
-    for name in ("mask_offpolicy_in_partial_rollout", "buffer_filter_path"):
-        if getattr(r, name) not in (None, False) and not r.partial_rollout:
-            raise ValueError(f"{name} applies to the groups partial_rollout buffers; set partial_rollout: true or drop it")
-    if c.data.prompt_data is None:
-        raise ValueError("prompt_data is required: a jsonl/parquet path (optionally path@[a:b]) or builtin://<task>")
+    if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
+        raise ValueError("mask_offpolicy_in_partial_rollout applies to the groups partial_rollout buffers; set partial_rollout: "
+                         "true or drop it")
+    if r.buffer_filter_path and not (r.partial_rollout or r.rollout_function_path or r.rollout_all_samples_process_path):
+        raise ValueError("buffer_filter_path applies to the groups partial_rollout buffers (or a rollout_function_path / "
+                         "rollout_all_samples_process_path function's, data_source.add_samples); set one or drop it")
+    if c.data.prompt_data is None and not c.data.disable_rollout_global_dataset:
+        raise ValueError("prompt_data is required: a jsonl/parquet path (optionally path@[a:b]) or builtin://<task> (or "
+                         "disable_rollout_global_dataset with a rollout_function_path function that makes the prompts)")
+    _custom_rollout_rules(c)
+
+
+LOOP_FIELDS = ("custom_generate_function_path", "dynamic_sampling_filter_path", "over_sampling_batch_size", "partial_rollout",
+               "rollout_sample_filter_path", "rollout_all_samples_process_path")
+
+
+def _custom_rollout_rules(c: "TrainConfig") -> None:
+    """rollout_function_path replaces miles' generate loop (rollout/custom_rollout.py); what configures that loop is refused
+    beside it, and what needs it is refused without it."""
+    r, d = c.rollout, c.data
+    fn = r.rollout_function_path
+    if d.disable_rollout_global_dataset:
+        if fn is None:
+            raise ValueError("disable_rollout_global_dataset leaves miles' generate loop without prompts: it needs a "
+                             "rollout_function_path function that makes them")
+        if d.prompt_data is not None:
+            raise ValueError("disable_rollout_global_dataset loads no prompt dataset: drop prompt_data (or the flag)")
+        if r.num_rollout is None or d.num_epoch != 1:
+            raise ValueError("disable_rollout_global_dataset: without a dataset there are no epochs; set num_rollout (and drop "
+                             "num_epoch)")
+    if d.data_source_path not in REFERENCE_DATA_SOURCES and fn is None:
+        raise ValueError(f"data_source_path {d.data_source_path} is handed to a rollout_function_path function; miles' generate "
+                         "loop draws from its own data source: set rollout_function_path or drop data_source_path")
+    if (fn or r.rollout_all_samples_process_path) and (r.async_mode == "fully" or c.misc.train_only):
+        name = "rollout_function_path" if fn else "rollout_all_samples_process_path"
+        why = "async_mode fully generates in miles' background worker" if r.async_mode == "fully" else \
+            "debug_train_only / load_debug_rollout_data generate nothing"
+        raise ValueError(f"{name} is not supported with this run: {why}; drop one of them")
+    if fn is None:
+        return
+    loop = [f for f in LOOP_FIELDS if getattr(r, f) not in (None, False)]
+    if loop:
+        raise ValueError(f"{', '.join(loop)} configure miles' generate loop, which rollout_function_path replaces (the "
+                         "reference's built-in generate_rollout reads them; your function gets them in args if set under "
+                         "another name): drop them")
+    if c.eval.enabled and c.eval.eval_function_path is None:
+        raise ValueError("rollout_function_path with eval datasets: the reference evaluates with the rollout function "
+                         "(evaluation=True), which miles does not call for eval; set eval_function_path (default: miles' "
+                         "built-in eval) or drop eval_prompt_data / eval_config")
 
 
 def _runtime_rules(c: "TrainConfig") -> None:

@@ -51,7 +51,10 @@ def load_run_data(cfg: TrainConfig) -> RunData:
     tokenizer = with_chat_template(AutoTokenizer.from_pretrained(model_path), cfg.data.chat_template_path)
     context = context_len(cfg, model_path)
     spec = prompt_spec(cfg, context=context)
-    prompts, dropped = load_prompts(resolve_data_path(cfg.data.prompt_data), tokenizer, spec)
+    if cfg.data.disable_rollout_global_dataset:  # the rollout function makes its prompts (custom_rollout.py)
+        prompts, dropped = [], 0
+    else:
+        prompts, dropped = load_prompts(resolve_data_path(cfg.data.prompt_data), tokenizer, spec)
     if dropped:  # once per run, with the count (also the run's dropped_prompts param)
         logger.warning("dropped %d of %d prompts longer than %d tokens (%s)", dropped, dropped + len(prompts),
                        spec.max_prompt_len, spec.max_prompt_len_reason)

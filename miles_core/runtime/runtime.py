@@ -23,6 +23,7 @@ from miles_core.data import DataSource, Sample
 from miles_core.evaluation import EvalSuite, PointResult, SnapshotEvaluator, load_hf_engine, run_on_engine
 from miles_core.rewards import RewardOptions, reward_value
 from miles_core.rollout.fleet import EngineFleet, WeightSource
+from miles_core.rollout.custom_rollout import RolloutDataSourceWithBuffer, RolloutFunction, make_data_source, run_rollout_function
 from miles_core.rollout.fully_async import FullyAsyncWorker
 from miles_core.rollout.generate import Rollout, RolloutSpec, generate_rollout
 from miles_core.resolve import reference_args, resolve
@@ -74,6 +75,8 @@ class Runtime:
         self._async_worker: FullyAsyncWorker | None = None
         self._taken: dict[int, tuple[list, dict]] = {}  # fully async: groups taken per rollout id (a retried task reuses them)
         self._accept_rollout: int | None = None  # one_step resume: the prefetched rollout file the checkpoint counts on
+        self._reference_source = None  # the data source in the reference's interface (custom_rollout.py), built when first used
+        self._rollout_fn: RolloutFunction | None = None
         m = cfg.misc
         self.metric_checker = (ci_checks.MetricChecker(m.ci_metric_checker_key, m.ci_metric_checker_threshold)
                                if m.ci_test and m.ci_metric_checker_key is not None else None)
@@ -91,6 +94,20 @@ class Runtime:
     @property
     def source(self) -> DataSource:
         return self.data.source
+
+    def reference_source(self):
+        """The data source a rollout_function_path or rollout_all_samples_process_path function gets (data_source_path)."""
+        if self._reference_source is None:
+            c = self.cfg
+            self._reference_source = make_data_source(c.data.data_source_path, self.source, c.rollout.n_samples_per_prompt,
+                                                      not c.data.disable_rollout_global_dataset, self.reference_args())
+        return self._reference_source
+
+    def reference_args(self):
+        """A custom function's ``args``: the config under the reference's names, save / load the run's checkpoint dirs."""
+        args = reference_args(**flat_reference_args(self.cfg))
+        args.save, args.load = str(self.cfg.save_dir), str(self.cfg.load_dir)
+        return args
 
     @property
     def engine(self):
@@ -154,12 +171,21 @@ class Runtime:
             rollout = Rollout(rollout_id, [s for g in groups for s in g], dict(async_metrics))
         elif self.cfg.misc.train_only:
             rollout = Rollout(rollout_id, self._recorded(rollout_id))
+        elif r.rollout_function_path is not None:
+            if self._rollout_fn is None:
+                self._rollout_fn = RolloutFunction(r.rollout_function_path, self.reference_args(), self.reference_source())
+            rollout = run_rollout_function(self._rollout_fn, self.engine, self.tokenizer, self.rollout_spec(), self.data.rewards,
+                                           rollout_id, version, self.decode)
+            rollout = self._maybe_inject(rollout)
         else:
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
             rollout = self._maybe_inject(rollout)
         dt = time.perf_counter() - t0
         if r.rollout_sample_filter_path is not None:
             self._filter_samples(rollout.samples)
+        if r.rollout_all_samples_process_path is not None and rollout.examined:
+            fn = resolve(r.rollout_all_samples_process_path, what="rollout_all_samples_process_path")
+            fn(self.reference_args(), rollout.examined, self.reference_source())
         m = self.cfg.misc
         if m.rollout_dump is not None:
             debug_data.save_rollout(m.rollout_dump, rollout.samples, rollout_id, m.trajectory_dump)
@@ -246,6 +272,8 @@ class Runtime:
             if self.cfg.misc.ci_test and self.cfg.misc.ci_save_model_hash:
                 state["model_hash"] = ci_checks.model_hashes(self.trainer.named_tensors())
             self.trainer.save(self.cfg.save_dir, rollout_id, state)
+            if self._user_source() is not None:  # data_source_path: the user's class saves its own state, as the reference's
+                self._user_source().save(rollout_id)
         self.rollouts.prune(rollout_id)
         return {"perf/save_model_time": time.perf_counter() - t0}
 
@@ -258,11 +286,20 @@ class Runtime:
             ci_checks.compare_model_hashes(meta.get("model_hash"), ci_checks.model_hashes(self.trainer.named_tensors()),
                                            f"{self.cfg.load_dir} (rollout {meta['rollout_id']})")
         self.source.load_state_dict(meta["data_source"])
+        if self._user_source() is not None:
+            self._user_source().load(meta["rollout_id"])
         self.weight_version = meta["weight_version"]
         self.last_trained = meta["rollout_id"]
         self.restore_async(meta)
         self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
+
+    def _user_source(self):
+        """The data_source_path class's object (None when the data source is ours), once a rollout function is used."""
+        if self.cfg.rollout.rollout_function_path is None:
+            return None
+        src = self.reference_source()
+        return None if isinstance(src, RolloutDataSourceWithBuffer) else src
 
     # ---- 5. weight sync ----------------------------------------------------------------------------
     def sync_weights(self) -> dict[str, float]:
