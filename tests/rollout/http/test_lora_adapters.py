@@ -177,3 +177,26 @@ def test_a_sync_whose_engine_refuses_the_checksums_fails_naming_the_tensor(base,
             sync.sync(Corrupting(lambda: []), router, 8)  # other tensors (the engine hashes what it got itself)
         assert router.slots[0].client.get_weight_version() == 7  # the engine kept its version
         assert not router.slots[0].healthy  # and left the router, as after any failed sync (restarted at the next)
+
+
+def test_the_in_process_adapter_sync_checks_the_digests_too(base, tokenizer, monkeypatch):
+    """The local runtime's path (InProcessFleet, check_lora_weight_equal): the same check on the engine in process."""
+    from miles_core.rollout.adapters import AdapterError
+    from miles_core.rollout.fleet import InProcessFleet
+    from miles_core.weights import disk
+
+    adapted = _peft(base, seed=6)
+    engine = HFEngine(copy.deepcopy(base), tokenizer, batching="exact")
+    fleet = InProcessFleet(engine, 1 << 20, lora_adapter=True, check_adapter=True)
+
+    class Source:
+        def adapter(self):
+            return _payload(adapted)
+
+    fleet.update_weights(Source(), 1)
+    assert _greedy(fleet.engine) == _greedy(HFEngine(copy.deepcopy(adapted).merge_and_unload(), tokenizer, batching="exact"))
+    honest = disk.adapter_checksums
+    monkeypatch.setattr(disk, "adapter_checksums", lambda named: honest([(n, t * 2) for n, t in named]))
+    with pytest.raises(AdapterError, match="failed its checksum check"):
+        fleet.update_weights(Source(), 2)
+    assert engine.weight_version == 1
