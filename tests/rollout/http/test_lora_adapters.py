@@ -7,6 +7,7 @@ expected_checksums (check_lora_weight_equal) refuses an adapter that is not the 
 from __future__ import annotations
 
 import copy
+import json
 
 import httpx
 import pytest
@@ -38,8 +39,6 @@ def _peft(base, seed: int):
 
 def _payload(peft_model) -> tuple[dict, list[tuple[str, torch.Tensor]]]:
     """(adapter_config.json, adapter_model.safetensors' tensors) of a PEFT model, as the trainer's adapter_tensors gives."""
-    import json
-
     from peft import get_peft_model_state_dict
 
     config = json.loads(json.dumps(peft_model.peft_config["default"].to_dict(), default=sorted))
@@ -136,8 +135,7 @@ def test_the_adapter_sync_by_disk_loads_each_versions_dir_and_serves_the_senders
     sync = WeightSync("disk", 1 << 20, tmp_path / "weight_sync", lora_adapter=True)
     calls: list[Call] = []
     client = HTTPEngineClient(served.url, timeout_s=30.0)
-    client._http.event_hooks["request"].append(
-        lambda r: calls.append(Call(r.method, r.url.path, __import__("json").loads(r.read() or b"null"))))
+    client._http.event_hooks["request"].append(lambda r: calls.append(Call(r.method, r.url.path, json.loads(r.read() or b"null"))))
     try:
         with EngineRouter([client]) as router:
             for version, model in enumerate(adapters, start=1):
