@@ -43,8 +43,9 @@ class InProcessFleet:
     """One engine in this process; weights are copied from the trainer's tensors (tensor mode). ``lora_adapter``
     (lora_sync_from_tensor): syncs load the adapter alone and every request runs through it (weights/sync.py)."""
 
-    def __init__(self, engine: RolloutEngine, bucket_bytes: int, lora_adapter: bool = False):
+    def __init__(self, engine: RolloutEngine, bucket_bytes: int, lora_adapter: bool = False, check_adapter: bool = False):
         self._engine, self.bucket_bytes, self.lora_adapter = engine, bucket_bytes, lora_adapter
+        self.check_adapter = check_adapter  # check_lora_weight_equal: the engine checks each adapter's sha256 per tensor
 
     @property
     def engine(self) -> RolloutEngine:
@@ -63,7 +64,7 @@ class InProcessFleet:
         from miles_core.weights.sync import sync_adapter, sync_weights
 
         if self.lora_adapter:
-            return sync_adapter(source.adapter(), [self._engine], version)
+            return sync_adapter(source.adapter(), [self._engine], version, check=self.check_adapter)
         return sync_weights(source.tensors(), [self._engine], version, self.bucket_bytes)
 
     @property

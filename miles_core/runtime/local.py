@@ -30,7 +30,8 @@ def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
     from miles_core.rollout.hf_engine import HFEngine
 
     engine = HFEngine.from_pretrained(data.model_path, cfg.misc.dtype, cfg.cluster.device, tokenizer=data.tokenizer)
-    return InProcessFleet(engine, cfg.cluster.update_weight_buffer_size, lora_adapter=cfg.lora.lora_sync_from_tensor)
+    return InProcessFleet(engine, cfg.cluster.update_weight_buffer_size, lora_adapter=cfg.lora.lora_sync_from_tensor,
+                          check_adapter=cfg.misc.check_lora_weight_equal)
 
 
 ENGINE_FLEETS = {"hf": hf_engine_fleet}

@@ -55,7 +55,7 @@ def test_reference_metrics_we_do_not_log_are_explained():
 
 @pytest.mark.parametrize("key, value, match", [
     ("use_routing_replay", True, "not supported yet: MoE routing replay"),
-    ("multi_lora_n_adapters", 2, "a LoRA option not supported yet: miles trains one LoRA adapter"),
+    ("multi_lora_n_adapters", 2, "not supported yet: miles trains one adapter per run"),
     ("dumper_enable", True, "not supported yet: SGLang.s tensor dumper"),
     ("use_miles_dashboard", True, "not supported yet: the reference.s own dashboard"),
 ])
