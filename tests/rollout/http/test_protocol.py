@@ -104,7 +104,8 @@ def test_the_server_serves_sglang_routes_and_our_short_list_only():
     assert route_problems(served) == []
     assert {p for _, p in served} - set(protocol()["routes"]) == set(OUR_ROUTES)
     grown = served + [(("GET",), "/get_weight_version")]
-    assert route_problems(grown) == ["/get_weight_version: not an SGLang 0.5.23 route, nor one of ours ['/debug/fail']"]
+    assert route_problems(grown) == ["/get_weight_version: not an SGLang 0.5.23 route, nor one of ours "
+                                     "['/debug/fail', '/pull_weights']"]
 
 
 def test_the_session_rule_answers_with_sglang_messages(start_server):
