@@ -2,7 +2,7 @@
 frozen base (torch: miles_core/training/lora.py; Megatron: miles_core/training/megatron/lora.py; docs/guide/lora.md).
 
 One adapter, merged into the engines' weights at every sync; or sent alone to engines that serve it unmerged
-(``lora_sync_from_tensor``); or never (``lora_train_only``: the engines stay on the base). ``lora_base_cpu_backup`` is
+(``lora_sync_from_tensor``: as tensors, or by disk as a PEFT dir; ``check_lora_weight_equal`` in misc.py checks it); or never (``lora_train_only``: the engines stay on the base). ``lora_base_cpu_backup`` is
 kept under its name and refused when set (rules.NOT_SUPPORTED); the multi-LoRA flags are refused by
 config/reference_flags.py.
 """
@@ -59,10 +59,11 @@ class LoraConfig(Group):
     lora_adapter_path: str | None = Field(None, description="Start from this PEFT adapter directory (adapter_config.json, "
                                           "adapter_model.safetensors; e.g. a miles export's adapter/), trained further; its "
                                           "rank, alpha and modules must be this config's.")
-    lora_sync_from_tensor: bool = Field(False, description="Sync the adapter alone (its tensors and adapter_config.json, SGLang's "
-                                        "/load_lora_adapter_from_tensors) to engines that serve it unmerged, every request "
-                                        "through it (SGLang's lora_path), instead of the merged weights. Torch trainer, "
-                                        "rollout_engine hf, not colocated (docs/guide/lora.md).")
+    lora_sync_from_tensor: bool = Field(False, description="Sync the adapter alone to engines that serve it unmerged, every "
+                                        "request through it (SGLang's lora_path), instead of the merged weights: its tensors "
+                                        "(SGLang's /load_lora_adapter_from_tensors; our server only), or with "
+                                        "update_weight_mode disk a PEFT dir the engines read (SGLang's /load_lora_adapter; "
+                                        "what rollout_engine sglang needs). Torch trainer, not colocated (docs/guide/lora.md).")
     lora_train_only: bool = Field(False, description="Train the adapters but keep the engines on the frozen base: every sync sends "
                                   "the base weights, never the adapters (the reference's: rollouts sample the base policy). "
                                   "Torch trainer.")

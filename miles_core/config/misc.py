@@ -84,6 +84,11 @@ class MiscConfig(Group):
     check_weight_update_allow_quant_error: bool = Field(
         False, description="Let quantized tensors differ by 1 ULP of their dtype (passed to SGLang's checker; the HF "
                            "engine's tensors are not quantized, so it compares exactly either way).")
+    check_lora_weight_equal: bool = Field(
+        False, description="Check every adapter sync (lora_sync_from_tensor, the adapter sent as tensors): the trainer sends "
+                           "a sha256 of each adapter tensor (SGLang's expected_checksums) and the engine refuses a load whose "
+                           "tensors do not hash to them, a name missing or extra; the sync fails naming them. The LoRA "
+                           "counterpart of check_weight_update_equal (docs/guide/lora.md).")
     # ---- the reference's ci group: the checks its CI runs (docs/guide/debugging.md)
     ci_test: bool = Field(
         False, description="Run the reference's CI checks: the first optimizer step of each rollout is on-policy (|train/ppo_kl| < 1e-9, "

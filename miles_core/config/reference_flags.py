@@ -216,8 +216,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                     "the reference's forward/backward witness parameters (Megatron model patches) are not implemented"),
     "ci_ft_test_actions": "the reference's fault-tolerant train cells are not part of miles; fault injection is "
                           "MILES_FAULT_INJECT (miles_core/faults.py) and the engines' /debug/fail",
-    "check_lora_weight_equal": "the engines get the merged weights (base + scaled BA), not an adapter, so there is no "
-                               "adapter manifest to check; check_weight_update_equal checks the merged weights",
     "env_report": "the reference's launcher report (pip inspect and git state per actor, into the W&B config) is not "
                   "collected; miles logs its config and derived values as MLflow params",
     "debug_deterministic_collective": "the reference's det_nccl process-group backend is not implemented; the collectives "
@@ -251,8 +249,28 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                            "--disaggregation-mode stays null) and miles' router has no prefill/decode pairing",
     "padded_vocab_size": "the megatron trainer derives it (ModelArgs.padded_for: the HF vocab_size rounded up to a "
                          "multiple of tensor_model_parallel_size, the extra rows masked); an explicit size is not read: drop it",
-    "no_sglang_lora_use_virtual_experts": "SGLang LoRA on MoE experts is not built: miles syncs merged weights to the "
-                                          "engines, never LoRA adapters on virtual experts",
+    "no_sglang_lora_use_virtual_experts": "it picks how SGLang serves LoRA on MoE experts, and miles trains no expert "
+                                          "adapters: the Megatron trainer refuses LoRA on MoE models and the torch trainer "
+                                          "targets the decoder's dense linear layers, so an adapter sync never carries one",
+    # LoRA (the group's other flags are honoured: config/lora.py); the multi-LoRA service is a later issue
+    "experts_shared_outer_loras": "grouped-expert LoRA (gate_up lora_A and down lora_B shared across experts) needs "
+                                  "adapters on MoE experts, which neither trainer builds (the Megatron trainer refuses LoRA "
+                                  "on MoE models; the torch trainer adapts dense linear layers only)",
+    "multi_lora_n_adapters": "miles trains one adapter per run (lora_rank; its engines serve one slot, miles_lora, "
+                             "max_loras_per_batch 1): the reference's multi-LoRA service (N adapter slots trained at once, "
+                             "registered through its controller's HTTP API, miles/ray/multi_lora) is not built",
+    **dict.fromkeys(["multi_lora_adapter", "multi_lora_max_adapter_global_batch_size"],
+                    "it registers an adapter of the reference's multi-LoRA service (multi_lora_n_adapters), which is not "
+                    "built: one run trains one adapter; start it from a PEFT dir with lora_adapter_path"),
+    **dict.fromkeys(["multi_lora_http_server_path", "multi_lora_backend_path", "multi_lora_api_port",
+                     "multi_lora_disable_service_mode"],
+                    "it configures the reference's multi-LoRA controller (its control-plane HTTP server, adapter backend and "
+                    "service mode), which is not built: adapters are not registered at run time; one run trains the one "
+                    "adapter its config names"),
+    **dict.fromkeys(["multi_lora_idle_poll_s", "multi_lora_max_coalesce_wait_s", "multi_lora_max_empty_wait_s"],
+                    "it times the reference's multi-LoRA scheduler (polling for registered adapters, coalescing their "
+                    "groups into one batch), which is not built: a run's batches are rollout_batch_size prompts of its "
+                    "one adapter"),
     "use_miles_router": "miles always routes through its own router, which is the reference's MilesRouter (least requests in "
                         "flight, failure quarantine; miles_router_* honoured): the flag is implied, drop it; the SGLang "
                         "router (sglang-router, token-based policies) is not launched",

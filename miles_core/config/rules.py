@@ -37,6 +37,8 @@ NOT_SUPPORTED: dict[str, str] = {
                             "syncs adapters (lora_sync_from_tensor) to non-colocated engines only, which keep their base, and "
                             "a merged sync re-sends every weight",
 }
+# SGLang arguments the launcher sets from the LoRA fields when engines serve the adapter (rollout/sglang/launch.py).
+LORA_SERVER_ARGS = ("enable_lora", "max_loras_per_batch", "max_lora_rank", "lora_target_modules")
 # Estimators whose baseline is the group mean: with one sample per prompt every advantage is 0.
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 
@@ -539,6 +541,7 @@ def _lora_rules(c: "TrainConfig") -> None:
     if not lo.enabled:
         set_ = [n for n in ("target_modules", "exclude_modules", "lora_adapter_path") if getattr(lo, n) is not None]
         set_ += [n for n in ("lora_sync_from_tensor", "lora_train_only") if getattr(lo, n)]
+        set_ += ["check_lora_weight_equal"] * c.misc.check_lora_weight_equal
         if set_:
             raise ValueError(f"{', '.join(set_)} apply only with lora_rank > 0 (got lora_rank 0, LoRA off); set lora_rank or drop them")
         return
@@ -576,10 +579,28 @@ def _lora_sync_rules(c: "TrainConfig") -> None:
         raise ValueError("lora_sync_from_tensor with colocate: colocated engines release their weights for the train stage "
                          "and an adapter-only sync does not send the base back (the reference's lora_base_cpu_backup, not "
                          "built); drop colocate, or lora_sync_from_tensor (merged weights)")
-    if lo.lora_sync_from_tensor and cl.rollout_engine == "sglang":
-        raise ValueError("lora_sync_from_tensor with rollout_engine sglang: SGLang's /load_lora_adapter_from_tensors takes "
-                         "in-process IPC handles, which cannot cross HTTP; use rollout_engine hf (miles' server takes the "
-                         "adapter as safetensors), or drop lora_sync_from_tensor (merged weights)")
+    mode = cl.weight_sync_mode
+    if lo.lora_sync_from_tensor and cl.rollout_engine == "sglang" and mode != "disk":
+        raise ValueError(f"lora_sync_from_tensor with rollout_engine sglang and update_weight_mode {mode}: SGLang 0.5.23's "
+                         "/load_lora_adapter_from_tensors takes serialized_named_tensors (MultiprocessingSerializer payloads "
+                         "of in-process handles), which cannot cross HTTP; set update_weight_mode: disk (the adapter dir, "
+                         "SGLang's /load_lora_adapter), or use rollout_engine hf, or drop lora_sync_from_tensor")
+    if lo.lora_sync_from_tensor and cl.update_weight_mode == "broadcast":
+        raise ValueError("lora_sync_from_tensor with update_weight_mode broadcast is not supported yet: SGLang 0.5.23 has no "
+                         "route that loads an adapter from a process group (the reference's load_lora_adapter_from_"
+                         "distributed is a patched SGLang's); the adapter travels as tensors (update_weight_mode tensor or "
+                         "unset) or as a PEFT dir (update_weight_mode disk)")
+    if c.misc.check_lora_weight_equal and not lo.lora_sync_from_tensor:
+        raise ValueError("check_lora_weight_equal checks adapter syncs, and without lora_sync_from_tensor the engines get the "
+                         "merged weights: set lora_sync_from_tensor, or use check_weight_update_equal (merged weights)")
+    if c.misc.check_lora_weight_equal and cl.runtime == "ray" and mode == "disk":
+        raise ValueError("check_lora_weight_equal with update_weight_mode disk is not supported yet: SGLang 0.5.23's "
+                         "/load_lora_adapter (LoadLoRAAdapterReqInput) carries no expected_checksums, only "
+                         "/load_lora_adapter_from_tensors does; use update_weight_mode tensor with rollout_engine hf, or drop it")
+    taken = sorted(set(LORA_SERVER_ARGS) & set(c.sglang.sglang_server_args))
+    if lo.lora_sync_from_tensor and cl.rollout_engine == "sglang" and taken:
+        raise ValueError(f"sglang_{taken[0]}: with lora_sync_from_tensor miles launches SGLang with its LoRA arguments "
+                         f"({', '.join(LORA_SERVER_ARGS)}) from lora_rank and target_modules; drop the sglang_* keys")
 
 
 def _torch_only_options(c: "TrainConfig") -> None:

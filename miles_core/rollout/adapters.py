@@ -1,13 +1,18 @@
-"""LoRA adapters served by the HF engine, unmerged: SGLang's ``/load_lora_adapter_from_tensors`` and
-``/unload_lora_adapter`` with one adapter slot (the reference's ``max_loras_per_batch 1``), and ``lora_path`` per
-generate request (a request naming the adapter runs base + adapter, one without it the base).
+"""LoRA adapters served by the HF engine, unmerged: SGLang's ``/load_lora_adapter`` (a PEFT dir on disk),
+``/load_lora_adapter_from_tensors`` and ``/unload_lora_adapter`` with one adapter slot (the reference's
+``max_loras_per_batch 1``), and ``lora_path`` per generate request (a request naming the adapter runs base + adapter,
+one without it the base).
 
-    load(model, name, config_dict, tensors)   PEFT's LoRA layers injected into the model on the first load
-                                              (``config_dict``: the adapter_config.json, as SGLang takes it), then the
+    load(model, name, config_dict, tensors,   PEFT's LoRA layers injected into the model on the first load
+         expected_checksums=None)             (``config_dict``: the adapter_config.json, as SGLang takes it), then the
                                               tensors copied in; every adapter tensor must be given, names as in
-                                              adapter_model.safetensors (``base_model.model.<module>.lora_{A,B}.weight``)
+                                              adapter_model.safetensors (``base_model.model.<module>.lora_{A,B}.weight``);
+                                              with ``expected_checksums`` ({name: sha256 hex}, SGLang's field of
+                                              LoadLoRAAdapterFromTensorsReqInput, the reference's check_lora_weight_equal)
+                                              the received tensors must hash to them, name for name, before any is copied
     unload(name)                              the name stops serving (its layers stay, a load of the same name refills them)
     serving(model, name)                      a context: the adapter layers on (``name``) or off (None) for a forward
+    read_adapter_dir(path)                    a PEFT dir (adapter_config.json + adapter_model.safetensors) -> (config, tensors)
 
 SGLang's rules kept: a name already loaded is refused (unload it first), a request naming an adapter not loaded
 is refused. A targeted layer computes ``x W^T + (lora_alpha / r) * x A^T B^T``, the trainer's PEFT forward, so the
@@ -17,10 +22,14 @@ engine's log-probs are the trainer's (tests/rollout/test_adapters.py).
 from __future__ import annotations
 
 import dataclasses
+import json
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterable
 
 import torch
+
+from miles_core.weights.disk import ADAPTER_CONFIG, ADAPTER_WEIGHTS  # a PEFT adapter dir's files
 
 PEFT_PREFIX = "base_model.model."  # adapter_model.safetensors' key prefix (PeftModel.save_pretrained)
 
@@ -37,7 +46,11 @@ class ServedAdapters:
         self.config: dict | None = None
         self.loaded: set[str] = set()
 
-    def load(self, model: torch.nn.Module, name: str, config_dict: dict, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load(self, model: torch.nn.Module, name: str, config_dict: dict, tensors: Iterable[tuple[str, torch.Tensor]],
+             expected_checksums: dict[str, str] | None = None) -> None:
+        tensors = list(tensors)
+        if expected_checksums is not None:
+            check_checksums(name, tensors, expected_checksums)
         if name in self.loaded:
             raise AdapterError(f"LoRA adapter {name!r} is already loaded; unload it first (/unload_lora_adapter)")
         if self.injected is None:
@@ -99,6 +112,41 @@ class ServedAdapters:
                 m.enable_adapters(False)  # on only inside serving(name)
         model.eval()  # the injected dropout modules too
         self.injected, self.config = name, dict(config_dict)
+
+
+def check_checksums(name: str, tensors: list[tuple[str, torch.Tensor]], expected: dict[str, str]) -> None:
+    """The received adapter must be the sent one: the same names (none missing, none extra), each hashing to its digest."""
+    from miles_core.weights.disk import tensor_sha256
+
+    got = {n: tensor_sha256(t) for n, t in tensors}  # what arrived, hashed here
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    wrong = sorted(n for n in set(got) & set(expected) if got[n] != expected[n])
+    if missing or extra or wrong:
+        raise AdapterError(f"LoRA adapter {name!r} failed its checksum check (check_lora_weight_equal): {len(wrong)} tensors "
+                           f"differ from the sender's {wrong[:3]}, {len(missing)} missing {missing[:3]}, {len(extra)} extra "
+                           f"{extra[:3]}")
+
+
+def read_adapter_dir(path: str | Path) -> tuple[dict, list[tuple[str, torch.Tensor]]]:
+    """A PEFT adapter dir, as SGLang's /load_lora_adapter takes ``lora_path`` -> (adapter_config.json, the tensors of
+    adapter_model.safetensors). A local directory only (SGLang also takes a hub id, which no engine here downloads)."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not p.is_dir():
+        raise AdapterError(f"lora_path {str(path)!r}: no such directory (a PEFT adapter dir with {ADAPTER_CONFIG} and "
+                           f"{ADAPTER_WEIGHTS}, on this engine's file system)")
+    missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (p / f).is_file()]
+    if missing:
+        raise AdapterError(f"lora_path {str(path)!r}: not a PEFT adapter dir, {' and '.join(missing)} missing")
+    try:
+        config = json.loads((p / ADAPTER_CONFIG).read_text())
+        tensors = load_file(str(p / ADAPTER_WEIGHTS))
+    except Exception as e:  # a truncated file: json's or safetensors' own error, named
+        raise AdapterError(f"lora_path {str(path)!r}: unreadable adapter ({type(e).__name__}: {e})") from e
+    if not isinstance(config, dict):
+        raise AdapterError(f"lora_path {str(path)!r}: {ADAPTER_CONFIG} is not a JSON object")
+    return config, sorted(tensors.items())
 
 
 def _engine_name(key: str, name: str) -> str:

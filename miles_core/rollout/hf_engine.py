@@ -354,18 +354,27 @@ class HFEngine(SeededGenerate):
         return self._weight_checker.handle(action, tuple(skip_list or ()))
 
     def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
-                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """SGLang's load of an adapter from tensors (no weight-update session: SGLang needs none), served unmerged."""
-        self.adapters.load(self.model, lora_name, config_dict, named_tensors)
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                       expected_checksums: dict[str, str] | None = None) -> None:
+        """SGLang's load of an adapter from tensors (no weight-update session: SGLang needs none), served unmerged;
+        ``expected_checksums``: SGLang's per-tensor sha256 check of what arrived (rollout/adapters.py)."""
+        self.adapters.load(self.model, lora_name, config_dict, named_tensors, expected_checksums)
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        """SGLang's /load_lora_adapter: the PEFT adapter dir at ``lora_path`` (adapter_config.json + adapter_model.safetensors)."""
+        from .adapters import read_adapter_dir
+
+        self.adapters.load(self.model, lora_name, *read_adapter_dir(lora_path))
 
     def unload_lora_adapter(self, lora_name: str) -> None:
         self.adapters.unload(lora_name)
 
-    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                            expected_checksums: dict[str, str] | None = None) -> None:
         """A weight sync's load (lora_sync_from_tensor): unload ``lora_name`` if loaded, then load these tensors."""
         if lora_name in self.adapters.loaded:
             self.adapters.unload(lora_name)
-        self.adapters.load(self.model, lora_name, config_dict, named_tensors)
+        self.adapters.load(self.model, lora_name, config_dict, named_tensors, expected_checksums)
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version

@@ -59,7 +59,9 @@ class AdapterEngine(Protocol):
     """An engine that serves LoRA adapters unmerged (lora_sync_from_tensor): SGLang's routes of the same names."""
 
     def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
-                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                       expected_checksums: dict[str, str] | None = None) -> None: ...
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None: ...  # a PEFT adapter dir on the engine's disk
     def unload_lora_adapter(self, lora_name: str) -> None: ...
-    def reload_lora_adapter(self, lora_name: str, config_dict: dict,
-                            named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...  # unload where loaded, load
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                            expected_checksums: dict[str, str] | None = None) -> None: ...  # unload where loaded, load

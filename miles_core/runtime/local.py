@@ -33,7 +33,7 @@ def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
 
     engine = HFEngine.from_pretrained(data.model_path, cfg.misc.dtype, cfg.cluster.device, tokenizer=data.tokenizer)
     return InProcessFleet(engine, cfg.cluster.update_weight_buffer_size, lora_adapter=cfg.lora.lora_sync_from_tensor,
-                          delta=delta_options(cfg))
+                          check_adapter=cfg.misc.check_lora_weight_equal, delta=delta_options(cfg))
 
 
 ENGINE_FLEETS = {"hf": hf_engine_fleet}

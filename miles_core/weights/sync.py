@@ -12,6 +12,7 @@ from the last checkpoint and syncs again).
 
     sync_weights   the local runtime: tensors copied into an in-process engine
     sync_adapter   lora_sync_from_tensor: the LoRA adapter alone, loaded into engines that serve it unmerged
+                   (WeightSync does it too: by disk, SGLang's /load_lora_adapter, or as tensors)
     sync_delta     the local runtime with disk-delta: publish, pull into the engine's local checkpoint, reload it
     WeightSync     the Ray runtime: modes tensor / broadcast / disk / disk-delta into engine servers (docs/ray.md)
     WeightSender   the trainer side of WeightSync (train rank 0)
@@ -98,15 +99,20 @@ def sync_weights(named_tensors: NamedTensors, engines: list, version: int, max_b
 LORA_ADAPTER_NAME = "miles_lora"  # the reference's name of the one adapter (miles/utils/lora.py)
 
 
-def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: list, version: int) -> dict[str, float]:
+def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: list, version: int,
+                 check: bool = False) -> dict[str, float]:
     """lora_sync_from_tensor, in process: the adapter reloaded on every engine, paused as a weight sync. No weight-update
     session (SGLang's load_lora_adapter_from_tensors needs none) and no base tensors (the engines keep hf_checkpoint's,
-    which the trainer never changes)."""
+    which the trainer never changes). ``check`` (check_lora_weight_equal): the sender's sha256 per tensor goes with
+    it and an engine refuses an adapter that does not hash to them."""
+    from .disk import adapter_checksums
+
     config, tensors = adapter
+    sums = adapter_checksums(tensors) if check else None
 
     def push() -> None:
         for e in engines:
-            e.reload_lora_adapter(LORA_ADAPTER_NAME, config, tensors)
+            e.reload_lora_adapter(LORA_ADAPTER_NAME, config, tensors, sums)
 
     return _paused(engines, version, push)
 
@@ -209,6 +215,13 @@ class WeightSender:
         config, tensors = self._adapter()
         return config, [(k, host_copy(v)) for k, v in tensors]
 
+    def save_adapter(self, path: str) -> str:
+        """The adapter as a PEFT dir at ``path`` (atomic), for engines that read it (/load_lora_adapter). -> path."""
+        from .disk import save_adapter_dir
+
+        config, tensors = self._adapter()
+        return str(save_adapter_dir(config, list(tensors), path))
+
     def meta(self) -> tuple[list[str], list[str], list[list[int]]]:
         from .broadcast import tensor_meta
 
@@ -267,8 +280,11 @@ class WeightSync:
     disk-delta (``delta``: DeltaOptions) before pausing, the sender publishes the version (sender.publish_delta), the
                hook runs, every engine /pull_weights it into its local checkpoint; then /update_weights_from_disk of
                that checkpoint (the reference's UpdateWeightFromDiskDelta._reload_engines)
-    ``lora_adapter`` (lora_sync_from_tensor): instead of any mode, the adapter alone (sender.adapter()) reloaded on every
-    engine (/unload_lora_adapter where loaded, /load_lora_adapter_from_tensors), outside a session, as sync_adapter.
+    ``lora_adapter`` (lora_sync_from_tensor): the adapter alone reloaded on every engine (/unload_lora_adapter where loaded,
+    then a load), outside a session, as sync_adapter: mode disk, the sender saves the PEFT dir <disk_dir>/lora-v<version>
+    and the engines read it (SGLang's /load_lora_adapter {lora_name, lora_path}); otherwise the tensors travel in the
+    body (/load_lora_adapter_from_tensors, sender.adapter()), with ``check_adapter`` (check_lora_weight_equal) SGLang's
+    expected_checksums beside them.
     ``router`` is an EngineRouter (the engines); ``sender`` a WeightSender or a proxy with its methods.
     ``pause_mode`` is SGLang's /pause_generation mode (pause_generation_mode); in_place keeps the engines' KV cache,
     so no /flush_cache follows it (the reference's _pause_and_prepare_engines).
@@ -277,7 +293,8 @@ class WeightSync:
     SESSION = {"tensor": True, "broadcast": True, "disk": False, "disk-delta": False}  # inside begin/end_weight_update
 
     def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo",
-                 lora_adapter: bool = False, pause_mode: str = "retract", delta: DeltaOptions | None = None):
+                 lora_adapter: bool = False, pause_mode: str = "retract", check_adapter: bool = False,
+                 delta: DeltaOptions | None = None):
         if mode not in MODES:
             raise ValueError(f"weight sync mode {mode!r}: expected one of {MODES}")
         if mode == "disk" and disk_dir is None:
@@ -288,7 +305,10 @@ class WeightSync:
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}: expected one of {PAUSE_MODES}")
         self.mode, self.bucket_bytes, self.backend, self.pause_mode = mode, bucket_bytes, backend, pause_mode
-        self.lora_adapter = lora_adapter
+        if check_adapter and (not lora_adapter or mode == "disk"):
+            raise ValueError("check_adapter checks an adapter sent as tensors (lora_adapter, mode tensor): SGLang's "
+                             "/load_lora_adapter has no expected_checksums")
+        self.lora_adapter, self.check_adapter = lora_adapter, check_adapter
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
         self._group_key: tuple[str, ...] | None = None
         self._groups = 0
@@ -309,7 +329,7 @@ class WeightSync:
             if self.pause_mode != "in_place":  # in_place resumes on the engines' KV cache: not flushed
                 router.flush_cache(slots)
             if self.lora_adapter:
-                router.reload_lora_adapter(LORA_ADAPTER_NAME, *sender.adapter(), slots)
+                self._push_adapter(sender, router, slots, version)
             else:
                 push = getattr(self, f"_push_{self.mode.replace('-', '_')}")
                 self._in_session(router, slots, lambda: push(sender, router, slots, version))
@@ -332,15 +352,31 @@ class WeightSync:
             raise
         router.end_weight_update(slots)
 
+    def _push_adapter(self, sender, router, slots, version: int) -> None:
+        if self.mode == "disk":
+            path = sender.save_adapter(str(self.disk_dir / f"lora-v{version}"))
+            router.reload_lora_adapter_from_path(LORA_ADAPTER_NAME, path, slots)
+            self._prune(f"lora-v{version}")
+            return
+        from .disk import adapter_checksums
+
+        config, tensors = sender.adapter()
+        router.reload_lora_adapter(LORA_ADAPTER_NAME, config, tensors, slots,
+                                   adapter_checksums(tensors) if self.check_adapter else None)
+
+    def _prune(self, keep: str) -> None:
+        """Drop the older synced dirs; keep the one the engines serve (a restarted engine reloads it)."""
+        for old in self.disk_dir.glob("*v*"):
+            if old.name != keep and old.name.removeprefix("lora-").startswith("v"):
+                shutil.rmtree(old, ignore_errors=True)
+
     def _push_tensor(self, sender, router, slots, version: int) -> None:
         router.update_weights_from_tensor(sender.tensors(), slots)
 
     def _push_disk(self, sender, router, slots, version: int) -> None:
         path = sender.save(str(self.disk_dir / f"v{version}"))
         router.update_weights_from_disk(path, version, slots)
-        for old in self.disk_dir.glob("v*"):  # keep the version the engines serve (a restarted engine reloads it)
-            if old.name != f"v{version}":
-                shutil.rmtree(old, ignore_errors=True)
+        self._prune(f"v{version}")
 
     def _pull_delta(self, sender, router, slots, version: int) -> dict[str, float]:
         d = self.delta

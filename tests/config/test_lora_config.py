@@ -45,7 +45,19 @@ def test_target_modules_accepts_the_reference_names(value, targets):
     ({"lora_sync_from_tensor": True}, "lora_sync_from_tensor apply only with lora_rank > 0"),
     ({**LORA_ON, "lora_sync_from_tensor": True, "colocate": True}, "lora_sync_from_tensor with colocate"),
     ({**LORA_ON, "lora_sync_from_tensor": True, "rollout_engine": "sglang", "runtime": "ray"},
-     "lora_sync_from_tensor with rollout_engine sglang"),
+     "lora_sync_from_tensor with rollout_engine sglang and update_weight_mode broadcast: .* set update_weight_mode: disk"),
+    ({**LORA_ON, "lora_sync_from_tensor": True, "runtime": "ray", "update_weight_mode": "broadcast"},
+     "lora_sync_from_tensor with update_weight_mode broadcast is not supported yet"),
+    ({**LORA_ON, "lora_sync_from_tensor": True, "rollout_engine": "sglang", "runtime": "ray", "update_weight_mode": "disk",
+      "sglang_max_lora_rank": 8}, "sglang_max_lora_rank: with lora_sync_from_tensor miles launches SGLang with its LoRA"),
+    ({"check_lora_weight_equal": True}, "check_lora_weight_equal apply only with lora_rank > 0"),
+    ({**LORA_ON, "check_lora_weight_equal": True}, "check_lora_weight_equal checks adapter syncs, and without "
+     "lora_sync_from_tensor"),
+    ({**LORA_ON, "lora_sync_from_tensor": True, "check_lora_weight_equal": True, "runtime": "ray", "update_weight_mode": "disk"},
+     "check_lora_weight_equal with update_weight_mode disk is not supported yet"),
+    ({"multi_lora_api_port": 9000}, "multi_lora_api_port .* not supported yet: it configures the reference's multi-LoRA controller"),
+    ({"multi_lora_adapter": ["a", "b"]}, "multi_lora_adapter .* not supported yet: it registers an adapter"),
+    ({"multi_lora_max_empty_wait_s": 1.0}, "multi_lora_max_empty_wait_s .* not supported yet: it times the reference's multi-LoRA"),
     ({**LORA_ON, "lora_sync_from_tensor": True, "lora_train_only": True}, "lora_sync_from_tensor with lora_train_only"),
     ({**LORA_ON, "lora_train_only": True, "train_backend": "megatron", "runtime": "ray"},
      "lora_train_only with train_backend megatron"),
@@ -63,3 +75,17 @@ def test_the_reference_defaults_of_refused_options_are_accepted():
 def test_adapter_sync_and_train_only_are_accepted_on_the_torch_trainer():
     assert build_config({**BASE, **LORA_ON, "lora_sync_from_tensor": True}).lora.lora_sync_from_tensor
     assert build_config({**BASE, **LORA_ON, "lora_train_only": True}).lora.lora_train_only
+
+
+def test_the_adapter_sync_to_sglang_engines_goes_by_disk_and_the_check_with_tensors():
+    sglang = build_config({**BASE, **LORA_ON, "lora_sync_from_tensor": True, "rollout_engine": "sglang", "runtime": "ray",
+                           "update_weight_mode": "disk"})
+    assert sglang.cluster.weight_sync_mode == "disk" and sglang.lora.lora_sync_from_tensor
+    checked = build_config({**BASE, **LORA_ON, "lora_sync_from_tensor": True, "check_lora_weight_equal": True})
+    assert checked.misc.check_lora_weight_equal
+    ray = build_config({**BASE, **LORA_ON, "lora_sync_from_tensor": True, "check_lora_weight_equal": True, "runtime": "ray"})
+    from miles_core.rollout.http.options import weight_sync
+
+    sync = weight_sync(ray, "gloo")
+    assert sync.lora_adapter and sync.check_adapter and sync.mode != "disk"  # the adapter goes as tensors, hashed
+    sync.close()

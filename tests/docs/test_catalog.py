@@ -119,6 +119,7 @@ def test_the_scan_finds_a_new_uncatalogued_emitter(tmp_path):
             metrics["my_entropy"] = 1.0
             group = {}
             group["lr"] = 3.0
+            w = {"student_p": x, "none": 0.0}[reduce]  # a choice, not a result
             return x, dict(metrics, my_ratio=2.0)
     '''))
     found = {e.template for e in emitted.scan(tmp_path)}

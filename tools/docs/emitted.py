@@ -9,7 +9,8 @@ Two kinds of emitters:
 2. Bare names returned by the algorithm modules and the critic (REFERENCE: the trainer adds the
    prefix): keys of dict displays, ``metrics["x"] = ...`` stores and ``dict(..., x=...)`` keywords
    in ``BARE_MODULES`` (stores only into a dict whose name says metrics: ``metrics``, ``totals``);
-   module-level UPPER_CASE dicts are name tables, not metrics.
+   module-level UPPER_CASE dicts are name tables, not metrics, and so is a dict display subscripted where
+   it stands (``{"none": a, "union": b}[mode]``: a choice, not a result).
 
 Not keys: docstrings, arguments of ``startswith`` and friends (a prefix tested), strings with a space,
 file names (``eval/samples_step_<>.json``).
@@ -121,6 +122,7 @@ def _prefixed(rel: str, tree: ast.Module) -> list[Emitted]:
 def _bare(rel: str, tree: ast.Module, prefix: str) -> list[Emitted]:
     tables = {id(n.value) for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Dict)
               and all(isinstance(t, ast.Name) and t.id.isupper() for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))}
+    tables |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Dict)}
     out = []
 
     def add(name: object, line: int) -> None:

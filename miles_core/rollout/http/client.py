@@ -218,9 +218,11 @@ class HTTPEngineClient(SeededGenerate):
         self.request("POST", "/update_weights_from_distributed", retries=0, json=body)
 
     def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
-                                       named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """SGLang's /load_lora_adapter_from_tensors (ours: load_format safetensors, wire.adapter_body), one copy per TP rank."""
-        self.post_adapter(wire.adapter_body(lora_name, config_dict, list(named_tensors), self.tp_size()))
+                                       named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                       expected_checksums: dict[str, str] | None = None) -> None:
+        """SGLang's /load_lora_adapter_from_tensors (ours: load_format safetensors, wire.adapter_body), one copy per TP rank;
+        ``expected_checksums``: SGLang's field, the engine refuses an adapter that does not hash to it."""
+        self.post_adapter(wire.adapter_body(lora_name, config_dict, list(named_tensors), self.tp_size(), expected_checksums))
 
     def post_adapter(self, body: dict) -> None:
         try:
@@ -228,22 +230,36 @@ class HTTPEngineClient(SeededGenerate):
         except EngineHTTPError as e:
             if e.status in (400, 422) and not self.is_miles_server():
                 raise EngineHTTPError(self.base_url, "adapters as safetensors over HTTP are a miles-server payload (SGLang's "
-                                      "are in-process IPC handles); for SGLang sync merged weights (lora_sync_from_tensor "
-                                      "false)", e.status) from e
+                                      "are in-process IPC handles); for SGLang sync the adapter by disk (update_weight_mode "
+                                      "disk: /load_lora_adapter)", e.status) from e
             raise
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        """SGLang's /load_lora_adapter: the engine reads the PEFT adapter dir ``lora_path`` (a path it sees)."""
+        self.request("POST", "/load_lora_adapter", retries=0, json={"lora_name": lora_name, "lora_path": lora_path})
 
     def unload_lora_adapter(self, lora_name: str) -> None:
         self.request("POST", "/unload_lora_adapter", retries=0, json={"lora_name": lora_name})
 
-    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _unload_if_loaded(self, lora_name: str) -> None:
         """Unload ``lora_name`` where loaded (an engine without it answers 400: ignored, as the reference does in
-        update_weight_from_tensor.py ``_send_to_colocated_engine``), then load these tensors under it."""
+        update_weight_from_tensor.py ``_send_to_colocated_engine``)."""
         try:
             self.unload_lora_adapter(lora_name)
         except EngineHTTPError as e:
             if e.status != 400:
                 raise
-        self.load_lora_adapter_from_tensors(lora_name, config_dict, named_tensors)
+
+    def reload_lora_adapter(self, lora_name: str, config_dict: dict, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                            expected_checksums: dict[str, str] | None = None) -> None:
+        """Unload ``lora_name`` where loaded, then load these tensors under it."""
+        self._unload_if_loaded(lora_name)
+        self.load_lora_adapter_from_tensors(lora_name, config_dict, named_tensors, expected_checksums)
+
+    def reload_lora_adapter_from_path(self, lora_name: str, lora_path: str) -> None:
+        """Unload ``lora_name`` where loaded, then load the PEFT dir ``lora_path`` under it (/load_lora_adapter)."""
+        self._unload_if_loaded(lora_name)
+        self.load_lora_adapter(lora_name, lora_path)
 
     def get_weights_by_name(self, name: str) -> torch.Tensor:
         """SGLang's /get_weights_by_name (ours returns the whole tensor as nested lists)."""

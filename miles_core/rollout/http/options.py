@@ -4,7 +4,8 @@ external fleets).
     client_options(cfg, api_key)     HTTPEngineClient keywords: fail fast (the router fails over), the API key,
                                      the read timeout (miles_router_timeout, else sglang_router_request_timeout_secs)
     router_options(cfg, n_engines)   EngineRouter keywords: failure threshold, requests in flight at most
-    weight_sync(cfg, backend)        the run's WeightSync (mode, buckets, directory, pause mode, disk-delta options)
+    weight_sync(cfg, backend)        the run's WeightSync (mode, buckets, directory, pause mode, LoRA adapter and its check,
+                                     disk-delta options)
     delta_options(cfg)               disk-delta's DeltaOptions (None in another mode), its post-write hook resolved
 """
 
@@ -41,7 +42,7 @@ def weight_sync(cfg: "TrainConfig", backend: str) -> "WeightSync":
     cl = cfg.cluster
     return WeightSync(cl.weight_sync_mode, cl.update_weight_buffer_size, cfg.run_dir / "weight_sync", backend=backend,
                       pause_mode=cfg.rollout.pause_generation_mode, lora_adapter=cfg.lora.lora_sync_from_tensor,
-                      delta=delta_options(cfg))
+                      check_adapter=cfg.misc.check_lora_weight_equal, delta=delta_options(cfg))
 
 
 def delta_options(cfg: "TrainConfig") -> "DeltaOptions | None":

@@ -320,9 +320,15 @@ class EngineRouter(SeededGenerate):
         return n
 
     def reload_lora_adapter(self, lora_name: str, config: dict, tensors: list[tuple[str, torch.Tensor]],
-                            slots: list[EngineSlot] | None = None) -> None:
+                            slots: list[EngineSlot] | None = None, expected_checksums: dict[str, str] | None = None) -> None:
         """lora_sync_from_tensor: every engine (or ``slots``) unloads ``lora_name`` where loaded and loads these tensors."""
-        self._broadcast("load_lora_adapter_from_tensors", lambda c: c.reload_lora_adapter(lora_name, config, tensors), slots)
+        self._broadcast("load_lora_adapter_from_tensors",
+                        lambda c: c.reload_lora_adapter(lora_name, config, tensors, expected_checksums), slots)
+
+    def reload_lora_adapter_from_path(self, lora_name: str, lora_path: str, slots: list[EngineSlot] | None = None) -> None:
+        """lora_sync_from_tensor by disk: every engine (or ``slots``) unloads ``lora_name`` where loaded and loads the PEFT
+        dir ``lora_path`` (/load_lora_adapter)."""
+        self._broadcast("load_lora_adapter", lambda c: c.reload_lora_adapter_from_path(lora_name, lora_path), slots)
 
     def weight_targets(self) -> list[EngineSlot]:
         """The engines a sync goes to: the healthy ones now."""

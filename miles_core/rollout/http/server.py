@@ -18,7 +18,8 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
     POST /init_weights_update_group     POST /update_weights_from_distributed, /destroy_weights_update_group
     POST /update_weight_version         GET|POST /get_weights_by_name      (ours: the whole tensor)
     GET|POST /weights_checker {action: snapshot|reset_tensors|compare, skip_tensor_list}
-    POST /load_lora_adapter_from_tensors (ours: base64 safetensors, wire.py)  POST /unload_lora_adapter
+    POST /load_lora_adapter {lora_name, lora_path: a PEFT dir}   POST /unload_lora_adapter
+    POST /load_lora_adapter_from_tensors (ours: base64 safetensors, wire.py; SGLang's expected_checksums)
     GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
     GET  /model_info (+ /get_model_info) GET  /server_info (+ /get_server_info)  (fields: a subset; tp_size)
     POST /debug/fail                    (ours: rollout/sglang/protocol.py OUR_ROUTES; only with --enable-fault-injection)
@@ -153,6 +154,7 @@ class EngineServer:
             (post, "/destroy_weights_update_group", self.destroy_weights_update_group),
             (post, "/update_weights_from_distributed", self.update_weights_from_distributed),
             (both, "/get_weights_by_name", self.get_weights_by_name), (both, "/weights_checker", self.weights_checker),
+            (post, "/load_lora_adapter", self.load_lora_adapter),
             (post, "/load_lora_adapter_from_tensors", self.load_lora_adapter_from_tensors),
             (post, "/unload_lora_adapter", self.unload_lora_adapter),
             (both, "/release_memory_occupation", self.release_memory_occupation),
@@ -418,9 +420,17 @@ class EngineServer:
 
     async def load_lora_adapter_from_tensors(self, request: web.Request) -> web.Response:
         """SGLang's adapter load (no weight-update session); the body as wire.parse_adapter reads it."""
-        name, config, tensors = wire.parse_adapter(await _json(request))
-        await self.batcher.run(self.engine.load_lora_adapter_from_tensors, name, config, list(tensors.items()))
-        self.events.append(f"lora:{name}:{len(tensors)}")
+        load = wire.parse_adapter(await _json(request))
+        await self.batcher.run(self.engine.load_lora_adapter_from_tensors, load.lora_name, load.config_dict,
+                               list(load.tensors.items()), load.expected_checksums)
+        self.events.append(f"lora:{load.lora_name}:{len(load.tensors)}")
+        return web.json_response({"success": True, "loaded_adapters": {n: n for n in sorted(self.engine.adapters.loaded)}})
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        """SGLang's /load_lora_adapter: the engine reads the PEFT dir at lora_path (a missing or partial dir: 400)."""
+        name, path = wire.parse_adapter_path(await _json(request))
+        await self.batcher.run(self.engine.load_lora_adapter, name, path)
+        self.events.append(f"lora:{name}:{path}")
         return web.json_response({"success": True, "loaded_adapters": {n: n for n in sorted(self.engine.adapters.loaded)}})
 
     async def unload_lora_adapter(self, request: web.Request) -> web.Response:

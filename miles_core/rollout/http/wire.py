@@ -29,7 +29,11 @@ names one.
 LoRA adapters, POST /load_lora_adapter_from_tensors (SGLang's LoadLoRAAdapterFromTensorsReqInput)::
 
     {"lora_name": str, "config_dict": {adapter_config.json}, "load_format": "safetensors",
-     "serialized_named_tensors": [base64 of a safetensors file, one per TP rank]}
+     "serialized_named_tensors": [base64 of a safetensors file, one per TP rank],
+     "expected_checksums": {tensor name: sha256 hex}?}       # check_lora_weight_equal: refused on any difference
+
+POST /load_lora_adapter (SGLang's LoadLoRAAdapterReqInput): ``{"lora_name": str, "lora_path": str, "pinned": bool?}``,
+``lora_path`` a PEFT adapter dir (adapter_config.json, adapter_model.safetensors) the engine reads itself.
 
 SGLang's serialized_named_tensors are MultiprocessingSerializer payloads (ForkingPickler: CUDA IPC handles or
 shared-memory names of the sender's process, load_format None or "flattened_bucket"): they cannot cross HTTP and
@@ -297,17 +301,32 @@ def decode_bucket(payload: bytes) -> dict[str, torch.Tensor]:
 ADAPTER_FORMAT = "safetensors"  # our load_format of /load_lora_adapter_from_tensors (module docstring)
 
 
-def adapter_body(lora_name: str, config_dict: dict, named_tensors: list[tuple[str, torch.Tensor]], tp_size: int = 1) -> dict:
-    """A /load_lora_adapter_from_tensors body: the adapter as base64 safetensors, one copy per TP rank."""
+def adapter_body(lora_name: str, config_dict: dict, named_tensors: list[tuple[str, torch.Tensor]], tp_size: int = 1,
+                 expected_checksums: dict[str, str] | None = None) -> dict:
+    """A /load_lora_adapter_from_tensors body: the adapter as base64 safetensors, one copy per TP rank; with
+    ``expected_checksums`` (check_lora_weight_equal) SGLang's field of the same name, {tensor name: sha256 hex}."""
     import base64
 
     payload = base64.b64encode(encode_bucket(named_tensors)).decode("ascii")
-    return {"lora_name": lora_name, "config_dict": config_dict, "load_format": ADAPTER_FORMAT,
+    body = {"lora_name": lora_name, "config_dict": config_dict, "load_format": ADAPTER_FORMAT,
             "serialized_named_tensors": [payload] * tp_size}
+    if expected_checksums is not None:
+        body["expected_checksums"] = expected_checksums
+    return body
 
 
-def parse_adapter(body: Any, tp_rank: int = 0) -> tuple[str, dict, dict[str, torch.Tensor]]:
-    """A /load_lora_adapter_from_tensors body -> (lora_name, config_dict, this rank's tensors). Raises WireError."""
+@dataclass(frozen=True)
+class AdapterLoad:
+    """A parsed /load_lora_adapter_from_tensors body: this TP rank's tensors; ``expected_checksums`` or None."""
+
+    lora_name: str
+    config_dict: dict
+    tensors: dict[str, torch.Tensor]
+    expected_checksums: dict[str, str] | None = None
+
+
+def parse_adapter(body: Any, tp_rank: int = 0) -> AdapterLoad:
+    """A /load_lora_adapter_from_tensors body -> AdapterLoad. Raises WireError."""
     import base64
     import binascii
 
@@ -320,8 +339,20 @@ def parse_adapter(body: Any, tp_rank: int = 0) -> tuple[str, dict, dict[str, tor
     parts = body.get("serialized_named_tensors")
     if not isinstance(parts, list) or len(parts) <= tp_rank or not isinstance(parts[tp_rank], str):
         raise WireError(f"serialized_named_tensors must be a list with a base64 string for TP rank {tp_rank}")
+    sums = body.get("expected_checksums")
+    if sums is not None and not (isinstance(sums, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in sums.items())):
+        raise WireError("expected_checksums must be an object of tensor name -> sha256 hex string (or null)")
     try:
         raw = base64.b64decode(parts[tp_rank], validate=True)
     except (binascii.Error, ValueError) as e:
         raise WireError(f"serialized_named_tensors[{tp_rank}] is not base64: {e}") from e
-    return body["lora_name"], body["config_dict"], decode_bucket(raw)
+    return AdapterLoad(body["lora_name"], body["config_dict"], decode_bucket(raw), sums)
+
+
+def parse_adapter_path(body: Any) -> tuple[str, str]:
+    """A /load_lora_adapter body (SGLang's LoadLoRAAdapterReqInput: lora_name, lora_path, pinned) -> (name, path)."""
+    if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str) or not isinstance(body.get("lora_path"), str):
+        raise WireError("/load_lora_adapter needs lora_name and lora_path (strings: the adapter's name, its PEFT dir)")
+    if not isinstance(body.get("pinned", False), bool):
+        raise WireError("/load_lora_adapter: pinned must be a boolean")
+    return body["lora_name"], body["lora_path"]

@@ -6,7 +6,8 @@
 
 The argv: the model path, host, port, ``--tp-size`` = rollout_num_gpus_per_engine, the run's API key,
 ``--random-seed`` = seed + engine index, ``--enable-memory-saver`` when the engines release
-memory around training (offload_rollout; by default when colocated), multi-node flags when an engine spans nodes, then every passthrough
+memory around training (offload_rollout; by default when colocated), multi-node flags when an engine spans nodes,
+SGLang's LoRA arguments when the engines serve the adapter (lora_server_args), then every passthrough
 (``sglang_server_args``) in the CLI form SGLang's argparse reads (server_args.to_argv), in the order
 the config gives them. sglang is never imported here: the command runs in the engine's own process.
 """
@@ -21,11 +22,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import SGLANG_VERSION
+from miles_core.config.lora import ALL_LINEAR, MEGATRON_MODULES
 from miles_core.config.server_args import to_argv
 
 if TYPE_CHECKING:
     from miles_core.config import TrainConfig
 
+DECODER_MODULES = tuple(m for names in MEGATRON_MODULES.values() for m in names)  # q,k,v,o,gate,up,down (all-linear)
 INSTALL = f"pip install 'miles[sglang]'   (sglang=={SGLANG_VERSION}; it needs torch 2.14.1 and transformers 5.19.0: use its own environment or the CUDA image, docs/docker.md)"
 
 
@@ -64,9 +67,27 @@ def launch_command(cfg: "TrainConfig", spec: EngineLaunch, python: str = sys.exe
         argv.append("--enable-memory-saver")
     if spec.nnodes > 1:
         argv += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank), "--dist-init-addr", spec.dist_init_addr]
+    for name, value in lora_server_args(cfg).items():
+        argv += to_argv(name, value)
     for name, value in cfg.sglang.sglang_server_args.items():
         argv += to_argv(name, value)
     return argv
+
+
+def lora_server_args(cfg: "TrainConfig") -> dict[str, Any]:
+    """SGLang's LoRA arguments when its engines serve the adapter (lora_sync_from_tensor; config/rules.py
+    LORA_SERVER_ARGS), as the reference's sglang_engine.py sets them for one adapter: enable_lora, max_loras_per_batch 1,
+    max_lora_rank = lora_rank, lora_target_modules = the HF module names (``all`` for all-linear without exclusions).
+    No lora_paths: the sync before rollout 0 loads the trainer's adapter (from lora_adapter_path, if given) by
+    /load_lora_adapter. {} otherwise (merged weights: the engines serve a plain model)."""
+    lo = cfg.lora
+    if not (lo.enabled and lo.lora_sync_from_tensor):
+        return {}
+    if lo.targets == ALL_LINEAR:
+        targets = ["all"] if not lo.excluded else [m for m in DECODER_MODULES if m not in lo.excluded]
+    else:
+        targets = [m for m in lo.targets if m not in lo.excluded]
+    return {"enable_lora": True, "max_loras_per_batch": 1, "max_lora_rank": lo.lora_rank, "lora_target_modules": targets}
 
 
 def engine_client_options(cfg: "TrainConfig", api_key: str | None) -> dict[str, Any]:

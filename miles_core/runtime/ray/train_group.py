@@ -37,7 +37,7 @@ TRAINER_CALLS: dict[Callable, str] = {
 SENDER_CALLS: dict[Callable, str] = {
     WeightSender.tensors: LEAD, WeightSender.meta: LEAD, WeightSender.broadcast: LEAD, WeightSender.save: LEAD,  # read named_tensors
     WeightSender.publish_delta: LEAD,
-    WeightSender.adapter: LEAD,  # reads adapter_tensors
+    WeightSender.adapter: LEAD, WeightSender.save_adapter: LEAD,  # read adapter_tensors
     WeightSender.master_address: RANK0, WeightSender.init_broadcast: RANK0,
 }
 
@@ -104,8 +104,9 @@ class TrainWorker:
         for the members that read the weights: they take part in gathering them (named_tensors), and send nothing."""
         if self.rank == 0:
             return getattr(self.sender, name)(*args)
-        gather = self.trainer.adapter_tensors if name == WeightSender.adapter.__name__ else self.trainer.named_tensors
-        list(gather())
+        adapter = name in (WeightSender.adapter.__name__, WeightSender.save_adapter.__name__)
+        gather = self.trainer.adapter_tensors if adapter else self.trainer.named_tensors
+        gather()
         return None
 
     def extra_tensors(self) -> dict[str, list[tuple[str, torch.Tensor]]]:

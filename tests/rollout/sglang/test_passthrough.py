@@ -232,3 +232,25 @@ def test_server_args_survive_the_mlflow_params_round_trip():
 def test_check_sglang_installed_names_the_install_command():
     with pytest.raises(SGLangNotInstalled, match=r"not installed here; install it with: pip install 'miles\[sglang\]'"):
         check_sglang_installed()
+
+
+LORA_SYNC = {"lora_rank": 8, "lora_alpha": 16, "lora_sync_from_tensor": True, "update_weight_mode": "disk"}
+
+
+def test_engines_that_serve_the_adapter_launch_with_sglangs_lora_arguments():
+    """lora_sync_from_tensor: --enable-lora, one adapter slot, max rank = lora_rank, the target modules (the reference's
+    sglang_engine.py); every flag and value is one SGLang 0.5.23's argparse reads (the snapshot's parser)."""
+    from miles_core.rollout.sglang.launch import lora_server_args
+
+    spec = EngineLaunch(model_path="/m", host="h", port=1, api_key="K")
+    every = cfg(**LORA_SYNC, target_modules="all-linear")
+    ns = _sglang_parser().parse_args(_server_argv(launch_command(every, spec)))
+    assert (ns.enable_lora, ns.max_loras_per_batch, ns.max_lora_rank, ns.lora_target_modules) == (True, 1, 8, ["all"])
+    assert ns.lora_paths is None  # the sync before rollout 0 loads the adapter (/load_lora_adapter)
+    some = cfg(**LORA_SYNC, target_modules="linear_qkv,o_proj", exclude_modules="k_proj")
+    assert _sglang_parser().parse_args(_server_argv(launch_command(some, spec))).lora_target_modules == ["q_proj", "v_proj", "o_proj"]
+    minus = cfg(**LORA_SYNC, target_modules="all-linear", exclude_modules="down_proj")
+    assert lora_server_args(minus)["lora_target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"]
+    assert validate(lora_server_args(some)) == lora_server_args(some)  # names and values SGLang's CLI takes
+    merged = cfg(lora_rank=8, target_modules="all-linear")  # merged weights: a plain model, no LoRA arguments
+    assert "--enable-lora" not in launch_command(merged, spec) and lora_server_args(merged) == {}

@@ -52,3 +52,59 @@ def test_an_engine_that_exits_fails_wait_ready_with_its_log(tmp_path):
     with pytest.raises(RuntimeError, match="exited .* before it was ready") as e:
         proc.wait_ready(timeout_s=60, poll_s=0.1)
     assert "No module named 'sglang'" in str(e.value) and "SECRET-KEY" not in str(e.value)  # the key is masked
+
+
+def test_an_sglang_engine_serving_the_adapter_launches_with_lora_and_takes_the_disk_sync(tmp_path):
+    """lora_sync_from_tensor with rollout_engine sglang (update_weight_mode disk): the engine gets SGLang's LoRA arguments,
+    the run's WeightSync writes the adapter dir and the engine loads it (/load_lora_adapter); generation through it
+    (lora_path miles_lora) is, greedy, the merged model's."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from miles_core.models.tokenizer import save_tokenizer, train_tokenizer
+    from miles_core.rollout.adapters import ThroughAdapter
+    from miles_core.rollout.hf_engine import HFEngine
+    from miles_core.rollout.http import EngineRouter
+    from miles_core.rollout.http.options import weight_sync
+    from miles_core.rollout.protocol import GenerateRequest, SamplingParams
+    from miles_core.weights.sync import LORA_ADAPTER_NAME, WeightSender
+
+    cfg = load_config("tiny", {**SGLANG, "lora_rank": 4, "lora_alpha": 8, "target_modules": "q_proj,v_proj",
+                               "lora_sync_from_tensor": True, "update_weight_mode": "disk", "run_dir": str(tmp_path / "run")})
+    tok = train_tokenizer(["hello world 1 2 3"] * 8, vocab_size=280)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, eos_token_id=tok.eos_token_id)).eval()
+    model.save_pretrained(tmp_path / "m")
+    save_tokenizer(tok, tmp_path / "m")
+    adapted = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for n, p in adapted.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0.0, 0.5)
+    config = adapted.peft_config["default"].to_dict()
+    config["target_modules"] = sorted(config["target_modules"])
+    sender = WeightSender(lambda: [], adapter=lambda: (config, sorted(get_peft_model_state_dict(adapted).items())))
+    key, argv_file = new_api_key(), tmp_path / "argv.json"
+    spec = EngineLaunch(model_path=str(tmp_path / "m"), host="127.0.0.1", port=free_port(), api_key=key)
+    env = {"PYTHONPATH": os.pathsep.join([str(STANDIN), str(ROOT)]), "STANDIN_ARGV_FILE": str(argv_file)}
+    with SGLangProcess.start(cfg, spec, tmp_path / "logs", env=env) as proc:
+        proc.wait_ready(timeout_s=300, poll_s=0.2)
+        argv = json.loads(argv_file.read_text())
+        at = argv.index("--enable-lora")
+        assert argv[at:at + 8] == ["--enable-lora", "--max-loras-per-batch", "1", "--max-lora-rank", "4",
+                                   "--lora-target-modules", "q_proj", "v_proj"]
+        sync = weight_sync(cfg, "gloo")
+        with EngineRouter([HTTPEngineClient(proc.url, **engine_client_options(cfg, key))]) as router:
+            sync.sync(sender, router, 1)
+            requests = [GenerateRequest([5, 6, 7 + i], SamplingParams(max_new_tokens=8, top_k=1)) for i in range(3)]
+            served = [r.output_ids for r in ThroughAdapter(router, LORA_ADAPTER_NAME).generate(requests, seed=0)]
+            plain = [r.output_ids for r in router.generate(requests, seed=0)]
+        sync.close()
+    merged = HFEngine(copy.deepcopy(adapted).merge_and_unload(), tok, batching="exact")
+    assert served == [r.output_ids for r in merged.generate(requests, seed=0)]
+    assert served != plain  # the adapter is what changed the tokens
+    assert [p.name for p in (tmp_path / "run" / "weight_sync").iterdir()] == ["lora-v1"]
