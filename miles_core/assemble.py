@@ -113,6 +113,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
         "custom_tis_function_path": (a.custom_tis_function_path, TIS_FUNCTIONS),
         "custom_pg_loss_reducer_function_path": (a.custom_pg_loss_reducer_function_path, None),
         "eval_function_path": (e.eval_function_path, EVAL_FUNCTIONS),
+        "custom_update_weight_post_write_path": (c.cluster.custom_update_weight_post_write_path, None),
         **{name: (getattr(c.parallel, name), None) for name in MEGATRON_HOOKS},
     }
     return {k: v for k, v in points.items() if v[0]}

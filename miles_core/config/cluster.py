@@ -37,12 +37,35 @@ class ClusterConfig(Group):
     update_weight_mode: Literal["tensor", "broadcast", "disk"] | None = Field(
         None, description="Ray runtime weight sync: tensor (buckets over HTTP), broadcast (a gloo/NCCL group from train rank 0 "
         "to the engines, metadata over HTTP), disk (an HF dir under <run_dir>/weight_sync, engines reload it). "
-        "None: tensor when colocated (disk with rollout_engine sglang), broadcast when disaggregated. The local runtime always "
-        "copies in process (tensor).")
+        "None: tensor when colocated (disk with rollout_engine sglang), broadcast when disaggregated. The local runtime "
+        "copies in process (tensor), unless update_weight_transfer_mode is disk-delta.")
     update_weight_transfer_mode: Literal["broadcast", "p2p", "disk-delta"] = Field(
-        "broadcast", description="How weights reach disaggregated engines when update_weight_mode is unset: broadcast (a "
-        "process group from train rank 0 to the engines, metadata over HTTP: the reference's default). p2p (Mooncake "
-        "transfers) and disk-delta (the engines' /pull_weights) are refused: see the compat page.")
+        "broadcast", description="How weights reach engines that are not colocated when update_weight_mode is unset: "
+        "broadcast (a process group from train rank 0 to the engines, metadata over HTTP: the reference's default); "
+        "disk-delta (each sync after the first publishes only the changed bytes against the previous sync under "
+        "update_weight_disk_dir; each engine verifies and applies them into update_weight_local_checkpoint_dir with "
+        "/pull_weights and reloads from it: our engines, in process or over HTTP; refused with rollout_engine sglang, "
+        "whose 0.5.23 has no /pull_weights). p2p (Mooncake transfers) is refused: see the compat page.")
+    update_weight_disk_dir: str | None = Field(
+        None, description="disk-delta: the directory the trainer publishes to, one weight_v<NNNNNN> dir per sync (the "
+        "first of a process a full HF checkpoint, later ones the changed tensors only), read by every engine. "
+        "Required with update_weight_transfer_mode disk-delta.")
+    update_weight_local_checkpoint_dir: str | None = Field(
+        None, description="disk-delta: the engines' local full HF checkpoint, kept in step by /pull_weights (seeded from "
+        "a full version, deltas patched in after their checksums pass); the engines reload from it. Required with "
+        "disk-delta; not inside update_weight_disk_dir (nor containing it).")
+    update_weight_delta_encoding: Literal["xor", "overwrite"] = Field(
+        "xor", description="disk-delta encoding, byte-level and dtype-blind: xor (new ^ old: smallest, applied exactly "
+        "once on its base version) or overwrite (changed positions and their new bytes: larger, idempotent). Both are "
+        "exact; zstd-compressed (level 1).")
+    update_weight_delta_checksum: Literal["xxh3-128", "blake3", "adler32"] = Field(
+        "xxh3-128", description="disk-delta: the per-tensor checksum of each tensor's new bytes, verified by the engine "
+        "before it writes any: xxh3-128 or adler32 (blake3 is refused: its package is not among miles' dependencies).")
+    custom_update_weight_post_write_path: str | None = Field(
+        None, description="disk-delta: a function called after each version's files are written, before the engines read "
+        "them (e.g. to publish them on a filesystem without cross-host read-after-write): "
+        "hook(args, version_dir, rollout_engines), the reference's signature; called by the process that drives the "
+        "sync (the driver, or the local runtime's process).")
     use_fault_tolerance: bool = Field(False, description="Ray runtime: a health monitor polls every engine and restarts dead ones (see ft_components).")
     ft_components: list[Literal["rollout"]] = Field(["rollout"], description="What the fault tolerance covers: rollout (engine servers).")
     rollout_health_check_interval: float = Field(30.0, gt=0, description="Seconds between two health checks of the engines (use_fault_tolerance).")
@@ -75,10 +98,12 @@ class ClusterConfig(Group):
     @property
     def weight_sync_mode(self) -> str:
         """update_weight_mode, or its default: tensor when colocated (or local), update_weight_transfer_mode (broadcast) when
-        disaggregated; colocated
+        disaggregated, disk-delta whenever it is asked and not colocated (the local runtime too); colocated
         SGLang engines: disk (SGLang's tensor route takes CUDA-IPC handles, which miles does not build: docs/engines.md)."""
         if self.update_weight_mode is not None:
             return self.update_weight_mode
         if self.colocate and self.rollout_engine == "sglang":
             return "disk"
+        if self.update_weight_transfer_mode == "disk-delta" and not self.colocate:
+            return "disk-delta"  # also the local runtime's in-process engine (applies the deltas as a server would)
         return "tensor" if self.colocate or self.runtime == "local" else self.update_weight_transfer_mode

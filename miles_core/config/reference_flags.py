@@ -232,11 +232,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                     "which is not implemented; use_fault_tolerance restarts dead engines and Prefect retries failed stages"),
     "eval_min_new_tokens": "the reference registers it but none of its code reads it (snapshot 31f1ca96; its eval datasets' "
                            "min_new_tokens neither): it changes nothing there",
-    **dict.fromkeys(["update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
-                     "update_weight_delta_checksum", "custom_update_weight_post_write_path"],
-                    "it applies only to update_weight_transfer_mode disk-delta, refused: its engines apply deltas with a "
-                    "/pull_weights route that SGLang 0.5.23 does not serve; update_weight_mode disk reloads a full HF dir "
-                    "under <run_dir>/weight_sync instead"),
     **dict.fromkeys(["p2p_transfer_num_workers", "p2p_transfer_timeout"],
                     "it applies only to update_weight_transfer_mode p2p, refused: miles builds no Mooncake transfer engine; "
                     "use update_weight_transfer_mode broadcast (a gloo/NCCL group) or update_weight_mode disk"),

@@ -7,9 +7,11 @@ metrics catalog, the model's shape) are miles_core/assemble.py's, run by the CLI
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from .algo import parse_teacher_urls
+from .cluster import ClusterConfig
 from .data import REFERENCE_DATA_SOURCES
 
 if TYPE_CHECKING:
@@ -295,16 +297,55 @@ def _runtime_rules(c: "TrainConfig") -> None:
 
 P2P_REFUSAL = ("p2p writes each bucket into the engines' registered memory with Mooncake's transfer engine (the reference's "
                "UpdateWeightP2P, p2p_transfer_utils.py), which miles does not build")
-DELTA_REFUSAL = ("disk-delta publishes changed bytes that each engine applies with its /pull_weights route, which SGLang 0.5.23 "
-                 "does not serve (not in miles_core/rollout/sglang/protocol.json) nor does our server")
+DELTA_FIELDS = ("update_weight_disk_dir", "update_weight_local_checkpoint_dir", "update_weight_delta_encoding",
+                "update_weight_delta_checksum", "custom_update_weight_post_write_path")
 
 
 def _transfer_rules(c: "TrainConfig") -> None:
-    mode = c.cluster.update_weight_transfer_mode
-    if mode != "broadcast":
-        why = P2P_REFUSAL if mode == "p2p" else DELTA_REFUSAL
-        raise ValueError(f"update_weight_transfer_mode {mode} is not supported: {why}; use update_weight_transfer_mode: "
+    cl = c.cluster
+    mode = cl.update_weight_transfer_mode
+    if mode == "p2p":
+        raise ValueError(f"update_weight_transfer_mode p2p is not supported: {P2P_REFUSAL}; use update_weight_transfer_mode: "
                          "broadcast, or update_weight_mode: disk (the engines reload a full HF dir)")
+    if mode != "disk-delta":
+        defaults = {n: ClusterConfig.model_fields[n].default for n in DELTA_FIELDS}
+        set_ = [n for n in DELTA_FIELDS if getattr(cl, n) != defaults[n]]
+        if set_:
+            raise ValueError(f"{set_[0]} applies only to update_weight_transfer_mode disk-delta (it is {mode}): set "
+                             "update_weight_transfer_mode: disk-delta or drop it")
+        return
+    _delta_rules(c)
+
+
+def _delta_rules(c: "TrainConfig") -> None:
+    """disk-delta (the reference's checks, miles/utils/arguments.py ~3273-3295, and what miles does not build)."""
+    cl = c.cluster
+    if cl.rollout_engine == "sglang":
+        raise ValueError("update_weight_transfer_mode disk-delta is not supported yet with rollout_engine sglang: its "
+                         "engines apply deltas with a /pull_weights route that SGLang 0.5.23 does not serve (not in "
+                         "miles_core/rollout/sglang/protocol.json); use rollout_engine: hf (miles' engines serve it), or "
+                         "update_weight_mode: disk (the engines reload a full HF dir)")
+    if cl.colocate:
+        raise ValueError("update_weight_transfer_mode disk-delta is for engines that are not colocated (the reference "
+                         "refuses it with colocate: a colocated sync hands tensors over in place); set colocate: false")
+    if cl.update_weight_mode is not None:
+        raise ValueError(f"update_weight_mode {cl.update_weight_mode} and update_weight_transfer_mode disk-delta both pick "
+                         "the weight sync: drop one")
+    if c.lora.lora_rank > 0:
+        raise ValueError("update_weight_transfer_mode disk-delta with lora_rank > 0 is not supported yet (the reference "
+                         "refuses LoRA weight sync there too); use update_weight_transfer_mode: broadcast")
+    for name in ("update_weight_disk_dir", "update_weight_local_checkpoint_dir"):
+        if not getattr(cl, name):
+            raise ValueError(f"update_weight_transfer_mode disk-delta needs {name} (the published deltas; the engines' "
+                             "local checkpoint): set it")
+    shared, local = (os.path.abspath(getattr(cl, n)) for n in ("update_weight_disk_dir", "update_weight_local_checkpoint_dir"))
+    if os.path.commonpath((shared, local)) in (shared, local):
+        raise ValueError(f"update_weight_local_checkpoint_dir {cl.update_weight_local_checkpoint_dir} and "
+                         f"update_weight_disk_dir {cl.update_weight_disk_dir} overlap: the engines patch the first in "
+                         "place, the trainer clears the second; give two separate directories")
+    if cl.update_weight_delta_checksum == "blake3":
+        raise ValueError("update_weight_delta_checksum blake3 is not supported yet: the blake3 package is not among miles' "
+                         "dependencies; use xxh3-128 (the default) or adler32")
 
 
 def _offload_rules(c: "TrainConfig", external: bool) -> None:

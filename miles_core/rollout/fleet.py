@@ -41,11 +41,19 @@ class EngineFleet(Protocol):
 
 class InProcessFleet:
     """One engine in this process; weights are copied from the trainer's tensors (tensor mode). ``lora_adapter``
-    (lora_sync_from_tensor): syncs load the adapter alone and every request runs through it (weights/sync.py)."""
+    (lora_sync_from_tensor): syncs load the adapter alone and every request runs through it (weights/sync.py).
+    ``delta`` (disk-delta: weights/sync.py DeltaOptions): each sync is published under its disk_dir, pulled by the
+    engine into its local checkpoint and reloaded from there (sync_delta; the publisher's snapshot lives here)."""
 
-    def __init__(self, engine: RolloutEngine, bucket_bytes: int, lora_adapter: bool = False, check_adapter: bool = False):
+    def __init__(self, engine: RolloutEngine, bucket_bytes: int, lora_adapter: bool = False, check_adapter: bool = False,
+                 delta=None):
         self._engine, self.bucket_bytes, self.lora_adapter = engine, bucket_bytes, lora_adapter
         self.check_adapter = check_adapter  # check_lora_weight_equal: the engine checks each adapter's sha256 per tensor
+        self.delta, self._publisher = delta, None
+        if delta is not None:
+            from miles_core.weights.delta import DeltaPublisher
+
+            self._publisher = DeltaPublisher(delta.disk_dir, delta.encoding, delta.checksum)
 
     @property
     def engine(self) -> RolloutEngine:
@@ -61,10 +69,12 @@ class InProcessFleet:
         """Nothing to release: the engine and the trainer share this process's memory."""
 
     def update_weights(self, source: WeightSource, version: int) -> dict[str, float]:
-        from miles_core.weights.sync import sync_adapter, sync_weights
+        from miles_core.weights.sync import sync_adapter, sync_delta, sync_weights
 
         if self.lora_adapter:
             return sync_adapter(source.adapter(), [self._engine], version, check=self.check_adapter)
+        if self.delta is not None:
+            return sync_delta(source.tensors(), [self._engine], version, self._publisher, self.delta)
         return sync_weights(source.tensors(), [self._engine], version, self.bucket_bytes)
 
     @property

@@ -327,6 +327,20 @@ class HFEngine(SeededGenerate):
                 raise KeyError(f"engine has no parameter {name!r}")
             params[name].copy_(tensor)
 
+    def update_weights_from_disk(self, model_path: str) -> None:
+        """Reload every tensor of the HF dir ``model_path`` (SGLang's /update_weights_from_disk, in process)."""
+        from .http.engine import iter_hf_weights
+
+        self.load_weights(iter_hf_weights(model_path))
+
+    def pull_weights(self, source_dir: str, local_checkpoint_dir: str, target_version: int) -> int:
+        """disk-delta: bring ``local_checkpoint_dir`` to ``target_version`` published under ``source_dir``
+        (weights/delta.py pull: every delta verified before it is written); the weights served do not change
+        until update_weights_from_disk(local_checkpoint_dir). -> the version the local checkpoint holds."""
+        from miles_core.weights.delta import pull
+
+        return pull(local_checkpoint_dir, source_dir, target_version)
+
     def check_weights(self, action: str, skip_list: Sequence[str] | None = None, allow_quant_error: bool = False,
                       selector: str = "all") -> str:
         """SGLang's weights checker (snapshot | reset_tensors | compare; rollout/weight_checker.py): one model, no

@@ -29,9 +29,11 @@ def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
     ``device`` (miles_core/device.py), where the trainer is."""
     from miles_core.rollout.hf_engine import HFEngine
 
+    from miles_core.rollout.http.options import delta_options
+
     engine = HFEngine.from_pretrained(data.model_path, cfg.misc.dtype, cfg.cluster.device, tokenizer=data.tokenizer)
     return InProcessFleet(engine, cfg.cluster.update_weight_buffer_size, lora_adapter=cfg.lora.lora_sync_from_tensor,
-                          check_adapter=cfg.misc.check_lora_weight_equal)
+                          check_adapter=cfg.misc.check_lora_weight_equal, delta=delta_options(cfg))
 
 
 ENGINE_FLEETS = {"hf": hf_engine_fleet}

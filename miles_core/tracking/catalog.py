@@ -212,6 +212,11 @@ CATALOG: tuple[Metric, ...] = (
            "(use_fault_tolerance) or found dead before a weight sync", "runtime: ray", "miles_core/rollout/http/fleet.py"),
     Metric("perf/update_weights_time", ROLLOUT, "seconds of the weight sync trainer -> engines (pause to continue, any "
            "update_weight_mode)", "always", "miles_core/weights/sync.py"),
+    Metric("perf/update_weights_density", ROLLOUT, "disk-delta: the fraction of the weights' bytes that changed since the "
+           "last sync (1 for a full version)", "update_weight_transfer_mode: disk-delta", "miles_core/weights/delta.py"),
+    Metric("perf/update_weights_wire_bytes", ROLLOUT, "disk-delta: the bytes the sync wrote under update_weight_disk_dir "
+           "(the compressed deltas, or the full version)", "update_weight_transfer_mode: disk-delta",
+           "miles_core/weights/delta.py"),
     # ---- train: actor loss (summed over micro-batches of one optimizer step) ----------------------
     Metric("train/loss", TRAIN, "the total loss", "always", _LOSS),
     Metric("train/pg_loss", TRAIN, "policy-gradient loss R'(pg)", "loss_type: policy_loss", _LOSS),

@@ -13,7 +13,8 @@ from the last checkpoint and syncs again).
     sync_weights   the local runtime: tensors copied into an in-process engine
     sync_adapter   lora_sync_from_tensor: the LoRA adapter alone, loaded into engines that serve it unmerged
                    (WeightSync does it too: by disk, SGLang's /load_lora_adapter, or as tensors)
-    WeightSync     the Ray runtime: modes tensor / broadcast / disk into engine servers (docs/ray.md)
+    sync_delta     the local runtime with disk-delta: publish, pull into the engine's local checkpoint, reload it
+    WeightSync     the Ray runtime: modes tensor / broadcast / disk / disk-delta into engine servers (docs/ray.md)
     WeightSender   the trainer side of WeightSync (train rank 0)
 """
 
@@ -27,6 +28,7 @@ import sys
 import time
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -115,8 +117,48 @@ def sync_adapter(adapter: tuple[dict, list[tuple[str, torch.Tensor]]], engines: 
     return _paused(engines, version, push)
 
 
+# ---- disk-delta (update_weight_transfer_mode disk-delta; weights/delta.py has the formats) ------------------------
+@dataclass(frozen=True)
+class DeltaOptions:
+    """disk-delta: where the trainer publishes (``disk_dir``), the engines' local checkpoint (``local_dir``), the
+    encoding and checksum, and the post-write hook (custom_update_weight_post_write_path) with the ``args`` it gets."""
+
+    disk_dir: str
+    local_dir: str
+    encoding: str = "xor"
+    checksum: str = "xxh3-128"
+    hook: Callable | None = None
+    hook_args: object = None
+
+    def post_write(self, version_dir: str, engines: list) -> None:
+        """The reference's hook(args, version_dir, rollout_engines), after a version's files are written."""
+        if self.hook is not None:
+            self.hook(self.hook_args, version_dir, engines)
+
+
+def sync_delta(named_tensors: NamedTensors, engines: list, version: int, publisher, options: DeltaOptions) -> dict[str, float]:
+    """disk-delta into in-process engines: publish (``publisher``: a weights/delta.py DeltaPublisher) -> hook -> every
+    engine pulls it into its local checkpoint (verified; while it generates, as the reference pulls before pausing)
+    -> pause -> each reloads the local checkpoint -> version -> continue. A refused delta raises before any pause."""
+    published = publisher.publish(named_tensors, version, full=publisher.refused)
+    options.post_write(published.version_dir, engines)
+    try:
+        for e in engines:
+            e.pull_weights(options.disk_dir, options.local_dir, version)
+    except BaseException:
+        publisher.refused = True  # the next sync publishes in full: no engine holds this version's bytes
+        raise
+    publisher.refused = False
+
+    def push() -> None:
+        for e in engines:
+            e.update_weights_from_disk(options.local_dir)
+
+    return {**_paused(engines, version, push), **published.metrics()}
+
+
 # ---- modes: trainer -> engine servers (the Ray runtime) ------------------------------------------------
-MODES = ("tensor", "broadcast", "disk")
+MODES = ("tensor", "broadcast", "disk", "disk-delta")
 PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang 0.5.23 PauseGenerationReqInput.mode (io_struct.py)
 
 
@@ -216,6 +258,15 @@ class WeightSender:
 
         return str(save_hf_weights(list(self._named()), path, self.hf_config))
 
+    def publish_delta(self, disk_dir: str, version: int, encoding: str, checksum: str, full: bool = False):
+        """disk-delta: publish ``version`` under ``disk_dir`` (a full version first, or with ``full``; else a delta
+        against the last one this sender published; its snapshot stays here, on train rank 0). -> delta.py Published."""
+        from .delta import DeltaPublisher
+
+        if getattr(self, "_publisher", None) is None:
+            self._publisher = DeltaPublisher(disk_dir, encoding, checksum)
+        return self._publisher.publish(self._named(), version, self.hf_config, full=full)
+
 
 class WeightSync:
     """One run's weight sync, driver side: pause -> flush -> [session] buckets (by ``mode``) -> set version -> continue,
@@ -226,6 +277,9 @@ class WeightSync:
                engine set changed); per bucket /update_weights_from_distributed carries names/dtypes/shapes
                while the sender broadcasts the bytes
     disk       the sender saves <disk_dir>/v<version> atomically; engines /update_weights_from_disk
+    disk-delta (``delta``: DeltaOptions) before pausing, the sender publishes the version (sender.publish_delta), the
+               hook runs, every engine /pull_weights it into its local checkpoint; then /update_weights_from_disk of
+               that checkpoint (the reference's UpdateWeightFromDiskDelta._reload_engines)
     ``lora_adapter`` (lora_sync_from_tensor): the adapter alone reloaded on every engine (/unload_lora_adapter where loaded,
     then a load), outside a session, as sync_adapter: mode disk, the sender saves the PEFT dir <disk_dir>/lora-v<version>
     and the engines read it (SGLang's /load_lora_adapter {lora_name, lora_path}); otherwise the tensors travel in the
@@ -236,14 +290,18 @@ class WeightSync:
     so no /flush_cache follows it (the reference's _pause_and_prepare_engines).
     """
 
-    SESSION = {"tensor": True, "broadcast": True, "disk": False}  # by mode: inside begin/end_weight_update
+    SESSION = {"tensor": True, "broadcast": True, "disk": False, "disk-delta": False}  # inside begin/end_weight_update
 
     def __init__(self, mode: str, bucket_bytes: int, disk_dir: str | Path | None = None, backend: str = "gloo",
-                 lora_adapter: bool = False, pause_mode: str = "retract", check_adapter: bool = False):
+                 lora_adapter: bool = False, pause_mode: str = "retract", check_adapter: bool = False,
+                 delta: DeltaOptions | None = None):
         if mode not in MODES:
             raise ValueError(f"weight sync mode {mode!r}: expected one of {MODES}")
         if mode == "disk" and disk_dir is None:
             raise ValueError("weight sync mode disk needs a directory (disk_dir)")
+        if (mode == "disk-delta") != (delta is not None):
+            raise ValueError("weight sync mode disk-delta needs its DeltaOptions (delta), and only it takes them")
+        self.delta, self._delta_refused = delta, False
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause mode {pause_mode!r}: expected one of {PAUSE_MODES}")
         self.mode, self.bucket_bytes, self.backend, self.pause_mode = mode, bucket_bytes, backend, pause_mode
@@ -259,6 +317,13 @@ class WeightSync:
     def sync(self, sender, router, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
         slots = router.weight_targets()
+        extra: dict[str, float] = {}
+        if self.mode == "disk-delta" and not self.lora_adapter:
+            try:  # disk only: the engines keep generating meanwhile
+                extra = self._pull_delta(sender, router, slots, version)
+            except Exception as e:
+                raise WeightSyncError(f"weight sync (disk-delta) to version {version} ({sync_point(version)}) failed "
+                                      f"before any engine paused: {e}") from e
         try:
             router.pause_generation(slots, self.pause_mode)
             if self.pause_mode != "in_place":  # in_place resumes on the engines' KV cache: not flushed
@@ -266,13 +331,14 @@ class WeightSync:
             if self.lora_adapter:
                 self._push_adapter(sender, router, slots, version)
             else:
-                self._in_session(router, slots, lambda: getattr(self, f"_push_{self.mode}")(sender, router, slots, version))
+                push = getattr(self, f"_push_{self.mode.replace('-', '_')}")
+                self._in_session(router, slots, lambda: push(sender, router, slots, version))
             router.set_weight_version(version, slots)
         except Exception as e:  # every engine paused here generates again, healthy or not, at the version it had
             _quietly("continue_generation", lambda: router.continue_generation(slots))
             raise WeightSyncError(f"weight sync ({'lora adapter' if self.lora_adapter else self.mode}) to version {version} ({sync_point(version)}) failed: {e}") from e
         router.continue_generation(slots)
-        return {"perf/update_weights_time": time.perf_counter() - t0}
+        return {"perf/update_weights_time": time.perf_counter() - t0, **extra}
 
     def _in_session(self, router, slots, push: Callable[[], None]) -> None:
         if not self.SESSION[self.mode]:
@@ -311,6 +377,18 @@ class WeightSync:
         path = sender.save(str(self.disk_dir / f"v{version}"))
         router.update_weights_from_disk(path, version, slots)
         self._prune(f"v{version}")
+
+    def _pull_delta(self, sender, router, slots, version: int) -> dict[str, float]:
+        d = self.delta
+        published = sender.publish_delta(d.disk_dir, version, d.encoding, d.checksum, self._delta_refused)
+        d.post_write(published.version_dir, [s.client for s in slots])
+        self._delta_refused = True  # until every engine pulled it: the next sync then publishes in full
+        router.pull_weights(d.disk_dir, d.local_dir, version, slots)
+        self._delta_refused = False
+        return published.metrics()
+
+    def _push_disk_delta(self, sender, router, slots, version: int) -> None:
+        router.update_weights_from_disk(self.delta.local_dir, version, slots)
 
     def _push_broadcast(self, sender, router, slots, version: int) -> None:
         key = tuple(s.url for s in slots)

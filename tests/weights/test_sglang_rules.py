@@ -121,18 +121,22 @@ def test_a_sync_failing_on_one_engine_leaves_every_engine_serving(serve, trainer
     sync.close()
 
 
-def test_update_weight_transfer_mode_broadcast_is_the_disaggregated_sync_and_the_others_are_refused():
-    """The reference picks the disaggregated updater by update_weight_transfer_mode (megatron_utils/actor.py): broadcast is
-    ours; disk-delta needs the engines' /pull_weights, which SGLang 0.5.23's snapshot lacks; p2p a Mooncake engine."""
+def test_update_weight_transfer_mode_picks_the_disaggregated_sync_and_disk_delta_is_refused_with_sglang():
+    """The reference picks the disaggregated updater by update_weight_transfer_mode (megatron_utils/actor.py): broadcast;
+    disk-delta for our engines (they serve /pull_weights), refused with SGLang, whose 0.5.23 snapshot lacks the route;
+    p2p needs a Mooncake engine."""
     from miles_core.config import ConfigError, build_config
 
     base = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith", "runtime": "ray"}
+    dirs = {"update_weight_disk_dir": "/mnt/deltas", "update_weight_local_checkpoint_dir": "/nvme/ckpt"}
     assert build_config(base).cluster.weight_sync_mode == "broadcast"
     assert build_config({**base, "update_weight_transfer_mode": "broadcast", "colocate": True}).cluster.weight_sync_mode == "tensor"
+    assert build_config({**base, "update_weight_transfer_mode": "disk-delta", **dirs}).cluster.weight_sync_mode == "disk-delta"
     assert not any("pull_weights" in route for route in protocol()["routes"])
-    with pytest.raises(ConfigError, match="update_weight_transfer_mode disk-delta is not supported: .*/pull_weights.*SGLang 0.5.23"):
-        build_config({**base, "update_weight_transfer_mode": "disk-delta"})
+    with pytest.raises(ConfigError, match="update_weight_transfer_mode disk-delta is not supported yet with rollout_engine "
+                                          "sglang: .*/pull_weights.*SGLang 0.5.23"):
+        build_config({**base, "update_weight_transfer_mode": "disk-delta", "rollout_engine": "sglang", **dirs})
     with pytest.raises(ConfigError, match="update_weight_transfer_mode p2p is not supported: .*Mooncake"):
         build_config({**base, "update_weight_transfer_mode": "p2p"})
-    with pytest.raises(ConfigError, match="update_weight_disk_dir .* applies only to update_weight_transfer_mode disk-delta"):
+    with pytest.raises(ConfigError, match="update_weight_disk_dir applies only to update_weight_transfer_mode disk-delta"):
         build_config({**base, "update_weight_disk_dir": "/mnt/deltas"})

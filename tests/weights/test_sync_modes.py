@@ -1,9 +1,11 @@
-"""Contract of each weight sync mode (tensor, broadcast, disk) against real HTTP engine servers on
+"""Contract of each weight sync mode (tensor, broadcast, disk, disk-delta) against real HTTP engine servers on
 127.0.0.1 (in-thread servers; the broadcast group is a real gloo group): afterwards every engine
 holds the trainer's weights bit for bit, reports the new version, and generates exactly what an
 in-process engine with the same weights generates. Also: release/resume of engine memory."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -11,7 +13,8 @@ import torch
 from miles_core.rollout.hf_engine import HFEngine
 from miles_core.rollout.http import EngineRouter, HFEngine, serve_in_thread
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
-from miles_core.weights.sync import MODES, WeightSender, WeightSync, iter_buckets, iter_meta_buckets
+from miles_core.weights.delta import INDEX
+from miles_core.weights.sync import MODES, DeltaOptions, WeightSender, WeightSync, iter_buckets, iter_meta_buckets
 
 BUCKET = 64 * 1024  # several buckets for the tiny model (~3M params, 12 MB)
 
@@ -54,7 +57,8 @@ def test_mode_contract(mode, servers, trainer_model, tiny_tokenizer, tmp_path):
     """Also SGLang's ranks with TP > 1 (finding 4 of issue 27): engine j's ranks are 1 + the TP sizes before it (+ tp
     rank), world 1 + the sum of TP sizes: offsets 1 and 3, world 5; every group rank receives every tensor whole."""
     sender = WeightSender(lambda: trainer_model.state_dict().items(), trainer_model.config)
-    sync = WeightSync(mode, BUCKET, disk_dir=tmp_path / "weight_sync")
+    delta = DeltaOptions(str(tmp_path / "deltas"), str(tmp_path / "local")) if mode == "disk-delta" else None
+    sync = WeightSync(mode, BUCKET, disk_dir=tmp_path / "weight_sync", delta=delta)  # disk-delta: one local dir for both
     with EngineRouter.from_urls([h.url for h in servers], bucket_bytes=BUCKET) as router:
         assert router.group_ranks(router.weight_targets()) == ([1, 3], 5)
         for version in (1, 2):  # the second sync reuses the broadcast group
@@ -76,13 +80,17 @@ def test_mode_contract(mode, servers, trainer_model, tiny_tokenizer, tmp_path):
     n = 2 * len(trainer_model.state_dict()) if mode == "broadcast" else 0  # two syncs; SGLang's layout: every rank, whole
     assert [h.server.received for h in servers] == ([{1: n, 2: n}, {3: n, 4: n}] if n else [{}, {}])
     sessions = [e for e in servers[0].server.events if e.endswith("weight_update")]
-    assert sessions == ([] if mode == "disk" else ["begin_weight_update", "end_weight_update"] * 2)  # disk needs none
+    assert sessions == ([] if mode.startswith("disk") else ["begin_weight_update", "end_weight_update"] * 2)  # disk: none
     if mode == "broadcast":
         assert sync._groups == 1
         assert all(h.server.stats["weight_buckets"] > 3 for h in servers)
     if mode == "disk":
         assert [p.name for p in (tmp_path / "weight_sync").iterdir()] == ["v2"]  # older versions removed, no temp dirs
         assert (tmp_path / "weight_sync" / "v2" / "config.json").exists()
+    if mode == "disk-delta":  # a full version, then a delta of the one changed tensor; both engines pulled each
+        assert sorted(p.name for p in (tmp_path / "deltas").iterdir()) == ["weight_v000001", "weight_v000002"]
+        assert list(json.loads((tmp_path / "deltas" / "weight_v000002" / INDEX).read_text())["weight_map"]) == ["model.norm.weight"]
+        assert [[e for e in h.server.events if e == "pull_weights"] for h in servers] == [["pull_weights"] * 2] * 2
     sync.close()
 
 

@@ -49,8 +49,6 @@ METRICS_NOT_LOGGED: dict[str, str] = {
                                     "perf/update_weights_time",
     "perf/update_weights_implementation_time": f"the weight-update protocol's inner timing: {SGLANG}",
     "perf/finalize_and_resume_engines_time": f"engine resume timing: {SGLANG}",
-    "perf/update_weights_density": f"delta weight updates: {SGLANG}",
-    "perf/update_weights_wire_bytes": f"delta weight updates: {SGLANG}",
     "perf/export_hf_time": "exports log eval/export_time_seconds; a perf/ timer of the export task is not logged yet",
     "perf/data_preprocess_time": "not timed yet (the batch is built inside perf/train_time)",
     "perf/critic_train_time": "not timed apart from perf/train_time yet",

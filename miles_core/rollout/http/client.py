@@ -192,6 +192,12 @@ class HTTPEngineClient(SeededGenerate):
         if weight_version is not None:
             self._version = weight_version
 
+    def pull_weights(self, source_dir: str, local_checkpoint_dir: str, target_version: int) -> None:
+        """disk-delta's /pull_weights (the reference's SGLangEngine.pull_weights body): the server brings its local
+        checkpoint to ``target_version`` (verified); the weights it serves change with the disk reload that follows."""
+        self.request("POST", "/pull_weights", json={"local_checkpoint_dir": str(local_checkpoint_dir),
+                                                    "source_dir": str(source_dir), "target_version": int(target_version)})
+
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str, backend: str = "gloo") -> None:
         """SGLang's /init_weights_update_group: the engine's TP ranks join the sender's group as ranks

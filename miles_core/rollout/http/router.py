@@ -368,6 +368,11 @@ class EngineRouter(SeededGenerate):
         if weight_version is not None:
             self._record_version(done, weight_version)
 
+    def pull_weights(self, source_dir: str, local_checkpoint_dir: str, version: int,
+                     slots: list[EngineSlot] | None = None) -> None:
+        """disk-delta: every engine's local checkpoint to ``version`` (engines sharing the dir apply it once)."""
+        self._broadcast("pull_weights", lambda c: c.pull_weights(source_dir, local_checkpoint_dir, version), slots)
+
     def set_weight_version(self, version: int, slots: list[EngineSlot] | None = None) -> None:
         self._record_version(self._broadcast("set_weight_version", lambda c: c.set_weight_version(version), slots), version)
 

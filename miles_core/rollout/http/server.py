@@ -13,6 +13,8 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
     POST /pause_generation {mode}       POST /continue_generation
     POST /begin_weight_update           POST /end_weight_update   (the session tensor / distributed updates need)
     POST /update_weights_from_disk      POST /update_weights_from_tensor   (ours: a safetensors body)
+    POST /pull_weights {source_dir, local_checkpoint_dir, target_version}   (disk-delta: the route of SGLang after 0.5.23
+                                        and of the reference's patched SGLang; ours: OUR_ROUTES)
     POST /init_weights_update_group     POST /update_weights_from_distributed, /destroy_weights_update_group
     POST /update_weight_version         GET|POST /get_weights_by_name      (ours: the whole tensor)
     GET|POST /weights_checker {action: snapshot|reset_tensors|compare, skip_tensor_list}
@@ -66,6 +68,8 @@ from miles_core.rollout.weight_checker import WeightCheckError
 
 from . import wire
 from .batcher import Batcher
+from miles_core.weights.delta import DeltaError
+
 from .engine import BATCHING, HFEngine, ShardOutsideModelDir, iter_hf_weights, request_seed
 
 log = logging.getLogger(__name__)
@@ -144,6 +148,7 @@ class EngineServer:
             (post, "/begin_weight_update", self.begin_weight_update), (post, "/end_weight_update", self.end_weight_update),
             (post, "/update_weights_from_disk", self.update_weights_from_disk),
             (post, "/update_weights_from_tensor", self.update_weights_from_tensor),
+            (post, "/pull_weights", self.pull_weights),
             (post, "/update_weight_version", self.update_weight_version),
             (post, "/init_weights_update_group", self.init_weights_update_group),
             (post, "/destroy_weights_update_group", self.destroy_weights_update_group),
@@ -365,6 +370,24 @@ class EngineServer:
             await self.batcher.run(self.engine.set_weight_version, wire.parse_version(body["weight_version"]))
         msg = f"Loaded {len(named)} tensors from {body['model_path']}."
         return web.json_response({"success": True, "message": msg, "num_paused_requests": 0})
+
+    async def pull_weights(self, request: web.Request) -> web.Response:
+        """disk-delta: the local checkpoint brought to target_version (weights/delta.py pull), off the generate thread:
+        the weights served change only with the /update_weights_from_disk of it that follows. A delta that fails its
+        checksums answers 400 and writes nothing."""
+        body = await _json(request)
+        missing = [k for k in ("source_dir", "local_checkpoint_dir", "target_version") if body.get(k) in (None, "")]
+        if missing:
+            raise wire.WireError(f"pull_weights needs {', '.join(missing)}")
+        if self.fault is not None and self.fault.on == "weights":
+            raise RuntimeError(f"injected fault ({self.fault.mode}) on a weight update")
+        try:
+            version = await asyncio.to_thread(self.engine.pull_weights, body["source_dir"], body["local_checkpoint_dir"],
+                                              wire.parse_version(body["target_version"]))
+        except (DeltaError, FileNotFoundError) as e:
+            raise wire.WireError(str(e)) from e
+        self.events.append("pull_weights")
+        return web.json_response({"success": True, "message": f"{body['local_checkpoint_dir']} holds version {version}"})
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
         self._require_session("update_weights_from_tensor")

@@ -6,7 +6,8 @@ and the checks that hold our client and our stand-in server to it (tests/rollout
     request_problems(calls, snapshot)      calls (method, path, JSON body) a client sent that SGLang lacks
     route_problems(routes, snapshot)       routes a server serves that SGLang lacks (OUR_ROUTES aside)
 
-Our deviations, each on purpose and documented in docs/engines.md: OUR_ROUTES (fault injection), and
+Our deviations, each on purpose and documented in docs/engines.md: OUR_ROUTES (fault injection, disk-delta's
+/pull_weights), and
 OUR_BODIES: the body of /update_weights_from_tensor is a safetensors file (SGLang's carries in-process
 IPC handles, which cannot cross HTTP).
 """
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 SNAPSHOT_FILE = Path(__file__).with_name("protocol.json")
-OUR_ROUTES = {"/debug/fail": ("POST",)}  # served only with --enable-fault-injection
+OUR_ROUTES = {"/debug/fail": ("POST",),  # served only with --enable-fault-injection
+              "/pull_weights": ("POST",)}  # disk-delta (SGLang serves it after 0.5.23: srt/weight_sync/local_checkpoint.py)
 OUR_BODIES = {"/update_weights_from_tensor": "a safetensors file (Content-Type application/octet-stream)"}
 
 

@@ -19,7 +19,7 @@ from http_helpers import requests_for
 from miles_core.rollout.http import EngineRouter, HTTPEngineClient
 from miles_core.rollout.http.server import EngineServer, ServerOptions
 from miles_core.rollout.sglang.protocol import OUR_ROUTES, Call, protocol, request_problems, route_problems
-from miles_core.weights.sync import MODES, WeightSender, WeightSync
+from miles_core.weights.sync import MODES, DeltaOptions, WeightSender, WeightSync
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,7 +48,9 @@ def client_calls(tmp_path_factory, model_dir):
     try:
         with EngineRouter([client]) as router:
             for version, mode in enumerate(MODES, start=1):
-                WeightSync(mode, 2**20, tmp_path_factory.mktemp("sync")).sync(sender, router, version)
+                where = tmp_path_factory.mktemp("sync")
+                delta = DeltaOptions(str(where / "deltas"), str(where / "local")) if mode == "disk-delta" else None
+                WeightSync(mode, 2**20, where, delta=delta).sync(sender, router, version)
             router.generate(requests_for(2, max_new_tokens=2, stop=("x",), top_k=5), seed=0)
             router.check_health()
             router.release_memory_occupation(["kv_cache"])
@@ -67,8 +69,8 @@ def test_the_client_sends_only_sglang_routes_methods_and_fields(client_calls):
     paths = {c.path for c in client_calls}
     assert {"/begin_weight_update", "/end_weight_update", "/model_info", "/init_weights_update_group",
             "/update_weights_from_distributed", "/update_weights_from_disk", "/update_weights_from_tensor",
-            "/update_weight_version", "/pause_generation", "/continue_generation", "/generate"} <= paths
-    assert request_problems(client_calls) == []
+            "/update_weight_version", "/pause_generation", "/continue_generation", "/generate", "/pull_weights"} <= paths
+    assert request_problems(client_calls) == []  # /pull_weights (disk-delta) is one of OUR_ROUTES
 
 
 def test_a_route_or_field_removed_from_the_snapshot_is_reported(client_calls):
@@ -104,7 +106,8 @@ def test_the_server_serves_sglang_routes_and_our_short_list_only():
     assert route_problems(served) == []
     assert {p for _, p in served} - set(protocol()["routes"]) == set(OUR_ROUTES)
     grown = served + [(("GET",), "/get_weight_version")]
-    assert route_problems(grown) == ["/get_weight_version: not an SGLang 0.5.23 route, nor one of ours ['/debug/fail']"]
+    assert route_problems(grown) == ["/get_weight_version: not an SGLang 0.5.23 route, nor one of ours "
+                                     "['/debug/fail', '/pull_weights']"]
 
 
 def test_the_session_rule_answers_with_sglang_messages(start_server):
