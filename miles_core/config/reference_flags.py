@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .rules import NOT_SUPPORTED
+from .rules import NO_DISK_OFFLOAD, NOT_SUPPORTED
 
 FLAGS_TSV = Path(__file__).resolve().parent / "reference" / "flags.tsv"
 
@@ -62,8 +62,6 @@ DSA = ("miles' model specs (training/megatron/model_args.py, from config.json) h
 MOE_REPLAY = ("MoE routing replay (the router's expert choices recorded in the old-policy forward, or taken from SGLang's "
               "rollout, and replayed in the training forward) is not built: the Megatron trainer's megatron-core 0.16.1 "
               "router (TopKRouter) routes every forward afresh")
-NO_DISK_OFFLOAD = ("the reference's disk offload of the train state (torch_memory_saver's disk backend, its streamed Adam) "
-                   "is not built: offload_train (cpu) is the only trainer offload")
 # Options of the reference's Megatron trainer that ours (miles_core/training/megatron/, megatron-core 0.16.1) does not have
 MEGATRON_REFUSED: dict[str, str] = {
     "custom_model_provider_path": "a reference provider (pre_process, post_process, vp_stage) builds its GPTModel from "
@@ -85,10 +83,11 @@ MEGATRON_REFUSED: dict[str, str] = {
     "delay_split_train_data_by_dp": "every train rank already receives the whole rollout and takes its own rows "
                                     "(training/megatron/parallel.my_rows), the flag's behaviour; the default split before "
                                     "sending is not built",
-    "rematerialize_param_from_master_weight": "the Megatron trainer keeps no CPU backup of the actor's weights while "
-                                              "engines generate (offload_train is refused), so there is no backup to drop",
+    "rematerialize_param_from_master_weight": "the Megatron trainer's offload_train parks every storage of the train state "
+                                              "(16-bit weights included) in host copies and copies them back (training/"
+                                              "offload.py): no weight buffer is dropped and rebuilt from the fp32 main weights",
     "check_rematerialize_param_from_master_weight": "it checks rematerialize_param_from_master_weight, which is not "
-                                                    "supported (no CPU weight backup to drop)",
+                                                    "supported (offload_train copies the 16-bit weights back exactly)",
     "low_memory_resume": "Megatron-LM's optimizer-on-CPU checkpoint load; miles loads torch_dist checkpoints with "
                          "megatron-core 0.16.1's dist_checkpointing.load into the live sharded tensors",
     "stream_optimizer_state_to_disk": NO_DISK_OFFLOAD, "stream_optimizer_state_moment_dtype": NO_DISK_OFFLOAD,
@@ -121,7 +120,6 @@ MEGATRON_REFUSED: dict[str, str] = {
 GONE_BUFFER = "read by no code of the reference (snapshot 31f1ca96): its external rollout-buffer service is gone there too"
 UNSUPPORTED_FLAGS: dict[str, str] = {
     **MEGATRON_REFUSED,
-    "offload": "it sets offload_train and offload_rollout; offload_train is not supported yet: set offload_rollout alone",
     "num_gpus_per_node": "it places SGLang engines' GPUs within a node (the reference's sglang_engine.py); miles places "
                          "engines by rollout_num_gpus and rollout_num_gpus_per_engine bundles",
     "fully_async": "use async_mode: fully (the reference's train_async.py --fully-async)",

@@ -100,6 +100,15 @@ class TrainConfig(Group):
         a = self.algo
         return (a.use_kl_loss and a.kl_loss_coef > 0) or a.kl_coef > 0
 
+    @property
+    def offloads_trainer(self) -> bool:
+        """offload_train, or its default: on with colocate or offload, except where nothing alternates with the train
+        stage (debug_rollout_only, debug_train_only: the reference's arguments.py turns it off with debug_rollout_only)."""
+        if self.parallel.offload_train is not None:
+            return self.parallel.offload_train
+        m = self.misc
+        return (self.cluster.colocate or self.cluster.offload) and not (m.debug_rollout_only or m.train_only)
+
     def flat(self) -> dict[str, object]:
         """Every field by its flat name (names are unique across groups)."""
         return {k: v for g in GROUPS for k, v in getattr(self, g).model_dump().items()}

@@ -10,7 +10,8 @@ of a Ray train group) and ``megatron`` (megatron/).
     named_tensors  HF-named full tensors (gathered across TP/PP/EP shards) for weight sync and export
     save / restore an atomic checkpoint of model + optimizer + RNG + the runtime's ``state``
     export         an HF directory <export_dir>/<rollout_id>/
-    offload/onload free the device memory between train stages (colocate) and take it back
+    offload/onload offload_train: the trained state to host memory while the engines generate, and back
+    where          where that state lives now (training/offload.Where: bytes on the device, bytes on the host)
 """
 
 from __future__ import annotations
@@ -60,5 +61,6 @@ class Trainer(Protocol):
     def restore(self, load_dir: Path) -> dict | None: ...
     def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path: ...
     def offload(self) -> None: ...
+    def where(self): ...  # offload.Where
     def run_params(self) -> dict[str, str]: ...  # what the trainer chose (precision, layer spec), logged as derived.trainer.*
     def onload(self) -> None: ...

@@ -272,5 +272,9 @@ class RLTrainer:
     def onload(self) -> None:
         self.engine.onload()
 
+    def where(self):
+        """offload.Where: bytes of the trained state on the device and parked on the host."""
+        return self.engine.where()
+
     def run_params(self) -> dict[str, str]:
         return self.engine.run_params()

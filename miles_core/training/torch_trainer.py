@@ -22,6 +22,7 @@ from .critic import Critic, build_critic, response_values
 from .data_parallel import SingleProcess, as_float
 from .engine import LossFn, Piece, RolloutTensors
 from .lora import AdapterView, NoAdapters
+from .offload import Offloader, module_tensors, optimizer_tensors
 from .precision import Precision
 from .rl_step import RLTrainer
 from .schedule import reset_adam_state
@@ -59,6 +60,7 @@ class TorchEngine:
         )
         self.critic = None if critic is None else Critic(self.parallel.wrap(critic), a, a.micro_batch_size, self.precision.autocast)
         self.roles = frozenset({"actor"} | {r for r, m in (("ref", ref_model), ("teacher", teacher), ("critic", self.critic)) if m is not None})
+        self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target)
 
     @property
     def collective(self) -> bool:
@@ -278,26 +280,23 @@ class TorchEngine:
         return ckpt.export_hf(model, tokenizer, export_dir, rollout_id, dtype=self.precision.model_dtype)
 
     def offload(self) -> None:
-        """Colocated training on a GPU frees device memory between train stages: every model and optimizer state
-        moves to the CPU (contents kept) until ``onload``. On CPU there is nothing to free."""
-        if self.device.type != "cpu":
-            self._move_to(torch.device("cpu"))
-            torch.cuda.empty_cache()
+        """offload_train: the weights, gradients and optimizer state of every model (policy, critic, reference, teacher)
+        leave the training device for host copies until ``onload`` (offload.py; on CPU as well)."""
+        self._offloader.offload()
 
     def onload(self) -> None:
-        if self.device.type != "cpu":
-            self._move_to(self.device)
+        self._offloader.onload()
 
-    def _move_to(self, device: torch.device) -> None:
-        critic = None if self.critic is None else self.critic.module
-        for module in (self.model, self.ref_model, getattr(self.teacher, "model", None), critic):
-            if module is not None:
-                module.to(device)
-        for opt in [self.optimizer] + ([] if self.critic is None else [self.critic.optimizer]):
-            for state in opt.state.values():
-                for k, v in state.items():
-                    if torch.is_tensor(v) and k != "step":  # the step count stays where the optimizer keeps it
-                        state[k] = v.to(device)
+    def where(self):
+        """offload.Where: bytes of the trained state on the device, and parked on the host."""
+        return self._offloader.where()
+
+    def _state_tensors(self):
+        critic = self.critic
+        for module in (self.model, self.ref_model, getattr(self.teacher, "model", None), critic.module if critic else None):
+            yield from module_tensors(module)
+        for opt in (self.optimizer, critic.optimizer if critic else None):
+            yield from optimizer_tensors(opt)
 
     def extra_modules(self) -> dict:
         """Modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo (data
