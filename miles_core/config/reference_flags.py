@@ -185,11 +185,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "start_rollout_id": "a fresh run starts at rollout 0 (the reference also resets it without a checkpoint) and a resume "
                         "after the latest checkpoint; starting elsewhere (the reference's override, which loads the data "
                         "state of start_rollout_id - 1 beside the latest weights) is not supported",
-    "critic_load": "the reference loads its critic from a Megatron checkpoint dir of its own (default load); miles' critic is "
-                   "initialised from the policy (value head zeroed) and saved in and resumed from the actor's checkpoint "
-                   "(extra/critic.safetensors); a critic from another dir is not supported",
-    "critic_save": "the reference saves its critic to a dir of its own (default <save>_critic); miles saves it inside the actor's "
-                   "checkpoint (extra/critic.safetensors), so one save / load / keep_last covers both",
     "log_correct_samples": "the rollout/correct_* metrics are not computed (the reference writes them into its rollout data "
                            "after logging it, log_utils.log_rollout_data, so they reach only its debug dump)",
     "log_passrate": "miles always logs passrate/pass@k (n_samples_per_prompt > 1) and eval/<ds>-pass@k; the reference logs both "

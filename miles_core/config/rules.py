@@ -402,6 +402,7 @@ def _parallel_rules(c: "TrainConfig") -> None:
                 raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only ({why}); set "
                                  f"train_backend: megatron or drop {name}")
     _train_offload_rules(c)
+    _critic_dir_rules(c)
     if p.context_parallel_size > 1:
         raise ValueError(f"context_parallel_size {p.context_parallel_size} is not supported yet (context parallel needs Transformer "
                          "Engine's attention); set context_parallel_size: 1")
@@ -429,6 +430,23 @@ def _parallel_rules(c: "TrainConfig") -> None:
         raise ValueError("max_tokens_per_gpu / log_probs_max_tokens_per_gpu apply only with use_dynamic_batch_size; set it or drop them")
     if backend == "megatron":
         _megatron_rules(c)
+
+
+def _critic_dir_rules(c: "TrainConfig") -> None:
+    """critic_save / critic_load: the ppo critic's own checkpoint dirs (the torch trainer's)."""
+    a, backend = c.algo, c.cluster.train_backend
+    for name in ("critic_save", "critic_load"):
+        if getattr(a, name) is None:
+            continue
+        if a.advantage_estimator != "ppo":
+            raise ValueError(f"{name} is the ppo critic's checkpoint dir; advantage_estimator {a.advantage_estimator} "
+                             f"trains no critic: drop {name}")
+        if backend != "torch":
+            raise ValueError(f"{name} is not supported yet with train_backend {backend}: its critic is saved in the "
+                             f"actor's torch_dist checkpoint (training/megatron/checkpoint.py); drop {name}")
+    if a.critic_save is not None and c.critic_save_dir == c.save_dir:
+        raise ValueError(f"critic_save ({a.critic_save}) is the actor's save dir: the two checkpoints would share one "
+                         "latest pointer; give the critic a dir of its own (default <save>_critic)")
 
 
 def _train_offload_rules(c: "TrainConfig") -> None:

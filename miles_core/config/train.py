@@ -35,6 +35,11 @@ GROUPS: dict[str, type[Group]] = {
 }
 
 
+def critic_dir_of(actor_dir: Path) -> Path:
+    """The ppo critic's checkpoint dir beside an actor's: <actor_dir>_critic (the reference's critic_save default)."""
+    return actor_dir.with_name(actor_dir.name + "_critic")
+
+
 class TrainConfig(Group):
     """A resolved training config. Derived values are properties, never written back."""
 
@@ -86,6 +91,16 @@ class TrainConfig(Group):
     @property
     def load_dir(self) -> Path:
         return Path(self.checkpoint.load).absolute() if self.checkpoint.load else self.save_dir
+
+    @property
+    def critic_save_dir(self) -> Path:
+        """critic_save, or the save dir with a _critic suffix (the reference's default)."""
+        return Path(self.algo.critic_save).absolute() if self.algo.critic_save else critic_dir_of(self.save_dir)
+
+    @property
+    def critic_load_dir(self) -> Path:
+        """critic_load, or the load dir with a _critic suffix."""
+        return Path(self.algo.critic_load).absolute() if self.algo.critic_load else critic_dir_of(self.load_dir)
 
     @property
     def export_dir(self) -> Path:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from miles_core.config import TrainConfig
+from miles_core.config.train import critic_dir_of
 
 from .batch import TokenBatch, forward_only, prompt_units, response_log_probs, response_logits
 from .critic import Critic, build_critic, response_values
@@ -27,6 +29,9 @@ from .precision import Precision
 from .rl_step import RLTrainer
 from .schedule import reset_adam_state
 from .teacher import Teacher, TopK
+
+if TYPE_CHECKING:
+    from miles_core.checkpoint import CheckpointInfo
 
 
 class TorchEngine:
@@ -229,23 +234,34 @@ class TorchEngine:
                 "autocast": str(p.model_dtype).removeprefix("torch.") if p.mixed else "off"}
 
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
-        """An atomic checkpoint <save_dir>/<rollout_id>/ of policy, optimizer, RNG, critic and ``state``
-        (data parallel: every rank gathers the full tensors, rank 0 writes them)."""
+        """An atomic checkpoint <save_dir>/<rollout_id>/ of policy, optimizer, RNG, extra modules and ``state``; with
+        ppo the critic's own first, <critic_save>/<rollout_id>/ (the actor's ``latest``, written last, commits both).
+        Data parallel: every rank gathers the full tensors, rank 0 writes them."""
         from miles_core import checkpoint as ckpt
 
         c = self.checkpoint
         model, optimizer = self._checkpoint_parts()
         if self.lora.enabled:
             state = {**state, "lora_base_sha256": self.lora.base_sha256}
-        extras, extra_optims = self.extra_modules(), self.extra_optimizers()
-        self.parallel.gather_for_save([model, *extras.values()] + ([] if c.no_save_optim else [optimizer, *extra_optims.values()]))
+        extras, extra_optims = self._actor_extras()
+        critic = self._critic_parts()
+        modules, optims = [model, *extras.values()], [optimizer, *extra_optims.values()]
+        if critic is not None:
+            modules, optims = modules + [critic[0]], optims + [critic[1]]
+        self.parallel.gather_for_save(modules + ([] if c.no_save_optim else optims))
         if self.parallel.rank != 0:
             return
+        if critic is not None:
+            ckpt.save_checkpoint(self._critic_dir(self.algo.critic_save, save_dir), rollout_id, model=critic[0],
+                                 optimizer=critic[1], state={"role": "critic", "actor_dir": str(save_dir)},
+                                 keep_last=c.keep_last, save_optim=not c.no_save_optim)
         ckpt.save_checkpoint(save_dir, rollout_id, model=model, optimizer=optimizer, state=state, keep_last=c.keep_last,
                              save_optim=not c.no_save_optim, extra_tensors=extras or None, extra_optimizers=extra_optims or None)
 
     def restore(self, load_dir: Path) -> dict | None:
-        """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none."""
+        """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none; with ppo the
+        critic's checkpoint of the same rollout from critic_load (or, from an actor checkpoint that holds its critic,
+        from there)."""
         from miles_core import checkpoint as ckpt
 
         info = ckpt.find_latest(load_dir)
@@ -254,8 +270,42 @@ class TorchEngine:
         if self.lora.enabled:
             self.lora.check_base(info.meta.get("lora_base_sha256"), info.path)
         model, optimizer = self._checkpoint_parts()
-        return ckpt.load_checkpoint(info, model=model, optimizer=optimizer,
-                                    extra_modules=self.extra_modules() or None, extra_optimizers=self.extra_optimizers() or None)
+        extras, extra_optims = self._actor_extras()
+        critic = self._critic_parts()
+        inside = critic is not None and "critic" in info.meta["contents"]["extra"]  # a checkpoint from before critic_save
+        if inside:
+            extras, extra_optims = {**extras, "critic": critic[0]}, {**extra_optims, "critic": critic[1]}
+        meta = ckpt.load_checkpoint(info, model=model, optimizer=optimizer, extra_modules=extras or None,
+                                    extra_optimizers=extra_optims or None)
+        if critic is not None and not inside:
+            self._restore_critic(self._critic_dir(self.algo.critic_load, load_dir), info, critic)
+        return meta
+
+    @staticmethod
+    def _critic_dir(explicit: str | None, actor_dir: Path) -> Path:
+        return Path(explicit).absolute() if explicit else critic_dir_of(Path(actor_dir))
+
+    def _restore_critic(self, critic_dir: Path, actor: CheckpointInfo, critic: tuple) -> None:
+        """The critic's checkpoint of the actor's rollout id (not its latest: a save that failed between the two leaves
+        the critic one ahead), checksums verified; refused when there is none (it cannot resume with the actor)."""
+        from miles_core import checkpoint as ckpt
+
+        found = {i.rollout_id: i for i in ckpt.list_checkpoints(critic_dir)}
+        if actor.rollout_id not in found:
+            have = sorted(found) or "none"
+            raise ckpt.CheckpointError(f"critic_load: {critic_dir} has no complete checkpoint of rollout {actor.rollout_id} "
+                                       f"(the actor's, {actor.path}; it has {have}): the ppo critic cannot resume with the "
+                                       "actor; set critic_load to the dir its critic_save wrote")
+        ckpt.load_checkpoint(found[actor.rollout_id], model=critic[0], optimizer=critic[1], restore_rng=False)
+
+    def _critic_parts(self):
+        """(module, optimizer) of the ppo critic as the checkpoint code reads them (data parallel: full), or None."""
+        return None if self.critic is None else self.parallel.checkpoint_parts(self.critic.module, self.critic.optimizer)
+
+    def _actor_extras(self) -> tuple[dict, dict]:
+        """extra_modules / extra_optimizers but the critic's (which has a checkpoint dir of its own)."""
+        mods, opts = self.extra_modules(), self.extra_optimizers()
+        return {k: v for k, v in mods.items() if k != "critic"}, {k: v for k, v in opts.items() if k != "critic"}
 
     def _checkpoint_parts(self):
         """(module, optimizer) as the checkpoint code reads them; with LoRA the adapters only (lora.AdapterView)."""

@@ -137,3 +137,19 @@ def test_offload_on_the_local_runtime_is_refused_but_offload_train_alone_is_not(
     with pytest.raises(ConfigError, match=r"offload_rollout / offload_rollout_level / offload release .* \(offload_train alone"):
         build_config({**BASE, "offload": True})
     assert build_config({**BASE, "offload_train": True}).offloads_trainer
+
+
+def test_critic_dirs_default_beside_the_actors_and_are_refused_where_no_critic_saves_there(tmp_path):
+    """critic_save / critic_load: <save>_critic and <load>_critic by default (the reference's arguments.py); only the
+    torch trainer's ppo critic has a dir of its own."""
+    ppo = {**BASE, "advantage_estimator": "ppo", "save": str(tmp_path / "ck")}
+    c = build_config(ppo)
+    assert c.critic_save_dir == tmp_path / "ck_critic" and c.critic_load_dir == tmp_path / "ck_critic"
+    c = build_config({**ppo, "load": str(tmp_path / "old"), "critic_save": str(tmp_path / "v")})
+    assert c.critic_save_dir == tmp_path / "v" and c.critic_load_dir == tmp_path / "old_critic"
+    with pytest.raises(ConfigError, match="critic_save is the ppo critic's checkpoint dir; advantage_estimator grpo"):
+        build_config({**BASE, "critic_save": "x"})
+    with pytest.raises(ConfigError, match="critic_load is not supported yet with train_backend megatron"):
+        build_config({**RAY, "advantage_estimator": "ppo", "critic_load": "x"})
+    with pytest.raises(ConfigError, match="critic_save .* is the actor's save dir"):
+        build_config({**ppo, "critic_save": str(tmp_path / "ck")})
