@@ -101,9 +101,6 @@ MEGATRON_REFUSED: dict[str, str] = {
                                       "return the decode's log-probs (use_rollout_logprobs off: the trainer rescores)",
     "ref_ckpt_step": "it picks an iteration of a Megatron torch_dist reference checkpoint; ref_load is an HF directory or "
                      "builtin:// name here",
-    "async_save": "Megatron-LM's asynchronous checkpoint save (megatron.training.async_utils) is not used: miles saves "
-                  "torch_dist checkpoints synchronously and atomically (megatron-core's dist_checkpointing.save, then "
-                  "rename and the latest pointer)",
     "critic_num_nodes": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same train "
                         "group), not in a Ray group of its own: actor_num_nodes and actor_num_gpus_per_node place both",
     "critic_num_gpus_per_node": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same "

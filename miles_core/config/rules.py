@@ -403,6 +403,7 @@ def _parallel_rules(c: "TrainConfig") -> None:
                                  f"train_backend: megatron or drop {name}")
     _train_offload_rules(c)
     _critic_dir_rules(c)
+    _async_save_rule(c)
     if p.context_parallel_size > 1:
         raise ValueError(f"context_parallel_size {p.context_parallel_size} is not supported yet (context parallel needs Transformer "
                          "Engine's attention); set context_parallel_size: 1")
@@ -447,6 +448,13 @@ def _critic_dir_rules(c: "TrainConfig") -> None:
     if a.critic_save is not None and c.critic_save_dir == c.save_dir:
         raise ValueError(f"critic_save ({a.critic_save}) is the actor's save dir: the two checkpoints would share one "
                          "latest pointer; give the critic a dir of its own (default <save>_critic)")
+
+
+def _async_save_rule(c: "TrainConfig") -> None:
+    if c.checkpoint.async_save and c.cluster.train_backend != "torch":
+        raise ValueError("async_save is not supported yet with train_backend megatron: its torch_dist checkpoints are saved "
+                         "synchronously and atomically (megatron-core's dist_checkpointing.save, then rename and the latest "
+                         "pointer); Megatron-LM's async save (megatron.training.async_utils) is not used: drop async_save")
 
 
 def _train_offload_rules(c: "TrainConfig") -> None:

@@ -82,6 +82,7 @@ class Runtime:
                                if m.ci_test and m.ci_metric_checker_key is not None else None)
         self.last_trained: int | None = None  # the last rollout trained on (or restored): an eval's rollout id
         self._offloads_trainer, self._trainer_offloaded = cfg.offloads_trainer, False
+        self._unpruned: int | None = None  # the rollout of a checkpoint still being written (async_save)
 
     # ---- facts --------------------------------------------------------------------------------------
     @property
@@ -270,6 +271,7 @@ class Runtime:
         if self.cfg.misc.debug_rollout_only:
             return {}
         t0 = time.perf_counter()
+        self.wait_saves()  # async_save: the previous checkpoint is complete before the next one starts
         self.onload_trainer()
         with self.paused():
             state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version, **self.async_state()}
@@ -278,8 +280,18 @@ class Runtime:
             self.trainer.save(self.cfg.save_dir, rollout_id, state)
             if self._user_source() is not None:  # data_source_path: the user's class saves its own state, as the reference's
                 self._user_source().save(rollout_id)
-        self.rollouts.prune(rollout_id)
+        self._unpruned = rollout_id
+        if not self.cfg.checkpoint.async_save:
+            self.wait_saves()
         return {"perf/save_model_time": time.perf_counter() - t0}
+
+    def wait_saves(self) -> None:
+        """async_save: block until the checkpoint being written in the background is complete (its error raised), then
+        drop the rollout files a resume from it no longer reads. Before each save, at the run's end and at close."""
+        self.trainer.wait_saves()
+        if self._unpruned is not None:
+            self.rollouts.prune(self._unpruned)
+            self._unpruned = None
 
     def restore(self) -> dict | None:
         """Load the latest complete checkpoint of load_dir into the trainer and the engines; -> its meta, or None."""
@@ -421,7 +433,14 @@ class Runtime:
             self.metric_checker.dispose()
 
     def close(self) -> None:
-        """Stop background generation, the fleet, then what the placement holds (in that order)."""
+        """Wait for a checkpoint still being written (async_save), then stop background generation, the fleet and what
+        the placement holds (in that order, also when the wait raises)."""
+        try:
+            self.wait_saves()
+        finally:
+            self._close_parts()
+
+    def _close_parts(self) -> None:
         if self._async_worker is not None:
             self._async_worker.stop()
         if self._snapshot_evals is not None:

@@ -253,6 +253,10 @@ class RLTrainer:
             self.steps_done = meta["steps_done"]
         return meta
 
+    def wait_saves(self) -> None:
+        """async_save: until the checkpoint written in the background is complete."""
+        self.engine.wait_saves()
+
     def named_tensors(self):
         return self.engine.named_tensors()
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from miles_core.config import TrainConfig
+from miles_core.checkpoint.writer import CheckpointWriter, Write
 from miles_core.config.train import critic_dir_of
 
 from .batch import TokenBatch, forward_only, prompt_units, response_log_probs, response_logits
@@ -66,6 +67,7 @@ class TorchEngine:
         self.critic = None if critic is None else Critic(self.parallel.wrap(critic), a, a.micro_batch_size, self.precision.autocast)
         self.roles = frozenset({"actor"} | {r for r, m in (("ref", ref_model), ("teacher", teacher), ("critic", self.critic)) if m is not None})
         self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target)
+        self.writer = CheckpointWriter(cfg.checkpoint.async_save)  # save(): now, or in a background thread
 
     @property
     def collective(self) -> bool:
@@ -237,8 +239,6 @@ class TorchEngine:
         """An atomic checkpoint <save_dir>/<rollout_id>/ of policy, optimizer, RNG, extra modules and ``state``; with
         ppo the critic's own first, <critic_save>/<rollout_id>/ (the actor's ``latest``, written last, commits both).
         Data parallel: every rank gathers the full tensors, rank 0 writes them."""
-        from miles_core import checkpoint as ckpt
-
         c = self.checkpoint
         model, optimizer = self._checkpoint_parts()
         if self.lora.enabled:
@@ -251,12 +251,16 @@ class TorchEngine:
         self.parallel.gather_for_save(modules + ([] if c.no_save_optim else optims))
         if self.parallel.rank != 0:
             return
-        if critic is not None:
-            ckpt.save_checkpoint(self._critic_dir(self.algo.critic_save, save_dir), rollout_id, model=critic[0],
-                                 optimizer=critic[1], state={"role": "critic", "actor_dir": str(save_dir)},
-                                 keep_last=c.keep_last, save_optim=not c.no_save_optim)
-        ckpt.save_checkpoint(save_dir, rollout_id, model=model, optimizer=optimizer, state=state, keep_last=c.keep_last,
-                             save_optim=not c.no_save_optim, extra_tensors=extras or None, extra_optimizers=extra_optims or None)
+        common = {"keep_last": c.keep_last, "save_optim": not c.no_save_optim}
+        writes = [] if critic is None else [Write(self._critic_dir(self.algo.critic_save, save_dir), rollout_id, {
+            "model": critic[0], "optimizer": critic[1], "state": {"role": "critic", "actor_dir": str(save_dir)}, **common})]
+        writes.append(Write(save_dir, rollout_id, {"model": model, "optimizer": optimizer, "state": state, **common,
+                                                   "extra_tensors": extras or None, "extra_optimizers": extra_optims or None}))
+        self.writer.write(writes)  # async_save: snapshotted now, written by a background thread
+
+    def wait_saves(self) -> None:
+        """async_save: block until the checkpoint being written in the background is complete (its error raised)."""
+        self.writer.wait()
 
     def restore(self, load_dir: Path) -> dict | None:
         """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none; with ppo the

@@ -153,3 +153,9 @@ def test_critic_dirs_default_beside_the_actors_and_are_refused_where_no_critic_s
         build_config({**RAY, "advantage_estimator": "ppo", "critic_load": "x"})
     with pytest.raises(ConfigError, match="critic_save .* is the actor's save dir"):
         build_config({**ppo, "critic_save": str(tmp_path / "ck")})
+
+
+def test_async_save_is_the_torch_trainers():
+    assert build_config({**BASE, "async_save": True}).checkpoint.async_save
+    with pytest.raises(ConfigError, match="async_save is not supported yet with train_backend megatron"):
+        build_config({**RAY, "async_save": True})

@@ -230,3 +230,24 @@ def test_an_actor_checkpoint_holding_its_critic_still_resumes_it(lm, cfg, sample
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert all(torch.equal(a, b) for a, b in zip(first.engine.critic.optimizer.state_dict()["state"][0].values(),
                                                  resumed.engine.critic.optimizer.state_dict()["state"][0].values()))
+
+
+def test_async_save_writes_what_the_trainer_held_at_the_save_while_it_trains_on(lm, cfg, sample_factory, tmp_path):
+    """async_save on the torch trainer (ppo: the critic's dir too): the save returns at once, the next rollout trains
+    meanwhile, and after wait_saves both checkpoints hold the weights and AdamW states of the save's moment: a fresh
+    trainer restored from them equals one restored from a synchronous save, bit for bit."""
+    rollouts = [sample_factory(seed=i) for i in range(2)]
+    restored = {}
+    for background in (False, True):
+        over = {"advantage_estimator": "ppo", "num_steps_per_rollout": 2, "critic_lr": 1e-2, "async_save": background}
+        trainer = TorchTrainer(lm(seed=0), cfg(**over), pad_id=PAD)
+        trainer.train_rollout(rollouts[0], [s.reward for s in rollouts[0]], rollout_id=0)
+        trainer.save(tmp_path / str(background), 0, {})
+        trainer.train_rollout(rollouts[1], [s.reward for s in rollouts[1]], rollout_id=1)  # while it is written
+        trainer.wait_saves()
+        fresh = TorchTrainer(lm(seed=5), cfg(**over), pad_id=PAD)
+        assert fresh.restore(tmp_path / str(background))["rollout_id"] == 0
+        restored[background] = (_state(fresh), fresh.engine.critic.optimizer.state_dict()["state"])
+    (w0, o0), (w1, o1) = restored[False], restored[True]
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    assert all(torch.equal(o0[i][k], o1[i][k]) for i in o0 for k in o0[i])

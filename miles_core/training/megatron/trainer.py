@@ -318,6 +318,9 @@ class MegatronEngine:
     def restore(self, load_dir: Path) -> dict | None:
         return checkpoint.restore(self, load_dir)
 
+    def wait_saves(self) -> None:
+        """Saves are synchronous here (async_save is refused with train_backend megatron)."""
+
     def run_params(self) -> dict[str, str]:
         """What this trainer chose from the config and the machine, for the run's params (derived.trainer.*)."""
         return {"layer_spec": self.spec.name, "device": self.device_type, "optimizer": type(self.optimizer).__name__,
