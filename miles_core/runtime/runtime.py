@@ -281,14 +281,16 @@ class Runtime:
             if self._user_source() is not None:  # data_source_path: the user's class saves its own state, as the reference's
                 self._user_source().save(rollout_id)
         self._unpruned = rollout_id
-        if not self.cfg.checkpoint.async_save:
+        if not self.cfg.checkpoint.async_save:  # the checkpoint is complete: prune now
             self.wait_saves()
         return {"perf/save_model_time": time.perf_counter() - t0}
 
     def wait_saves(self) -> None:
         """async_save: block until the checkpoint being written in the background is complete (its error raised), then
-        drop the rollout files a resume from it no longer reads. Before each save, at the run's end and at close."""
-        self.trainer.wait_saves()
+        drop the rollout files a resume from it no longer reads. Before each save, at the run's end and at close
+        (without async_save nothing is pending: the trainer is not asked)."""
+        if self.cfg.checkpoint.async_save:
+            self.trainer.wait_saves()
         if self._unpruned is not None:
             self.rollouts.prune(self._unpruned)
             self._unpruned = None
