@@ -8,6 +8,7 @@ generate -> train -> [save] -> sync.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from flows.recipes import read_recipe
@@ -50,6 +51,8 @@ def test_offload_train_moves_the_state_between_stages_and_changes_no_number(tmp_
             rt.sync_weights()
         seen.append(trainer.where())
         if offload:
+            with pytest.raises(RuntimeError, match=r"named_tensors: the trainer's state is offloaded \(offload_train\)"):
+                trainer.named_tensors()  # never a read of the freed storages
             assert [w.offloaded for w in seen] == [False, True, False, True, False, True]
             for resident, parked in zip(seen[0::2], seen[1::2]):  # every byte resident before goes to the host
                 assert resident.host_bytes == 0 and parked.device_bytes == 0 and parked.host_bytes == resident.device_bytes
