@@ -131,6 +131,7 @@ def train(config: TrainConfig) -> dict:
         else:
             _finish_interrupted(run, meta["rollout_id"])
         rewards = _rollout_loop(run, start)
+        registry.get_runtime(run_key).wait_saves()  # async_save: the last checkpoint is complete before the run finishes
         finish_evals(run_key, run.tracker, config)  # background evals of eval_mode snapshot land before the run ends
         registry.get_runtime(run_key).finish_checks()  # ci_metric_checker_key: failed unless an eval point reached it
         run.tracker.end("FINISHED")  # the final plots, then MLflow and the mirrors

@@ -59,12 +59,15 @@ def save_checkpoint(
     save_optim: bool = True,
     extra_tensors: dict[str, torch.nn.Module] | None = None,
     extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
+    rng_state: dict | None = None,
 ) -> CheckpointInfo:
     """Save model (+ optimizer, RNG, extra modules and their optimizers, `state`) as `<save_dir>/<rollout_id>/`.
 
     `state` must be JSON-serialisable; it becomes meta.json together with rollout_id,
     format_version, created_at and contents. `extra_optimizers` (e.g. {"critic": its AdamW}) are
-    written like `optimizer`, and like it skipped with save_optim=False. Returns the new checkpoint's info.
+    written like `optimizer`, and like it skipped with save_optim=False. `rng_state` (capture_rng_state()'s) is the
+    RNG state to store, by default the current one (an asynchronous save captured it when it was asked for).
+    Returns the new checkpoint's info.
     """
     save_dir = Path(save_dir)
     extra_tensors = extra_tensors or {}
@@ -82,7 +85,8 @@ def save_checkpoint(
     try:
         tmp.mkdir()
         with naming_full_disk(final, needed):
-            _write_contents(tmp, model, optimizer if save_optim else None, extra_tensors, extra_optimizers, meta)
+            _write_contents(tmp, model, optimizer if save_optim else None, extra_tensors, extra_optimizers, meta,
+                            rng_state if rng_state is not None else capture_rng_state())
             write_marker(tmp)
         replace_dir(tmp, final)
     except BaseException:
@@ -120,7 +124,8 @@ def _build_meta(rollout_id: int, state: dict, has_optimizer: bool, extras: dict,
 
 
 def _write_contents(
-    tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, extras: dict, extra_optims: dict, meta: dict
+    tmp: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, extras: dict, extra_optims: dict, meta: dict,
+    rng_state: dict,
 ) -> None:
     (tmp / "model").mkdir()
     save_state_dict(model.state_dict(), tmp / layout.MODEL_FILE)
@@ -130,7 +135,7 @@ def _write_contents(
         write_bytes_durable(tmp / layout.MODEL_CONFIG, text.encode())
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / layout.OPTIMIZER_FILE)
-    torch.save(capture_rng_state(), tmp / layout.RNG_FILE)
+    torch.save(rng_state, tmp / layout.RNG_FILE)
     if extras or extra_optims:
         (tmp / layout.EXTRA_DIR).mkdir()
     for name, module in extras.items():

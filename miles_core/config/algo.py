@@ -75,6 +75,15 @@ class AlgoConfig(Group):
     lambd: float = Field(1.0, ge=0, le=1, description="GAE lambda (ppo).")
     value_clip: float = Field(0.2, gt=0, description="Critic value clip (ppo).")
     critic_lr: float | None = Field(None, gt=0, description="Critic learning rate (default lr).")
+    critic_save: str | None = Field(
+        None, description="advantage_estimator ppo, train_backend torch: the dir of the critic's checkpoints (its weights "
+        "and AdamW state, <critic_save>/<rollout_id>/, written atomically before the actor's, same keep_last). None: the "
+        "actor's save dir with a _critic suffix (<save>_critic, the reference's default).")
+    critic_load: str | None = Field(
+        None, description="advantage_estimator ppo, train_backend torch: the dir a resume loads the critic from, at the "
+        "rollout of the actor's checkpoint (a missing one fails the resume). None: the actor's load dir with a _critic "
+        "suffix (<load>_critic). An actor checkpoint that holds its critic (extra/critic.safetensors, written before "
+        "critic_save existed) resumes it from there.")
     log_probs_chunk_size: int = Field(
         -1, description="train_backend torch: the forward-only log-prob passes (old policy, reference) upcast the logits to "
                         "float32 and take the log-softmax this many response positions at a time: a [N, chunk, V] float32 "

@@ -21,6 +21,11 @@ class CheckpointConfig(Group):
         None, description="Path of a file that requests a checkpoint from outside the run: if it exists after a rollout's "
                           "train step, that rollout is saved (as if save_interval were due) and the file is removed. With "
                           "async_mode and update_weights_interval > 1 it is looked at only after rollouts that sync weights.")
+    async_save: bool = Field(
+        False, description="train_backend torch: a save snapshots the checkpoint (weights, optimizer, RNG, state) into host "
+        "memory and a background thread writes it (still atomically: temp dir, manifest, rename, latest pointer last) "
+        "while training goes on; the run waits for it before the next save, at the end and before it exits (the "
+        "reference's Megatron-LM async save). Refused with train_backend megatron.")
     keep_last: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     keep_rollouts: int = Field(
         4, ge=1, description="Rollout files (<run_dir>/rollouts/<id>.pt) kept besides those a resume can still need (after "

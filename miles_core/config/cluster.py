@@ -24,10 +24,13 @@ class ClusterConfig(Group):
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="Where models train and generate: cpu, cuda (fails at run "
         "start without a CUDA device), auto (cuda when present, else cpu). On Ray, cuda (or auto on a cluster with GPUs) reserves "
         "a GPU per bundle and each actor uses its own. Refused on a GPU yet: train_backend megatron (docs/gpu.md).")
+    offload: bool = Field(
+        False, description="offload_train and offload_rollout together (the reference's --offload): both default to on; an "
+        "explicit false for either contradicts it and is refused.")
     offload_rollout: bool | None = Field(
         None, description="Release the rollout engines' memory (the offload_rollout_level kinds, and CUDA graphs) for each train "
         "stage and resume it at the next weight sync (SGLang's /release_memory_occupation, /resume_memory_occupation). "
-        "None: when colocated. Engines that generate during training (async_mode) or run in this process (runtime local) "
+        "None: when colocated (or with offload). Engines that generate during training (async_mode) or run in this process (runtime local) "
         "cannot release it.")
     offload_rollout_level: list[Literal["kv_cache", "weight"]] = Field(
         ["kv_cache", "weight"], min_length=1, description="What offload_rollout releases besides CUDA graphs: kv_cache, weight "
@@ -89,8 +92,8 @@ class ClusterConfig(Group):
     @property
     def rollout_offload_tags(self) -> list[str]:
         """SGLang's memory tags the engines release for a train stage (the reference's train.py: cuda_graph, then kv_cache
-        and weights by offload_rollout_level); [] when offload_rollout is off (its default: colocate)."""
-        if not (self.colocate if self.offload_rollout is None else self.offload_rollout):
+        and weights by offload_rollout_level); [] when offload_rollout is off (its default: colocate or offload)."""
+        if not ((self.colocate or self.offload) if self.offload_rollout is None else self.offload_rollout):
             return []
         level = self.offload_rollout_level
         return ["cuda_graph"] + ["kv_cache"] * ("kv_cache" in level) + ["weights"] * ("weight" in level)

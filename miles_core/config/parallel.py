@@ -44,8 +44,16 @@ class ParallelConfig(Group):
         "them to [micro_batch_size, longest]. train_backend torch packs its samples by prompt (training/batch.py): bshd "
         "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference. On CPU the mask makes "
         "attention [W, W] over the micro-batch's W tokens: with long samples and a large micro_batch_size, bshd costs less.")
-    offload_train: bool = Field(False, description="Move the trainer's weights and optimizer state off the device between train stages. Not supported yet.")
-    offload_train_target: Literal["cpu", "disk"] = Field("cpu", description="Where offload_train puts them: host memory (cpu) or offload_train_disk_dir (disk).")
+    offload_train: bool | None = Field(
+        None, description="Move the trainer's state (weights, gradients, optimizer state of every model it holds: policy, "
+        "critic, reference, teacher) into host memory while the engines generate: after each weight sync, and back before "
+        "the next train stage (or a save or export that needs it). Its device memory is free meanwhile; the numbers are "
+        "those of a run without it (the bytes are copied back exactly). None: on with colocate or offload (the "
+        "reference's default), off otherwise. Not with async_mode (the engines generate while the trainer trains), "
+        "debug_rollout_only (no train stage) or debug_train_only (no engines).")
+    offload_train_target: Literal["cpu", "disk"] = Field(
+        "cpu", description="Where offload_train puts the trainer's state: host memory (cpu). disk (the reference's "
+        "torch_memory_saver disk backend, offload_train_disk_dir) is refused.")
     offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")
 
     # ---- the reference's Megatron plugin hooks (dotted paths; train_backend megatron; miles_core/training/megatron/hooks.py)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .rules import NOT_SUPPORTED
+from .rules import NO_DISK_OFFLOAD, NOT_SUPPORTED
 
 FLAGS_TSV = Path(__file__).resolve().parent / "reference" / "flags.tsv"
 
@@ -62,8 +62,6 @@ DSA = ("miles' model specs (training/megatron/model_args.py, from config.json) h
 MOE_REPLAY = ("MoE routing replay (the router's expert choices recorded in the old-policy forward, or taken from SGLang's "
               "rollout, and replayed in the training forward) is not built: the Megatron trainer's megatron-core 0.16.1 "
               "router (TopKRouter) routes every forward afresh")
-NO_DISK_OFFLOAD = ("the reference's disk offload of the train state (torch_memory_saver's disk backend, its streamed Adam) "
-                   "is not built: offload_train (cpu) is the only trainer offload")
 # Options of the reference's Megatron trainer that ours (miles_core/training/megatron/, megatron-core 0.16.1) does not have
 MEGATRON_REFUSED: dict[str, str] = {
     "custom_model_provider_path": "a reference provider (pre_process, post_process, vp_stage) builds its GPTModel from "
@@ -85,10 +83,11 @@ MEGATRON_REFUSED: dict[str, str] = {
     "delay_split_train_data_by_dp": "every train rank already receives the whole rollout and takes its own rows "
                                     "(training/megatron/parallel.my_rows), the flag's behaviour; the default split before "
                                     "sending is not built",
-    "rematerialize_param_from_master_weight": "the Megatron trainer keeps no CPU backup of the actor's weights while "
-                                              "engines generate (offload_train is refused), so there is no backup to drop",
+    "rematerialize_param_from_master_weight": "the Megatron trainer's offload_train parks every storage of the train state "
+                                              "(16-bit weights included) in host copies and copies them back (training/"
+                                              "offload.py): no weight buffer is dropped and rebuilt from the fp32 main weights",
     "check_rematerialize_param_from_master_weight": "it checks rematerialize_param_from_master_weight, which is not "
-                                                    "supported (no CPU weight backup to drop)",
+                                                    "supported (offload_train copies the 16-bit weights back exactly)",
     "low_memory_resume": "Megatron-LM's optimizer-on-CPU checkpoint load; miles loads torch_dist checkpoints with "
                          "megatron-core 0.16.1's dist_checkpointing.load into the live sharded tensors",
     "stream_optimizer_state_to_disk": NO_DISK_OFFLOAD, "stream_optimizer_state_moment_dtype": NO_DISK_OFFLOAD,
@@ -102,9 +101,6 @@ MEGATRON_REFUSED: dict[str, str] = {
                                       "return the decode's log-probs (use_rollout_logprobs off: the trainer rescores)",
     "ref_ckpt_step": "it picks an iteration of a Megatron torch_dist reference checkpoint; ref_load is an HF directory or "
                      "builtin:// name here",
-    "async_save": "Megatron-LM's asynchronous checkpoint save (megatron.training.async_utils) is not used: miles saves "
-                  "torch_dist checkpoints synchronously and atomically (megatron-core's dist_checkpointing.save, then "
-                  "rename and the latest pointer)",
     "critic_num_nodes": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same train "
                         "group), not in a Ray group of its own: actor_num_nodes and actor_num_gpus_per_node place both",
     "critic_num_gpus_per_node": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same "
@@ -121,7 +117,6 @@ MEGATRON_REFUSED: dict[str, str] = {
 GONE_BUFFER = "read by no code of the reference (snapshot 31f1ca96): its external rollout-buffer service is gone there too"
 UNSUPPORTED_FLAGS: dict[str, str] = {
     **MEGATRON_REFUSED,
-    "offload": "it sets offload_train and offload_rollout; offload_train is not supported yet: set offload_rollout alone",
     "num_gpus_per_node": "it places SGLang engines' GPUs within a node (the reference's sglang_engine.py); miles places "
                          "engines by rollout_num_gpus and rollout_num_gpus_per_engine bundles",
     "fully_async": "use async_mode: fully (the reference's train_async.py --fully-async)",
@@ -187,11 +182,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "start_rollout_id": "a fresh run starts at rollout 0 (the reference also resets it without a checkpoint) and a resume "
                         "after the latest checkpoint; starting elsewhere (the reference's override, which loads the data "
                         "state of start_rollout_id - 1 beside the latest weights) is not supported",
-    "critic_load": "the reference loads its critic from a Megatron checkpoint dir of its own (default load); miles' critic is "
-                   "initialised from the policy (value head zeroed) and saved in and resumed from the actor's checkpoint "
-                   "(extra/critic.safetensors); a critic from another dir is not supported",
-    "critic_save": "the reference saves its critic to a dir of its own (default <save>_critic); miles saves it inside the actor's "
-                   "checkpoint (extra/critic.safetensors), so one save / load / keep_last covers both",
     "log_correct_samples": "the rollout/correct_* metrics are not computed (the reference writes them into its rollout data "
                            "after logging it, log_utils.log_rollout_data, so they reach only its debug dump)",
     "log_passrate": "miles always logs passrate/pass@k (n_samples_per_prompt > 1) and eval/<ds>-pass@k; the reference logs both "

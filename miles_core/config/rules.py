@@ -21,16 +21,13 @@ if TYPE_CHECKING:
 ROUTER_WHY = ("the reference registers its engines with the SGLang router at that address and generates through it; "
               "miles' router runs in the driver and reaches every engine itself (generate and weight syncs), so an outside "
               "router would get no engines: drop it (engines already running: rollout_external_engine_addrs)")
+NO_DISK_OFFLOAD = ("the reference's disk offload of the train state (torch_memory_saver's disk backend, its streamed Adam) "
+                   "is not built: offload_train (cpu) is the only trainer offload")
 # Fields kept under the reference's names that no code honours yet: a non-default value is refused at load,
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
     "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
-    "offload_train": "no runtime stage moves the trainer off its GPU while the engines generate yet (the trainers' offload / "
-                     "onload exist, uncalled; the reference's torch_memory_saver is not used); colocated engines are "
-                     "offloaded instead",
-    "offload_train_target": "it applies only with offload_train, which is not built yet (and disk, the reference's "
-                            "torch_memory_saver disk backend, not at all)",
-    "offload_train_disk_dir": "it applies only with offload_train_target disk, which is not built",
+    "offload_train_disk_dir": "it applies only with offload_train_target disk: " + NO_DISK_OFFLOAD,
     "sglang_router_ip": ROUTER_WHY,
     "sglang_router_port": ROUTER_WHY,
     "lora_base_cpu_backup": "it keeps a colocated engine's base across the train stage so adapter syncs skip the base; miles "
@@ -350,11 +347,11 @@ def _delta_rules(c: "TrainConfig") -> None:
 
 def _offload_rules(c: "TrainConfig", external: bool) -> None:
     cl = c.cluster
-    explicit = cl.offload_rollout is not None or cl.offload_rollout_level != ["kv_cache", "weight"]
+    explicit = cl.offload_rollout is not None or cl.offload_rollout_level != ["kv_cache", "weight"] or cl.offload
     if cl.runtime == "local" and not external and explicit:
-        raise ValueError("offload_rollout / offload_rollout_level release engine servers' memory; the local runtime's engine "
-                         "shares this process's memory with the trainer, so there is nothing to release: drop them, or use "
-                         "runtime: ray (or rollout_external_engine_addrs)")
+        raise ValueError("offload_rollout / offload_rollout_level / offload release engine servers' memory; the local runtime's "
+                         "engine shares this process's memory with the trainer, so there is nothing to release: drop them "
+                         "(offload_train alone offloads the trainer), or use runtime: ray (or rollout_external_engine_addrs)")
     if cl.offload_rollout and c.rollout.async_mode != "off":  # colocated async: _async_rules says why
         raise ValueError(f"offload_rollout releases the engines' memory while the trainer runs, but async_mode "
                          f"{c.rollout.async_mode} generates then: set offload_rollout: false (or async_mode: off)")
@@ -447,10 +444,9 @@ def _parallel_rules(c: "TrainConfig") -> None:
                     "custom_megatron_") else "the torch trainer is data parallel only")
                 raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only ({why}); set "
                                  f"train_backend: megatron or drop {name}")
-    if p.offload_train:
-        raise ValueError("offload_train is not supported yet; drop it (set offload_train: false)")
-    if p.offload_train_target != "cpu" or p.offload_train_disk_dir is not None:
-        raise ValueError("offload_train_target / offload_train_disk_dir apply only with offload_train, which is not supported yet; drop them")
+    _train_offload_rules(c)
+    _critic_dir_rules(c)
+    _async_save_rule(c)
     if p.context_parallel_size > 1:
         raise ValueError(f"context_parallel_size {p.context_parallel_size} is not supported yet (context parallel needs Transformer "
                          "Engine's attention); set context_parallel_size: 1")
@@ -478,6 +474,53 @@ def _parallel_rules(c: "TrainConfig") -> None:
         raise ValueError("max_tokens_per_gpu / log_probs_max_tokens_per_gpu apply only with use_dynamic_batch_size; set it or drop them")
     if backend == "megatron":
         _megatron_rules(c)
+
+
+def _critic_dir_rules(c: "TrainConfig") -> None:
+    """critic_save / critic_load: the ppo critic's own checkpoint dirs (the torch trainer's)."""
+    a, backend = c.algo, c.cluster.train_backend
+    for name in ("critic_save", "critic_load"):
+        if getattr(a, name) is None:
+            continue
+        if a.advantage_estimator != "ppo":
+            raise ValueError(f"{name} is the ppo critic's checkpoint dir; advantage_estimator {a.advantage_estimator} "
+                             f"trains no critic: drop {name}")
+        if backend != "torch":
+            raise ValueError(f"{name} is not supported yet with train_backend {backend}: its critic is saved in the "
+                             f"actor's torch_dist checkpoint (training/megatron/checkpoint.py); drop {name}")
+    if a.critic_save is not None and c.critic_save_dir == c.save_dir:
+        raise ValueError(f"critic_save ({a.critic_save}) is the actor's save dir: the two checkpoints would share one "
+                         "latest pointer; give the critic a dir of its own (default <save>_critic)")
+
+
+def _async_save_rule(c: "TrainConfig") -> None:
+    if c.checkpoint.async_save and c.cluster.train_backend != "torch":
+        raise ValueError("async_save is not supported yet with train_backend megatron: its torch_dist checkpoints are saved "
+                         "synchronously and atomically (megatron-core's dist_checkpointing.save, then rename and the latest "
+                         "pointer); Megatron-LM's async save (megatron.training.async_utils) is not used: drop async_save")
+
+
+def _train_offload_rules(c: "TrainConfig") -> None:
+    """offload_train (and offload, which sets it): what it cannot alternate with (the reference's arguments.py)."""
+    p, cl, m = c.parallel, c.cluster, c.misc
+    if p.offload_train_target != "cpu":
+        raise ValueError(f"offload_train_target {p.offload_train_target} is not supported yet ({NO_DISK_OFFLOAD}); set "
+                         "offload_train_target: cpu")
+    if cl.offload:
+        for name, value in (("offload_train", p.offload_train), ("offload_rollout", cl.offload_rollout)):
+            if value is False:
+                raise ValueError(f"offload sets offload_train and offload_rollout, but {name} is false: drop offload or {name}")
+    asked = "offload_train" if p.offload_train else "offload" if cl.offload else None
+    if asked is None:
+        return
+    if c.rollout.async_mode != "off":
+        raise ValueError(f"{asked} moves the trainer off its device while the engines generate, but async_mode "
+                         f"{c.rollout.async_mode} generates while it trains: set async_mode: off, or drop {asked}")
+    for name, on, why in (("debug_rollout_only", m.debug_rollout_only, "there is no train stage"),
+                          ("debug_train_only", m.train_only, "there are no engines to make room for (load_debug_rollout_data "
+                                                             "sets it)")):
+        if on:
+            raise ValueError(f"{asked} with {name}: {why}, so nothing alternates with the trainer; drop {asked}")
 
 
 def _megatron_rules(c: "TrainConfig") -> None:

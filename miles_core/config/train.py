@@ -35,6 +35,11 @@ GROUPS: dict[str, type[Group]] = {
 }
 
 
+def critic_dir_of(actor_dir: Path) -> Path:
+    """The ppo critic's checkpoint dir beside an actor's: <actor_dir>_critic (the reference's critic_save default)."""
+    return actor_dir.with_name(actor_dir.name + "_critic")
+
+
 class TrainConfig(Group):
     """A resolved training config. Derived values are properties, never written back."""
 
@@ -88,6 +93,16 @@ class TrainConfig(Group):
         return Path(self.checkpoint.load).absolute() if self.checkpoint.load else self.save_dir
 
     @property
+    def critic_save_dir(self) -> Path:
+        """critic_save, or the save dir with a _critic suffix (the reference's default)."""
+        return Path(self.algo.critic_save).absolute() if self.algo.critic_save else critic_dir_of(self.save_dir)
+
+    @property
+    def critic_load_dir(self) -> Path:
+        """critic_load, or the load dir with a _critic suffix."""
+        return Path(self.algo.critic_load).absolute() if self.algo.critic_load else critic_dir_of(self.load_dir)
+
+    @property
     def export_dir(self) -> Path:
         return Path(self.checkpoint.export).absolute() if self.checkpoint.export else self.run_dir / "export"
 
@@ -99,6 +114,15 @@ class TrainConfig(Group):
     def needs_ref_model(self) -> bool:
         a = self.algo
         return (a.use_kl_loss and a.kl_loss_coef > 0) or a.kl_coef > 0
+
+    @property
+    def offloads_trainer(self) -> bool:
+        """offload_train, or its default: on with colocate or offload, except where nothing alternates with the train
+        stage (debug_rollout_only, debug_train_only: the reference's arguments.py turns it off with debug_rollout_only)."""
+        if self.parallel.offload_train is not None:
+            return self.parallel.offload_train
+        m = self.misc
+        return (self.cluster.colocate or self.cluster.offload) and not (m.debug_rollout_only or m.train_only)
 
     def flat(self) -> dict[str, object]:
         """Every field by its flat name (names are unique across groups)."""

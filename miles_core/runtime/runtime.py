@@ -81,6 +81,8 @@ class Runtime:
         self.metric_checker = (ci_checks.MetricChecker(m.ci_metric_checker_key, m.ci_metric_checker_threshold)
                                if m.ci_test and m.ci_metric_checker_key is not None else None)
         self.last_trained: int | None = None  # the last rollout trained on (or restored): an eval's rollout id
+        self._offloads_trainer, self._trainer_offloaded = cfg.offloads_trainer, False
+        self._unpruned: int | None = None  # the rollout of a checkpoint still being written (async_save)
 
     # ---- facts --------------------------------------------------------------------------------------
     @property
@@ -148,6 +150,7 @@ class Runtime:
         version (or, after a one_step resume, if it is the prefetched rollout the checkpoint counts on). A
         failed attempt leaves the data cursor and buffer as they were, so a retry draws the same prompts."""
         fully = self.cfg.rollout.async_mode == "fully"
+        self.offload_trainer()  # offload_train: the engines generate without the trainer on the device
         if self.rollouts.exists(rollout_id) and not fully:  # fully async: the checkpointed buffer says what is left
             saved = self.rollouts.read(rollout_id)
             if saved.weight_version == self.weight_version or rollout_id == self._accept_rollout:
@@ -254,12 +257,13 @@ class Runtime:
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
         self.fleet.before_train()
+        wake = self.onload_trainer()
         out = self.trainer.train_rollout(samples, rewards, rollout_id)
         if self.cfg.misc.ci_test:  # the reference's CI checks of the step (runtime/ci_checks.py)
             ci_checks.check_train(self.cfg.misc, rollout_id, out.rollout, out.steps, self.cfg.num_steps_per_rollout,
                                   lora=self.cfg.lora.lora_rank > 0)
         self.last_trained = rollout_id
-        return TrainOutput(rollout=out.rollout | staleness_metrics(samples, self.weight_version), steps=out.steps)
+        return TrainOutput(rollout=out.rollout | staleness_metrics(samples, self.weight_version) | wake, steps=out.steps)
 
     # ---- 4. save / restore -------------------------------------------------------------------------
     def save(self, rollout_id: int, state: dict) -> dict[str, float]:
@@ -267,6 +271,8 @@ class Runtime:
         if self.cfg.misc.debug_rollout_only:
             return {}
         t0 = time.perf_counter()
+        self.wait_saves()  # async_save: the previous checkpoint is complete before the next one starts
+        self.onload_trainer()
         with self.paused():
             state = {**state, "data_source": self.source.state_dict(), "weight_version": self.weight_version, **self.async_state()}
             if self.cfg.misc.ci_test and self.cfg.misc.ci_save_model_hash:
@@ -274,11 +280,24 @@ class Runtime:
             self.trainer.save(self.cfg.save_dir, rollout_id, state)
             if self._user_source() is not None:  # data_source_path: the user's class saves its own state, as the reference's
                 self._user_source().save(rollout_id)
-        self.rollouts.prune(rollout_id)
+        self._unpruned = rollout_id
+        if not self.cfg.checkpoint.async_save:  # the checkpoint is complete: prune now
+            self.wait_saves()
         return {"perf/save_model_time": time.perf_counter() - t0}
+
+    def wait_saves(self) -> None:
+        """async_save: block until the checkpoint being written in the background is complete (its error raised), then
+        drop the rollout files a resume from it no longer reads. Before each save, at the run's end and at close
+        (without async_save nothing is pending: the trainer is not asked)."""
+        if self.cfg.checkpoint.async_save:
+            self.trainer.wait_saves()
+        if self._unpruned is not None:
+            self.rollouts.prune(self._unpruned)
+            self._unpruned = None
 
     def restore(self) -> dict | None:
         """Load the latest complete checkpoint of load_dir into the trainer and the engines; -> its meta, or None."""
+        self.onload_trainer()
         meta = self.trainer.restore(self.cfg.load_dir)
         if meta is None:
             return None
@@ -309,8 +328,9 @@ class Runtime:
         version stays."""
         m = self.cfg.misc
         if m.debug_skip_weight_update or m.debug_rollout_only or m.train_only:
-            return {}
+            return self.offload_trainer()  # debug_skip_weight_update keeps the offload schedule (the reference's)
         check = m.check_weights and self.weight_version == 0  # a fresh run's first sync: the engines hold hf_checkpoint
+        self.onload_trainer()
         with self.paused():
             if check:  # the reference's check_weight_update_equal: snapshot, scramble, sync, compare
                 self._check_weights("snapshot")
@@ -319,6 +339,7 @@ class Runtime:
             self.weight_version += 1
             if check:
                 self._check_weights("compare")
+        metrics = {**metrics, **self.offload_trainer()}  # the engines generate next
         if self.cfg.misc.ci_test:  # the reference's FSDP actor: the engines serve the version just sent
             served = self.engine.get_weight_version()
             if served != self.weight_version:
@@ -342,7 +363,7 @@ class Runtime:
         """eval_mode snapshot: background evals of HF snapshots in <eval_hf_dir or run_dir/eval_snapshots>/<weight version>/."""
         if self._snapshot_evals is None:
             e = self.cfg.eval
-            export = lambda root, version: self.trainer.export(root, version, self.tokenizer)  # noqa: E731
+            export = lambda root, version: self.export_to(root, version)  # noqa: E731
             load = lambda path, version: load_hf_engine(path, version, self.cfg.misc.dtype, self.cfg.cluster.device)  # noqa: E731
             root = Path(e.eval_hf_dir) if e.eval_hf_dir is not None else self.cfg.run_dir / "eval_snapshots"
             self._snapshot_evals = SnapshotEvaluator(self.data.eval_suite, root, export, load,
@@ -352,7 +373,32 @@ class Runtime:
 
     # ---- 7. export ---------------------------------------------------------------------------------
     def export(self, rollout_id: int) -> Path:
-        return self.trainer.export(self.cfg.export_dir, rollout_id, self.tokenizer)
+        return self.export_to(self.cfg.export_dir, rollout_id)
+
+    def export_to(self, root: Path, rollout_id: int) -> Path:
+        self.onload_trainer()
+        return self.trainer.export(root, rollout_id, self.tokenizer)
+
+    # ---- offload_train -------------------------------------------------------------------------------
+    def offload_trainer(self) -> dict[str, float]:
+        """offload_train: the trainer's state to host memory (the engines generate next); -> perf/sleep_time (the
+        reference's name), {} when it was already there or offload_train is off."""
+        if not self._offloads_trainer or self._trainer_offloaded:
+            return {}
+        t0 = time.perf_counter()
+        self.trainer.offload()
+        self._trainer_offloaded = True
+        return {"perf/sleep_time": time.perf_counter() - t0}
+
+    def onload_trainer(self) -> dict[str, float]:
+        """The trainer's state back on its device before a stage reads it (train, save, export, weight sync, restore);
+        -> perf/wake_up_time, {} when it was there."""
+        if not self._trainer_offloaded:
+            return {}
+        t0 = time.perf_counter()
+        self.trainer.onload()
+        self._trainer_offloaded = False
+        return {"perf/wake_up_time": time.perf_counter() - t0}
 
     # ---- async ---------------------------------------------------------------------------------------
     def fully_async_worker(self) -> FullyAsyncWorker:
@@ -389,7 +435,14 @@ class Runtime:
             self.metric_checker.dispose()
 
     def close(self) -> None:
-        """Stop background generation, the fleet, then what the placement holds (in that order)."""
+        """Wait for a checkpoint still being written (async_save), then stop background generation, the fleet and what
+        the placement holds (in that order, also when the wait raises)."""
+        try:
+            self.wait_saves()
+        finally:
+            self._close_parts()
+
+    def _close_parts(self) -> None:
         if self._async_worker is not None:
             self._async_worker.stop()
         if self._snapshot_evals is not None:

@@ -208,6 +208,10 @@ CATALOG: tuple[Metric, ...] = (
     Metric("perf/mfu_peak_tflops", ROLLOUT, "the configured peak TFLOP/s of one device", "mfu_peak_tflops", _PERF),
     Metric("perf/actor_train_mfu", ROLLOUT, "actor_train_tflops / mfu_peak_tflops", "mfu_peak_tflops", _PERF),
     Metric("perf/save_model_time", ROLLOUT, "seconds to save the checkpoint", "save_interval (and the last rollout)", _LOCAL),
+    Metric("perf/sleep_time", ROLLOUT, "seconds to move the trainer's state into host memory (after the weight sync)",
+           "offload_train", _LOCAL),
+    Metric("perf/wake_up_time", ROLLOUT, "seconds to move the trainer's state back onto its device (before the train "
+           "stage)", "offload_train", _LOCAL),
     Metric("rollout/engine_restarts", ROLLOUT, "engine servers restarted so far, cumulative: by the health monitor "
            "(use_fault_tolerance) or found dead before a weight sync", "runtime: ray", "miles_core/rollout/http/fleet.py"),
     Metric("perf/update_weights_time", ROLLOUT, "seconds of the weight sync trainer -> engines (pause to continue, any "

@@ -78,6 +78,7 @@ class RLTrainer:
     # ---- one rollout of training ----------------------------------------------------------------
     def train_rollout(self, samples: list[Sample], rewards: list[float], rollout_id: int = 0) -> TrainOutput:
         """-> rollout-level metrics and one metrics dict per optimizer step (module docstring)."""
+        self._resident("train_rollout")
         engine = self.engine
         engine.start_rollout(rollout_id)
         batch = make_batch(samples, engine.pad_id).to(engine.device)
@@ -236,6 +237,7 @@ class RLTrainer:
     # ---- the rest of the Trainer protocol: the engine's -----------------------------------------------
     def mean_log_probs(self, samples: list[Sample]) -> list[float]:
         """Per sample: the mean log-prob of its response tokens under the policy now (tests, diagnostics)."""
+        self._resident("mean_log_probs")
         batch = make_batch(samples, self.engine.pad_id).to(self.engine.device)
         logp = self.engine.log_probs("actor", batch)  # [N, T]
         mask = batch.loss_mask.float()
@@ -244,6 +246,7 @@ class RLTrainer:
 
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
         """An atomic checkpoint of the engine's models and optimizers, RNG and ``state`` (with steps_done)."""
+        self._resident("save")
         self.engine.save(save_dir, rollout_id, {**state, "steps_done": self.steps_done})
 
     def restore(self, load_dir: Path) -> dict | None:
@@ -253,24 +256,41 @@ class RLTrainer:
             self.steps_done = meta["steps_done"]
         return meta
 
+    def wait_saves(self) -> None:
+        """async_save: until the checkpoint written in the background is complete."""
+        self.engine.wait_saves()
+
     def named_tensors(self):
+        self._resident("named_tensors")
         return self.engine.named_tensors()
 
     def adapter_tensors(self):
         """lora_sync_from_tensor: (adapter_config.json, the adapter's tensors); the torch engine's (rules.py refuses others)."""
+        self._resident("adapter_tensors")
         return self.engine.adapter_tensors()
 
     def hf_config(self):
         return self.engine.hf_config()
 
     def export(self, export_dir: Path, rollout_id: int, tokenizer) -> Path:
+        self._resident("export")
         return self.engine.export(export_dir, rollout_id, tokenizer)
+
+    def _resident(self, what: str) -> None:
+        """A member that reads the trained state, called while it is offloaded (offload_train), fails naming itself
+        rather than reading freed storages (the runtime onloads before every stage that reads it)."""
+        if self.engine.where().offloaded:
+            raise RuntimeError(f"{what}: the trainer's state is offloaded (offload_train); onload() it first")
 
     def offload(self) -> None:
         self.engine.offload()
 
     def onload(self) -> None:
         self.engine.onload()
+
+    def where(self):
+        """offload.Where: bytes of the trained state on the device and parked on the host."""
+        return self.engine.where()
 
     def run_params(self) -> dict[str, str]:
         return self.engine.run_params()

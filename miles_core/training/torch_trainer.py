@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from miles_core.config import TrainConfig
+from miles_core.checkpoint.writer import CheckpointWriter, Write
+from miles_core.config.train import critic_dir_of
 
 from .batch import TokenBatch, forward_only, prompt_units, response_log_probs, response_logits
 from .critic import Critic, build_critic, response_values
 from .data_parallel import SingleProcess, as_float
 from .engine import LossFn, Piece, RolloutTensors
 from .lora import AdapterView, NoAdapters
+from .offload import Offloader, module_tensors, optimizer_tensors
 from .precision import Precision
 from .rl_step import RLTrainer
 from .schedule import reset_adam_state
 from .teacher import Teacher, TopK
+
+if TYPE_CHECKING:
+    from miles_core.checkpoint import CheckpointInfo
 
 
 class TorchEngine:
@@ -59,6 +66,8 @@ class TorchEngine:
         )
         self.critic = None if critic is None else Critic(self.parallel.wrap(critic), a, a.micro_batch_size, self.precision.autocast)
         self.roles = frozenset({"actor"} | {r for r, m in (("ref", ref_model), ("teacher", teacher), ("critic", self.critic)) if m is not None})
+        self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target)
+        self.writer = CheckpointWriter(cfg.checkpoint.async_save)  # save(): now, or in a background thread
 
     @property
     def collective(self) -> bool:
@@ -227,23 +236,36 @@ class TorchEngine:
                 "autocast": str(p.model_dtype).removeprefix("torch.") if p.mixed else "off"}
 
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
-        """An atomic checkpoint <save_dir>/<rollout_id>/ of policy, optimizer, RNG, critic and ``state``
-        (data parallel: every rank gathers the full tensors, rank 0 writes them)."""
-        from miles_core import checkpoint as ckpt
-
+        """An atomic checkpoint <save_dir>/<rollout_id>/ of policy, optimizer, RNG, extra modules and ``state``; with
+        ppo the critic's own first, <critic_save>/<rollout_id>/ (the actor's ``latest``, written last, commits both).
+        Data parallel: every rank gathers the full tensors, rank 0 writes them."""
         c = self.checkpoint
         model, optimizer = self._checkpoint_parts()
         if self.lora.enabled:
             state = {**state, "lora_base_sha256": self.lora.base_sha256}
-        extras, extra_optims = self.extra_modules(), self.extra_optimizers()
-        self.parallel.gather_for_save([model, *extras.values()] + ([] if c.no_save_optim else [optimizer, *extra_optims.values()]))
+        extras, extra_optims = self._actor_extras()
+        critic = self._critic_parts()
+        modules, optims = [model, *extras.values()], [optimizer, *extra_optims.values()]
+        if critic is not None:
+            modules, optims = modules + [critic[0]], optims + [critic[1]]
+        self.parallel.gather_for_save(modules + ([] if c.no_save_optim else optims))
         if self.parallel.rank != 0:
             return
-        ckpt.save_checkpoint(save_dir, rollout_id, model=model, optimizer=optimizer, state=state, keep_last=c.keep_last,
-                             save_optim=not c.no_save_optim, extra_tensors=extras or None, extra_optimizers=extra_optims or None)
+        common = {"keep_last": c.keep_last, "save_optim": not c.no_save_optim}
+        writes = [] if critic is None else [Write(self._critic_dir(self.algo.critic_save, save_dir), rollout_id, {
+            "model": critic[0], "optimizer": critic[1], "state": {"role": "critic", "actor_dir": str(save_dir)}, **common})]
+        writes.append(Write(save_dir, rollout_id, {"model": model, "optimizer": optimizer, "state": state, **common,
+                                                   "extra_tensors": extras or None, "extra_optimizers": extra_optims or None}))
+        self.writer.write(writes)  # async_save: snapshotted now, written by a background thread
+
+    def wait_saves(self) -> None:
+        """async_save: block until the checkpoint being written in the background is complete (its error raised)."""
+        self.writer.wait()
 
     def restore(self, load_dir: Path) -> dict | None:
-        """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none."""
+        """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none; with ppo the
+        critic's checkpoint of the same rollout from critic_load (or, from an actor checkpoint that holds its critic,
+        from there)."""
         from miles_core import checkpoint as ckpt
 
         info = ckpt.find_latest(load_dir)
@@ -252,8 +274,42 @@ class TorchEngine:
         if self.lora.enabled:
             self.lora.check_base(info.meta.get("lora_base_sha256"), info.path)
         model, optimizer = self._checkpoint_parts()
-        return ckpt.load_checkpoint(info, model=model, optimizer=optimizer,
-                                    extra_modules=self.extra_modules() or None, extra_optimizers=self.extra_optimizers() or None)
+        extras, extra_optims = self._actor_extras()
+        critic = self._critic_parts()
+        inside = critic is not None and "critic" in info.meta["contents"]["extra"]  # a checkpoint from before critic_save
+        if inside:
+            extras, extra_optims = {**extras, "critic": critic[0]}, {**extra_optims, "critic": critic[1]}
+        meta = ckpt.load_checkpoint(info, model=model, optimizer=optimizer, extra_modules=extras or None,
+                                    extra_optimizers=extra_optims or None)
+        if critic is not None and not inside:
+            self._restore_critic(self._critic_dir(self.algo.critic_load, load_dir), info, critic)
+        return meta
+
+    @staticmethod
+    def _critic_dir(explicit: str | None, actor_dir: Path) -> Path:
+        return Path(explicit).absolute() if explicit else critic_dir_of(Path(actor_dir))
+
+    def _restore_critic(self, critic_dir: Path, actor: CheckpointInfo, critic: tuple) -> None:
+        """The critic's checkpoint of the actor's rollout id (not its latest: a save that failed between the two leaves
+        the critic one ahead), checksums verified; refused when there is none (it cannot resume with the actor)."""
+        from miles_core import checkpoint as ckpt
+
+        found = {i.rollout_id: i for i in ckpt.list_checkpoints(critic_dir)}
+        if actor.rollout_id not in found:
+            have = sorted(found) or "none"
+            raise ckpt.CheckpointError(f"critic_load: {critic_dir} has no complete checkpoint of rollout {actor.rollout_id} "
+                                       f"(the actor's, {actor.path}; it has {have}): the ppo critic cannot resume with the "
+                                       "actor; set critic_load to the dir its critic_save wrote")
+        ckpt.load_checkpoint(found[actor.rollout_id], model=critic[0], optimizer=critic[1], restore_rng=False)
+
+    def _critic_parts(self):
+        """(module, optimizer) of the ppo critic as the checkpoint code reads them (data parallel: full), or None."""
+        return None if self.critic is None else self.parallel.checkpoint_parts(self.critic.module, self.critic.optimizer)
+
+    def _actor_extras(self) -> tuple[dict, dict]:
+        """extra_modules / extra_optimizers but the critic's (which has a checkpoint dir of its own)."""
+        mods, opts = self.extra_modules(), self.extra_optimizers()
+        return {k: v for k, v in mods.items() if k != "critic"}, {k: v for k, v in opts.items() if k != "critic"}
 
     def _checkpoint_parts(self):
         """(module, optimizer) as the checkpoint code reads them; with LoRA the adapters only (lora.AdapterView)."""
@@ -278,26 +334,23 @@ class TorchEngine:
         return ckpt.export_hf(model, tokenizer, export_dir, rollout_id, dtype=self.precision.model_dtype)
 
     def offload(self) -> None:
-        """Colocated training on a GPU frees device memory between train stages: every model and optimizer state
-        moves to the CPU (contents kept) until ``onload``. On CPU there is nothing to free."""
-        if self.device.type != "cpu":
-            self._move_to(torch.device("cpu"))
-            torch.cuda.empty_cache()
+        """offload_train: the weights, gradients and optimizer state of every model (policy, critic, reference, teacher)
+        leave the training device for host copies until ``onload`` (offload.py; on CPU as well)."""
+        self._offloader.offload()
 
     def onload(self) -> None:
-        if self.device.type != "cpu":
-            self._move_to(self.device)
+        self._offloader.onload()
 
-    def _move_to(self, device: torch.device) -> None:
-        critic = None if self.critic is None else self.critic.module
-        for module in (self.model, self.ref_model, getattr(self.teacher, "model", None), critic):
-            if module is not None:
-                module.to(device)
-        for opt in [self.optimizer] + ([] if self.critic is None else [self.critic.optimizer]):
-            for state in opt.state.values():
-                for k, v in state.items():
-                    if torch.is_tensor(v) and k != "step":  # the step count stays where the optimizer keeps it
-                        state[k] = v.to(device)
+    def where(self):
+        """offload.Where: bytes of the trained state on the device, and parked on the host."""
+        return self._offloader.where()
+
+    def _state_tensors(self):
+        critic = self.critic
+        for module in (self.model, self.ref_model, getattr(self.teacher, "model", None), critic.module if critic else None):
+            yield from module_tensors(module)
+        for opt in (self.optimizer, critic.optimizer if critic else None):
+            yield from optimizer_tensors(opt)
 
     def extra_modules(self) -> dict:
         """Modules besides the policy, by name, to save and restore with a checkpoint: {"critic": ...} with ppo (data

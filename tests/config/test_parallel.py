@@ -20,7 +20,7 @@ def test_reference_defaults():
     assert (p.expert_model_parallel_size, p.expert_tensor_parallel_size, p.expert_tp) == (1, None, 1)
     assert not p.sequence_parallel and p.recompute_granularity is None and not p.use_distributed_optimizer
     assert not p.use_dynamic_batch_size and p.max_tokens_per_gpu is None and p.log_probs_max_tokens_per_gpu is None
-    assert not p.offload_train and p.offload_train_target == "cpu" and p.offload_train_disk_dir is None
+    assert p.offload_train is None and p.offload_train_target == "cpu" and p.offload_train_disk_dir is None
 
 
 @pytest.mark.parametrize("field, value", [("tensor_model_parallel_size", 2), ("sequence_parallel", True),
@@ -33,8 +33,7 @@ def test_torch_backend_refuses_megatron_fields(field, value):
 
 
 @pytest.mark.parametrize("values, match", [
-    ({"offload_train": True}, "offload_train is not supported yet"),
-    ({"offload_train_target": "disk"}, "offload_train_target is not supported yet"),
+    ({"offload_train_target": "disk"}, "offload_train_target disk is not supported yet .*torch_memory_saver's disk backend"),
     ({"context_parallel_size": 2, "actor_num_gpus_per_node": 2}, "context_parallel_size 2 is not supported yet"),
     ({"sequence_parallel": True}, "sequence_parallel is not supported yet"),
     ({"recompute_granularity": "full"}, "needs recompute_method"),
@@ -107,3 +106,56 @@ def test_missing_or_old_megatron_core_names_the_install_command(monkeypatch):
 
 def test_installed_megatron_core_is_new_enough():
     assert rules._megatron_core_version() >= rules.MEGATRON_CORE_MIN
+
+
+@pytest.mark.parametrize("values, on, rollout", [
+    ({}, False, False), ({"colocate": True}, True, True), ({"offload": True}, True, True), ({"offload_train": True}, True, False),
+    ({"colocate": True, "offload_train": False}, False, True), ({"colocate": True, "debug_rollout_only": True}, False, True),
+])
+def test_offload_train_defaults_to_colocate_or_offload_as_in_the_reference(values, on, rollout):
+    """The reference's arguments.py: offload_train None -> True with --colocate or --offload, else False (and off with
+    debug_rollout_only); offload also turns offload_rollout on."""
+    c = build_config({**RAY, **values})
+    assert c.offloads_trainer is on and bool(c.cluster.rollout_offload_tags) is rollout
+
+
+@pytest.mark.parametrize("values, match", [
+    ({"offload_train": True, "async_mode": "one_step"}, "offload_train moves the trainer .* async_mode one_step"),
+    ({"offload": True, "async_mode": "fully"}, "offload moves the trainer .* async_mode fully"),
+    ({"offload_train": True, "debug_rollout_only": True}, "offload_train with debug_rollout_only: there is no train stage"),
+    ({"offload_train": True, "debug_train_only": True, "load_debug_rollout_data": "r/{rollout_id}.pt"},
+     "offload_train with debug_train_only: there are no engines"),
+    ({"offload": True, "offload_train": False}, "offload sets offload_train and offload_rollout, but offload_train is false"),
+    ({"offload": True, "offload_rollout": False}, "offload sets .* but offload_rollout is false"),
+])
+def test_offload_train_is_refused_where_nothing_alternates_with_the_trainer(values, match):
+    with pytest.raises(ConfigError, match=match):
+        build_config({**RAY, **values})
+
+
+def test_offload_on_the_local_runtime_is_refused_but_offload_train_alone_is_not():
+    with pytest.raises(ConfigError, match=r"offload_rollout / offload_rollout_level / offload release .* \(offload_train alone"):
+        build_config({**BASE, "offload": True})
+    assert build_config({**BASE, "offload_train": True}).offloads_trainer
+
+
+def test_critic_dirs_default_beside_the_actors_and_are_refused_where_no_critic_saves_there(tmp_path):
+    """critic_save / critic_load: <save>_critic and <load>_critic by default (the reference's arguments.py); only the
+    torch trainer's ppo critic has a dir of its own."""
+    ppo = {**BASE, "advantage_estimator": "ppo", "save": str(tmp_path / "ck")}
+    c = build_config(ppo)
+    assert c.critic_save_dir == tmp_path / "ck_critic" and c.critic_load_dir == tmp_path / "ck_critic"
+    c = build_config({**ppo, "load": str(tmp_path / "old"), "critic_save": str(tmp_path / "v")})
+    assert c.critic_save_dir == tmp_path / "v" and c.critic_load_dir == tmp_path / "old_critic"
+    with pytest.raises(ConfigError, match="critic_save is the ppo critic's checkpoint dir; advantage_estimator grpo"):
+        build_config({**BASE, "critic_save": "x"})
+    with pytest.raises(ConfigError, match="critic_load is not supported yet with train_backend megatron"):
+        build_config({**RAY, "advantage_estimator": "ppo", "critic_load": "x"})
+    with pytest.raises(ConfigError, match="critic_save .* is the actor's save dir"):
+        build_config({**ppo, "critic_save": str(tmp_path / "ck")})
+
+
+def test_async_save_is_the_torch_trainers():
+    assert build_config({**BASE, "async_save": True}).checkpoint.async_save
+    with pytest.raises(ConfigError, match="async_save is not supported yet with train_backend megatron"):
+        build_config({**RAY, "async_save": True})

@@ -23,6 +23,7 @@ def _cfg(tmp_path, **over):
 def _engine_weights_equal_trainer(rt, url: str) -> bool:
     from miles_core.rollout.http import HTTPEngineClient
 
+    rt.onload_trainer()  # colocated: offload_train parked the trainer after the sync
     named = rt.trainer.named_tensors()
     with HTTPEngineClient(url, api_key=rt.fleet.launcher.api_key) as c:
         return all(torch.equal(c.get_weights_by_name(n), t) for n, t in named)

@@ -1,5 +1,5 @@
 """The body of one rank of a 2-process gloo world (tests/training/test_data_parallel.py): the torch trainer
-with FSDP2 data parallel trains one rollout, saves, trains a second; a fresh trainer restores the
+with FSDP2 data parallel trains one rollout, saves, offloads and onloads its state, trains a second; a fresh trainer restores the
 checkpoint and trains the second again. Each rank writes what it saw to <out>.<rank>."""
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def run_rank(rank: int, world: int, port: int, policy, ref, cfg, samples, out: s
         trainer.save(save_dir, 0, {"note": "dp"})
         if tokenizer is not None:
             trainer.engine.export(f"{save_dir}-export", 0, tokenizer)
+        trainer.offload()  # offload_train's round trip of the FSDP2 shards before rollout 1: it must change nothing
+        parked = trainer.where()
+        trainer.onload()
         second = trainer.train_rollout(samples, rewards, 1)
         after2 = dict(trainer.named_tensors())
         resumed = build(rank, world, policy, ref, cfg, pad_id=0)
@@ -55,6 +58,6 @@ def run_rank(rank: int, world: int, port: int, policy, ref, cfg, samples, out: s
         again = resumed.train_rollout(samples, rewards, 1)
         torch.save({"seen": seen, "old": tensors.old, "ref": tensors.ref, "first": first.steps, "second": second.steps,
                     "again": again.steps, "after1": after1, "after2": after2, "again_tensors": dict(resumed.named_tensors()),
-                    "meta": meta}, f"{out}.{rank}")
+                    "meta": meta, "parked": (parked.device_bytes, parked.host_bytes)}, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()

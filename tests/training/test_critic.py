@@ -172,3 +172,82 @@ def test_critic_lr_warmup_iters_warms_up_the_critic_only(lm, cfg, samples):
 
     assert rates(critic_lr_warmup_iters=3) == pytest.approx([1e-2, 2e-2, 3e-2, 3e-2])
     assert rates(lr_warmup_iters=3) == pytest.approx([3e-2] * 4)
+
+
+def test_the_critic_saves_to_a_dir_of_its_own_and_resumes_from_it_exactly(lm, cfg, sample_factory, tmp_path):
+    """critic_save / critic_load (the reference's <save>_critic default): the engine's save writes the critic's
+    weights and AdamW state to <save>_critic/<id>/, the actor's checkpoint no longer holds them, and a fresh trainer
+    restored from both dirs trains on exactly as the uninterrupted one; critic_load elsewhere is read from there."""
+    import shutil
+
+    rollouts = [sample_factory(seed=i) for i in range(3)]
+
+    def train(trainer, ids):
+        for i in ids:
+            trainer.train_rollout(rollouts[i], [s.reward for s in rollouts[i]], rollout_id=i)
+
+    straight = _ppo_trainer(lm, cfg, seed=0)
+    train(straight, range(3))
+    first = _ppo_trainer(lm, cfg, seed=0)
+    train(first, range(2))
+    first.save(tmp_path / "ckpt", 1, {})
+    critic_dir = tmp_path / "ckpt_critic" / "1"
+    assert (critic_dir / "model" / "model.safetensors").is_file() and (critic_dir / "optimizer.pt").is_file()
+    assert not (tmp_path / "ckpt" / "1" / "extra").exists()
+    shutil.move(tmp_path / "ckpt_critic", tmp_path / "elsewhere")
+    resumed = TorchTrainer(lm(seed=7), cfg(advantage_estimator="ppo", num_critic_only_steps=1, num_steps_per_rollout=2,
+                                           critic_lr=1e-2, critic_load=str(tmp_path / "elsewhere")), pad_id=PAD)
+    assert resumed.restore(tmp_path / "ckpt")["rollout_id"] == 1
+    train(resumed, [2])
+    want, got = _state(straight), _state(resumed)
+    assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
+
+
+def test_a_resume_without_the_critic_of_the_actors_rollout_fails_naming_critic_load(lm, cfg, sample_factory, tmp_path):
+    import shutil
+
+    from miles_core.checkpoint import CheckpointError
+
+    trainer = _ppo_trainer(lm, cfg, seed=0)
+    trainer.save(tmp_path / "ckpt", 0, {})
+    trainer.save(tmp_path / "ckpt", 1, {})
+    shutil.rmtree(tmp_path / "ckpt_critic" / "1")  # as a save killed between the two: the actor's 1, the critic's 0
+    with pytest.raises(CheckpointError, match=r"critic_load: .*ckpt_critic has no complete checkpoint of rollout 1 .*it has \[0\]"):
+        _ppo_trainer(lm, cfg, seed=1).restore(tmp_path / "ckpt")
+
+
+def test_an_actor_checkpoint_holding_its_critic_still_resumes_it(lm, cfg, sample_factory, tmp_path):
+    """Checkpoints from before critic_save kept the critic in the actor's (extra/critic.safetensors): read from there."""
+    from miles_core import checkpoint as ckpt
+
+    first = _ppo_trainer(lm, cfg, seed=0)
+    first.train_rollout(sample_factory(seed=0), [s.reward for s in sample_factory(seed=0)], rollout_id=0)
+    ckpt.save_checkpoint(tmp_path, 0, model=first.engine.model, optimizer=first.engine.optimizer, state={"steps_done": 2},
+                         extra_tensors=first.engine.extra_modules(), extra_optimizers=first.engine.extra_optimizers())
+    resumed = _ppo_trainer(lm, cfg, seed=7)
+    resumed.restore(tmp_path)
+    want, got = _state(first), _state(resumed)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert all(torch.equal(a, b) for a, b in zip(first.engine.critic.optimizer.state_dict()["state"][0].values(),
+                                                 resumed.engine.critic.optimizer.state_dict()["state"][0].values()))
+
+
+def test_async_save_writes_what_the_trainer_held_at_the_save_while_it_trains_on(lm, cfg, sample_factory, tmp_path):
+    """async_save on the torch trainer (ppo: the critic's dir too): the save returns at once, the next rollout trains
+    meanwhile, and after wait_saves both checkpoints hold the weights and AdamW states of the save's moment: a fresh
+    trainer restored from them equals one restored from a synchronous save, bit for bit."""
+    rollouts = [sample_factory(seed=i) for i in range(2)]
+    restored = {}
+    for background in (False, True):
+        over = {"advantage_estimator": "ppo", "num_steps_per_rollout": 2, "critic_lr": 1e-2, "async_save": background}
+        trainer = TorchTrainer(lm(seed=0), cfg(**over), pad_id=PAD)
+        trainer.train_rollout(rollouts[0], [s.reward for s in rollouts[0]], rollout_id=0)
+        trainer.save(tmp_path / str(background), 0, {})
+        trainer.train_rollout(rollouts[1], [s.reward for s in rollouts[1]], rollout_id=1)  # while it is written
+        trainer.wait_saves()
+        fresh = TorchTrainer(lm(seed=5), cfg(**over), pad_id=PAD)
+        assert fresh.restore(tmp_path / str(background))["rollout_id"] == 0
+        restored[background] = (_state(fresh), fresh.engine.critic.optimizer.state_dict()["state"])
+    (w0, o0), (w1, o1) = restored[False], restored[True]
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    assert all(torch.equal(o0[i][k], o1[i][k]) for i in o0 for k in o0[i])

@@ -105,12 +105,14 @@ def test_forward_only_passes_are_split_over_the_ranks(two_ranks):
 
 
 def test_checkpoint_resumes_the_ranks_exactly_and_loads_in_one_process(two_ranks, one_process):
-    """The 2 ranks save after rollout 0 and train rollout 1; fresh ranks restore and train rollout 1 again:
+    """The 2 ranks save after rollout 0, offload and onload (offload_train), and train rollout 1; fresh ranks restore and
+    train rollout 1 again:
     the same metrics and weights, bit for bit. The files hold full HF-named tensors and a plain
     torch.optim state (by parameter index), so one process loads them as its own."""
     ranks, save = two_ranks
     for r in ranks:
         assert r["meta"]["note"] == "dp" and r["meta"]["steps_done"] == 2
+        assert r["parked"][0] == 0 < r["parked"][1]  # offload_train parked every shard; "second" trained after onload
         for a, b in zip(r["second"], r["again"]):
             assert a == b
         assert all(torch.equal(r["again_tensors"][k], v) for k, v in r["after2"].items())

@@ -42,8 +42,6 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "rollout/correct_length/<p>": "log_correct_samples is not supported yet",
     "rollout/correct_entropy": "log_correct_samples is not supported yet",
     "rollout/correct_response_lengths": "log_correct_samples is not supported yet",
-    "perf/sleep_time": f"engine memory release/resume timing: {SGLANG}",
-    "perf/wake_up_time": f"engine memory release/resume timing: {SGLANG}",
     "perf/reconcile_adapters_time": "multi-LoRA adapter-slot reconciliation before each generate (the reference's "
                                     "reconcile_adapters): multi-LoRA is not built; one adapter's sync is timed in "
                                     "perf/update_weights_time",

@@ -32,7 +32,8 @@ EVERY, LEAD, RANK0 = "every rank", "lead", "rank 0"
 TRAINER_CALLS: dict[Callable, str] = {
     Trainer.train_rollout: EVERY, Trainer.restore: EVERY, Trainer.offload: EVERY, Trainer.onload: EVERY,
     Trainer.named_tensors: LEAD, Trainer.mean_log_probs: LEAD, Trainer.save: LEAD, Trainer.export: LEAD,
-    Trainer.hf_config: RANK0, Trainer.run_params: RANK0,
+    Trainer.hf_config: RANK0, Trainer.run_params: RANK0, Trainer.where: RANK0,
+    Trainer.wait_saves: RANK0,  # async_save: rank 0 writes the checkpoints
 }
 SENDER_CALLS: dict[Callable, str] = {
     WeightSender.tensors: LEAD, WeightSender.meta: LEAD, WeightSender.broadcast: LEAD, WeightSender.save: LEAD,  # read named_tensors

@@ -141,16 +141,11 @@ def main_params(optimizer) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
     return out
 
 
-def offload(optimizer, device: torch.device) -> None:
-    """The optimizer's state (and megatron's fp32 main weights) to ``device``: megatron's offload_to_cpu /
-    restore_from_cpu, or torch AdamW's state tensors moved (the step count stays where AdamW keeps it)."""
-    if hasattr(optimizer, "offload_to_cpu"):
-        (optimizer.offload_to_cpu if device.type == "cpu" else optimizer.restore_from_cpu)()
-        return
-    for state in optimizer.state.values():
-        for k, v in state.items():
-            if torch.is_tensor(v) and k != "step":
-                state[k] = v.to(device)
+def grad_buffers(ddp) -> list:
+    """megatron DDP's contiguous grad (and, with the distributed optimizer, param) buffers, dense and expert; [] for a
+    module that is not megatron's DDP."""
+    lists = (getattr(ddp, name, None) for name in ("buffers", "expert_parallel_buffers"))
+    return [b for found in lists if isinstance(found, list) for b in found]
 
 
 def megatron_step(optimizer, max_norm: float, check: Callable[[float], None]) -> float:

@@ -40,6 +40,7 @@ from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch
 from miles_core.training.engine import LossFn, Piece, RolloutTensors
 from miles_core.training.lora import LoraAdapters, base_checksum
+from miles_core.training.offload import Offloader, module_tensors, optimizer_tensors
 from miles_core.training.rl_step import RLTrainer
 from miles_core.training.schedule import reset_adam_state
 
@@ -90,6 +91,7 @@ class MegatronEngine:
         self.teacher_model = self._build_teacher() if cfg.algo.use_opd and cfg.algo.opd_teacher_load else None
         roles = (("ref", self.ref_model), ("teacher", self.teacher_model), ("critic", self.critic))
         self.roles = frozenset({"actor"} | {r for r, m in roles if m is not None})
+        self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target)
 
     # ---- building ------------------------------------------------------------------------------
     def _stage(self, hf_state: dict[str, torch.Tensor], args: ModelArgs | None = None, tconfig=None):
@@ -316,28 +318,35 @@ class MegatronEngine:
     def restore(self, load_dir: Path) -> dict | None:
         return checkpoint.restore(self, load_dir)
 
+    def wait_saves(self) -> None:
+        """Saves are synchronous here (async_save is refused with train_backend megatron)."""
+
     def run_params(self) -> dict[str, str]:
         """What this trainer chose from the config and the machine, for the run's params (derived.trainer.*)."""
         return {"layer_spec": self.spec.name, "device": self.device_type, "optimizer": type(self.optimizer).__name__,
                 "megatron_to_hf_mode": self.p.megatron_to_hf_mode,
                 "main_dtype": "float32" if self.dtype in optim.HALF else str(self.dtype).removeprefix("torch.")}
 
-    def _trained(self):
-        return [(self.model, self.optimizer)] + ([(self.critic.module, self.critic.optimizer)] if self.critic is not None else [])
-
     def offload(self) -> None:
-        """Colocated on a GPU: free the gradient buffers and move the optimizer state (fp32 main weights, moments) to
-        the CPU until ``onload`` (megatron's offload_grad_buffers / offload_to_cpu); on CPU there is nothing to free."""
-        if self.device_type != "cpu":
-            for ddp, optimizer in self._trained():
-                ddp.offload_grad_buffers()
-                optim.offload(optimizer, torch.device("cpu"))
+        """offload_train: every stage's weights, DDP grad (and param) buffers and optimizer state (fp32 main weights,
+        moments) leave the training device for host copies until ``onload`` (training/offload.py; on CPU as well)."""
+        self._offloader.offload()
 
     def onload(self) -> None:
-        if self.device_type != "cpu":
-            for ddp, optimizer in self._trained():
-                ddp.restore_grad_buffers()
-                optim.offload(optimizer, self.device)
+        self._offloader.onload()
+
+    def where(self):
+        """offload.Where: bytes of the trained state on the device, and parked on the host."""
+        return self._offloader.where()
+
+    def _state_tensors(self):
+        critic = self.critic
+        for module in (self.model, self.ref_model, self.teacher_model, critic.module if critic else None):
+            yield from module_tensors(module)
+            for buffer in optim.grad_buffers(module):
+                yield from (t for t in (buffer.grad_data, getattr(buffer, "param_data", None)) if t is not None)
+        for opt in (self.optimizer, critic.optimizer if critic else None):
+            yield from optimizer_tensors(opt)
 
     def close(self) -> None:
         """Destroy megatron's process groups (and the one-rank world if the trainer started it)."""

@@ -185,3 +185,29 @@ def test_recompute_loss_function_runs_the_loss_again_in_the_backward_with_the_sa
     for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy_loss"):
         assert on_step[key] == pytest.approx(off_step[key], rel=1e-6, abs=1e-9), key
     assert all(torch.allclose(on_w[k], off_w[k], atol=1e-7) for k in off_w)
+
+
+def test_offload_and_onload_park_every_stage_and_change_no_number(megatron_world, tmp_path, lm, cfg, samples):
+    """offload_train on the Megatron trainer (bf16: megatron-core's optimizer with fp32 main weights; ppo: the critic's
+    stage and optimizer too): offload leaves no byte of the train state on the device, onload brings it back, and two
+    rollouts with an offload / onload between them equal two without, bit for bit."""
+    lm(seed=0).save_pretrained(tmp_path)
+    config = cfg(dtype="bfloat16", advantage_estimator="ppo", **MEGATRON)
+    rewards = [s.reward for s in samples]
+    runs = []
+    for offload in (False, True):
+        mega = MegatronTrainer(config, tmp_path, pad_id=PAD)
+        losses = [mega.train_rollout(samples, rewards, 0).steps[0]]
+        if offload:
+            resident = mega.where()
+            mega.offload()
+            parked = mega.where()
+            assert parked.offloaded and parked.host_bytes == resident.device_bytes > 0 and resident.host_bytes == 0
+            mega.onload()
+            assert mega.where() == resident
+        losses.append(mega.train_rollout(samples, rewards, 1).steps[0])
+        runs.append((losses, dict(mega.named_tensors())))
+        mega.close()
+    (l0, w0), (l1, w1) = runs
+    assert l0 == l1
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)

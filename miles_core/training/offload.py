@@ -1,0 +1,139 @@
+"""offload_train: the trained state off the training device between train stages, and back (both engines).
+
+What moves: every storage the trainer owns on its device, found from its models (parameters, buffers, gradients,
+megatron's ``main_grad``) and its optimizers (the inner torch optimizers' parameters, which are megatron's fp32
+main weights, and their state: Adam moments, step counts), plus any extra tensors an engine names (megatron's DDP
+grad and param buffers, of which parameters and main grads are views). Storages are deduplicated (tied
+embeddings, views into one buffer move once).
+
+How: ``offload`` copies each storage into host memory (pinned when the device is a GPU) and resizes the device
+storage to 0 bytes, so its memory is freed while every tensor object (the parameters the optimizer keys its
+state by, views, FSDP2's local shards) stays what it was; ``onload`` resizes it back and copies the bytes in.
+The tensors hold the same values after the round trip (bit for bit). The reference does the same with
+torch_memory_saver's pause / resume of the train process's CUDA allocations (miles/backends/megatron_utils/
+actor.py sleep / wake_up) or, on its FSDP backend, ``model.cpu()`` and the optimizer state moved.
+
+On the CPU device the move is a real copy as well: the training tensors' storages are released and their bytes
+live in the host copies until ``onload`` (``where()`` reports both sides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+
+def module_tensors(module) -> Iterable[torch.Tensor]:
+    """A model's parameters, buffers and gradients (megatron's main_grad too); DTensors by their local shard."""
+    if module is None:
+        return
+    for p in module.parameters():
+        yield p
+        for extra in (p.grad, getattr(p, "main_grad", None)):
+            if extra is not None:
+                yield extra
+    yield from torch.nn.Module.buffers(module)  # megatron's DDP names its grad buffers ``buffers``: not these
+
+
+def optimizer_tensors(optimizer) -> Iterable[torch.Tensor]:
+    """An optimizer's parameters (megatron: its fp32 main weights) and state tensors; megatron's chained or mixed
+    precision optimizers by their inner torch optimizers."""
+    if optimizer is None:
+        return
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", opt)
+        for group in inner.param_groups:
+            for p in group["params"]:
+                yield p
+                if p.grad is not None:
+                    yield p.grad
+        for state in inner.state.values():
+            yield from (v for v in state.values() if torch.is_tensor(v))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # an FSDP2 DTensor: its shard on this rank holds the storage
+    return to_local() if callable(to_local) else t
+
+
+def _rehome(storage: torch.UntypedStorage, tensors: list[torch.Tensor]) -> torch.UntypedStorage:
+    """A resizable copy of ``storage``, which ``tensors`` (every one of ours viewing it) then view instead."""
+    fresh = torch.empty(storage.nbytes(), dtype=torch.uint8, device=storage.device).untyped_storage()
+    fresh.copy_(storage)
+    with torch.no_grad():
+        for t in tensors:
+            t.set_(fresh, t.storage_offset(), t.size(), t.stride())
+    return fresh
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the trained state lives: bytes resident on the training device, bytes parked in host copies."""
+
+    device_bytes: int
+    host_bytes: int
+
+    @property
+    def offloaded(self) -> bool:
+        return self.host_bytes > 0 and self.device_bytes == 0
+
+
+class Offloader:
+    """Parks the storages of ``tensors()`` (a callable: the set is read at each offload, since gradients and
+    optimizer state appear after the first step) in ``target`` memory (offload_train_target: cpu, host memory;
+    disk is refused at load), and restores them."""
+
+    def __init__(self, tensors, device: torch.device, target: str = "cpu"):
+        if target != "cpu":
+            raise ValueError(f"offload_train_target {target}: only cpu (host memory) is built")
+        self.tensors, self.device = tensors, device
+        self.parked: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []  # (device storage, host copy)
+
+    @property
+    def offloaded(self) -> bool:
+        return bool(self.parked)
+
+    def _storages(self) -> list[torch.UntypedStorage]:
+        """The distinct non-empty storages of ``tensors()``; one that cannot be resized (a tensor loaded from a mapped
+        safetensors file) is first copied into one that can, and its tensors re-pointed at it (same values, views)."""
+        by_key: dict[tuple, tuple[torch.UntypedStorage, list[torch.Tensor]]] = {}
+        for t in map(_local, self.tensors()):
+            s = t.untyped_storage()
+            if s.nbytes():
+                by_key.setdefault((s.device, s.data_ptr()), (s, []))[1].append(t)
+        out = []
+        for s, tensors in by_key.values():
+            if not s.resizable():
+                s = _rehome(s, tensors)
+            out.append(s)
+        return out
+
+    def offload(self) -> None:
+        """Every storage copied to the host, then its device memory freed (a no-op when already offloaded)."""
+        if self.parked:
+            return
+        pin = self.device.type == "cuda"
+        for s in self._storages():
+            host = torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin).untyped_storage()
+            host.copy_(s)
+            self.parked.append((s, host))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        for s, _ in self.parked:
+            s.resize_(0)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        """Every parked storage back to its size on the device and its bytes copied in (a no-op when resident)."""
+        for s, host in self.parked:
+            s.resize_(host.nbytes())
+            s.copy_(host)
+        self.parked = []
+
+    def where(self) -> Where:
+        """The bytes of the trained state on the device now, and in host copies."""
+        return Where(device_bytes=sum(s.nbytes() for s in self._storages()),
+                     host_bytes=sum(h.nbytes() for _, h in self.parked))
