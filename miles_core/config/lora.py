@@ -2,8 +2,9 @@
 frozen base (torch: miles_core/training/lora.py; Megatron: miles_core/training/megatron/lora.py; docs/guide/lora.md).
 
 One adapter, merged into the engines' weights at every sync; or sent alone to engines that serve it unmerged
-(``lora_sync_from_tensor``: as tensors, or by disk as a PEFT dir; ``check_lora_weight_equal`` in misc.py checks it); or never (``lora_train_only``: the engines stay on the base). ``lora_base_cpu_backup`` is
-kept under its name and refused when set (rules.NOT_SUPPORTED); the multi-LoRA flags are refused by
+(``lora_sync_from_tensor``: as tensors, or by disk as a PEFT dir; ``check_lora_weight_equal`` in misc.py checks it); or never (``lora_train_only``: the engines stay on the base). With colocated engines that
+release their weights for each train stage, ``lora_base_cpu_backup`` keeps the base in host memory across the release
+(SGLang's enable_weights_cpu_backup), so an adapter sync finds it there. The multi-LoRA flags are refused by
 config/reference_flags.py.
 """
 
@@ -63,11 +64,16 @@ class LoraConfig(Group):
                                         "request through it (SGLang's lora_path), instead of the merged weights: its tensors "
                                         "(SGLang's /load_lora_adapter_from_tensors; our server only), or with "
                                         "update_weight_mode disk a PEFT dir the engines read (SGLang's /load_lora_adapter; "
-                                        "what rollout_engine sglang needs). Torch trainer, not colocated (docs/guide/lora.md).")
+                                        "what rollout_engine sglang needs). Torch trainer; colocated only with "
+                                        "lora_base_cpu_backup (docs/guide/lora.md).")
     lora_train_only: bool = Field(False, description="Train the adapters but keep the engines on the frozen base: every sync sends "
                                   "the base weights, never the adapters (the reference's: rollouts sample the base policy). "
                                   "Torch trainer.")
-    lora_base_cpu_backup: bool = Field(False, description="The reference's SGLang-side CPU copy of the base. Not supported yet.")
+    lora_base_cpu_backup: bool = Field(False, description="Colocated engines keep a host-memory copy of the base weights "
+                                       "when offload_rollout releases them for a train stage (SGLang's "
+                                       "--enable-weights-cpu-backup; our server's the same flag), so lora_sync_from_tensor's "
+                                       "adapter-only syncs work colocated: the reference's. Needs colocate, "
+                                       "lora_sync_from_tensor and offload_rollout_level with weight.")
 
     @field_validator("target_modules", "exclude_modules")
     @classmethod

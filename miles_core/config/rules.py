@@ -30,9 +30,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "offload_train_disk_dir": "it applies only with offload_train_target disk: " + NO_DISK_OFFLOAD,
     "sglang_router_ip": ROUTER_WHY,
     "sglang_router_port": ROUTER_WHY,
-    "lora_base_cpu_backup": "it keeps a colocated engine's base across the train stage so adapter syncs skip the base; miles "
-                            "syncs adapters (lora_sync_from_tensor) to non-colocated engines only, which keep their base, and "
-                            "a merged sync re-sends every weight",
 }
 # SGLang arguments the launcher sets from the LoRA fields when engines serve the adapter (rollout/sglang/launch.py).
 LORA_SERVER_ARGS = ("enable_lora", "max_loras_per_batch", "max_lora_rank", "lora_target_modules")
@@ -618,10 +615,19 @@ def _lora_sync_rules(c: "TrainConfig") -> None:
     if lo.lora_sync_from_tensor and lo.lora_train_only:
         raise ValueError("lora_sync_from_tensor with lora_train_only: lora_train_only keeps the engines on the frozen base, so "
                          "no adapter is synced (as in the reference); drop one")
-    if lo.lora_sync_from_tensor and cl.colocate:
-        raise ValueError("lora_sync_from_tensor with colocate: colocated engines release their weights for the train stage "
-                         "and an adapter-only sync does not send the base back (the reference's lora_base_cpu_backup, not "
-                         "built); drop colocate, or lora_sync_from_tensor (merged weights)")
+    if lo.lora_base_cpu_backup:  # the reference's lora_base_cpu_backup_enabled: LoRA, colocate and the flag
+        needs = [why for ok, why in ((lo.enabled, "lora_rank > 0"), (cl.colocate, "colocate"),
+                                     (lo.lora_sync_from_tensor, "lora_sync_from_tensor (a merged sync re-sends every weight)"),
+                                     ("weights" in cl.rollout_offload_tags, "offload_rollout with offload_rollout_level weight "
+                                      "(else the engines never release their base)")) if not ok]
+        if needs:
+            raise ValueError(f"lora_base_cpu_backup keeps a colocated engine's base in host memory across the release of its "
+                             f"weights, for adapter-only syncs; it needs {needs[0]}: set it, or drop lora_base_cpu_backup")
+    if lo.lora_sync_from_tensor and "weights" in cl.rollout_offload_tags and not lo.lora_base_cpu_backup:
+        raise ValueError("lora_sync_from_tensor with colocate: the engines release their weights for each train stage "
+                         "(offload_rollout_level weight) and an adapter-only sync does not send the base back; set "
+                         "lora_base_cpu_backup (the engines keep the base in host memory), or drop colocate, or "
+                         "lora_sync_from_tensor (merged weights)")
     mode = cl.weight_sync_mode
     if lo.lora_sync_from_tensor and cl.rollout_engine == "sglang" and mode != "disk":
         raise ValueError(f"lora_sync_from_tensor with rollout_engine sglang and update_weight_mode {mode}: SGLang 0.5.23's "

@@ -43,7 +43,14 @@ def test_target_modules_accepts_the_reference_names(value, targets):
     ({"experts_shared_outer_loras": True}, "experts_shared_outer_loras .* not supported yet"),
     ({"lora_rank": -1}, "lora_rank"),
     ({"lora_sync_from_tensor": True}, "lora_sync_from_tensor apply only with lora_rank > 0"),
-    ({**LORA_ON, "lora_sync_from_tensor": True, "colocate": True}, "lora_sync_from_tensor with colocate"),
+    ({**LORA_ON, "lora_sync_from_tensor": True, "colocate": True, "runtime": "ray"},
+     "lora_sync_from_tensor with colocate: .* set lora_base_cpu_backup"),
+    ({**LORA_ON, "lora_base_cpu_backup": True, "lora_sync_from_tensor": True, "runtime": "ray"},
+     "lora_base_cpu_backup .* needs colocate"),
+    ({**LORA_ON, "lora_base_cpu_backup": True, "colocate": True, "runtime": "ray"},
+     r"lora_base_cpu_backup .* needs lora_sync_from_tensor \(a merged sync"),
+    ({**LORA_ON, "lora_base_cpu_backup": True, "lora_sync_from_tensor": True, "colocate": True, "runtime": "ray",
+      "offload_rollout_level": ["kv_cache"]}, "lora_base_cpu_backup .* needs offload_rollout with offload_rollout_level weight"),
     ({**LORA_ON, "lora_sync_from_tensor": True, "rollout_engine": "sglang", "runtime": "ray"},
      "lora_sync_from_tensor with rollout_engine sglang and update_weight_mode broadcast: .* set update_weight_mode: disk"),
     ({**LORA_ON, "lora_sync_from_tensor": True, "runtime": "ray", "update_weight_mode": "broadcast"},
@@ -89,3 +96,17 @@ def test_the_adapter_sync_to_sglang_engines_goes_by_disk_and_the_check_with_tens
     sync = weight_sync(ray, "gloo")
     assert sync.lora_adapter and sync.check_adapter and sync.mode != "disk"  # the adapter goes as tensors, hashed
     sync.close()
+
+
+
+def test_lora_base_cpu_backup_starts_our_servers_with_the_weights_cpu_backup():
+    """Colocated adapter syncs with lora_base_cpu_backup: our server gets --enable-weights-cpu-backup (SGLang's flag;
+    SGLang's launch: tests/rollout/sglang/test_passthrough.py)."""
+    from miles_core.rollout.http.server import parse_args
+    from miles_core.runtime.ray.engines import hf_server_args
+
+    on = build_config({**BASE, **LORA_ON, "lora_base_cpu_backup": True, "lora_sync_from_tensor": True, "colocate": True,
+                       "runtime": "ray"})
+    assert parse_args(["--model-path", "m", *hf_server_args(on)]).enable_weights_cpu_backup is True
+    off = build_config({**BASE, **LORA_ON, "lora_sync_from_tensor": True, "runtime": "ray"})
+    assert not parse_args(["--model-path", "m", *hf_server_args(off)]).enable_weights_cpu_backup

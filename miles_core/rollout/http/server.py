@@ -91,6 +91,7 @@ class ServerOptions:
     max_body_bytes: int = 2**31 - 1  # the largest request body (a weight bucket)
     api_key: str | None = None  # every request but OPEN_PATHS needs "Authorization: Bearer <api_key>"
     tp_size: int = 1  # ranks this engine takes in a weight broadcast group (rank_offset + tp_rank)
+    weights_cpu_backup: bool = False  # SGLang's --enable-weights-cpu-backup: a release keeps the weights in host memory
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class EngineServer:
         self.group_ranks: dict[str, list[int]] = {}  # group name -> this engine's ranks in it (rank_offset + tp_rank)
         self.received: dict[int, int] = {}  # group rank -> tensors it received by broadcast (every TP rank: all of them)
         self._dropped: dict[str, tuple] = {}  # released CPU parameters: name -> (shape, dtype)
+        self._backup: dict[str, torch.Tensor] = {}  # released CPU parameters kept (weights_cpu_backup): name -> data
         self._stale: set[int] = set()  # ids of parameters allocated by a resume and not written since
         self.batcher: Batcher | None = None
         self.runner: web.AppRunner | None = None
@@ -531,7 +533,8 @@ class EngineServer:
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
         """Marks the tags released (generate answers 503 until resumed); weights: a CUDA model moves to
-        CPU, a CPU model's parameters are dropped."""
+        CPU, a CPU model's parameters are dropped, or with weights_cpu_backup kept aside and put back by the resume
+        (SGLang's --enable-weights-cpu-backup: torch_memory_saver's CPU backup of the weights region)."""
         tags = await _tags(request)
         if "weights" in tags and "weights" not in self.released:
             await self.batcher.run(self._release_weights)
@@ -555,6 +558,8 @@ class EngineServer:
             return
         for name, p in model.named_parameters():
             self._dropped[name] = (tuple(p.shape), p.dtype)
+            if self.options.weights_cpu_backup:
+                self._backup[name] = p.data
             p.data = torch.empty(0, dtype=p.dtype)
 
     def _resume_weights(self) -> None:
@@ -564,6 +569,9 @@ class EngineServer:
             return
         for name, p in model.named_parameters():
             shape, dtype = self._dropped[name]
+            if name in self._backup:  # the weights as released: nothing to rewrite
+                p.data = self._backup.pop(name)
+                continue
             p.data = torch.empty(shape, dtype=dtype)
             self._stale.add(id(p))
         self._dropped = {}
@@ -658,6 +666,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-timeout", type=float, default=20.0)
     p.add_argument("--api-key", default=engine_api_key(),
                    help=f"require Authorization: Bearer <key> (default: ${API_KEY_ENV}; prefer the env var, argv is public)")
+    p.add_argument("--enable-weights-cpu-backup", action="store_true",
+                   help="a release of the weights keeps them in host memory and the resume puts them back (SGLang's flag)")
     p.add_argument("--enable-fault-injection", action="store_true", default=bool(os.environ.get(FAULT_ENV)),
                    help=f"serve POST /debug/fail (tests only; also on when {FAULT_ENV} is set)")
     return p.parse_args(argv)
@@ -666,7 +676,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def _serve(engine: HFEngine, args: argparse.Namespace, model_path: str) -> None:
     options = ServerOptions(model_path=model_path, enable_fault_injection=args.enable_fault_injection,
                             batch_wait_s=args.batch_wait_ms / 1000, health_timeout_s=args.health_timeout,
-                            exit_on_crash=True, api_key=args.api_key, tp_size=args.tp_size)
+                            exit_on_crash=True, api_key=args.api_key, tp_size=args.tp_size,
+                            weights_cpu_backup=args.enable_weights_cpu_backup)
     server = EngineServer(engine, options)
     port = await server.start(args.host, args.port)
     url = f"http://{args.host}:{port}"

@@ -79,7 +79,9 @@ def lora_server_args(cfg: "TrainConfig") -> dict[str, Any]:
     LORA_SERVER_ARGS), as the reference's sglang_engine.py sets them for one adapter: enable_lora, max_loras_per_batch 1,
     max_lora_rank = lora_rank, lora_target_modules = the HF module names (``all`` for all-linear without exclusions).
     No lora_paths: the sync before rollout 0 loads the trainer's adapter (from lora_adapter_path, if given) by
-    /load_lora_adapter. {} otherwise (merged weights: the engines serve a plain model)."""
+    /load_lora_adapter. With lora_base_cpu_backup also enable_weights_cpu_backup (the reference's sglang_engine.py sets it
+    when lora_base_cpu_backup_enabled: LoRA, colocate and the flag), so a release keeps the base for the adapter syncs.
+    {} otherwise (merged weights: the engines serve a plain model)."""
     lo = cfg.lora
     if not (lo.enabled and lo.lora_sync_from_tensor):
         return {}
@@ -87,7 +89,8 @@ def lora_server_args(cfg: "TrainConfig") -> dict[str, Any]:
         targets = ["all"] if not lo.excluded else [m for m in DECODER_MODULES if m not in lo.excluded]
     else:
         targets = [m for m in lo.targets if m not in lo.excluded]
-    return {"enable_lora": True, "max_loras_per_batch": 1, "max_lora_rank": lo.lora_rank, "lora_target_modules": targets}
+    args = {"enable_lora": True, "max_loras_per_batch": 1, "max_lora_rank": lo.lora_rank, "lora_target_modules": targets}
+    return {**args, "enable_weights_cpu_backup": True} if lo.lora_base_cpu_backup else args
 
 
 def engine_client_options(cfg: "TrainConfig", api_key: str | None) -> dict[str, Any]:

@@ -33,10 +33,10 @@ class ServerSpec:
 
 def hf_server_args(cfg) -> list[str]:
     """The arguments of our server for this config: dtype, device (resolved in the server process, on the actor's
-    own GPU when it has one), threads, exact batching."""
+    own GPU when it has one), threads, exact batching; the base's CPU backup with lora_base_cpu_backup."""
     threads = cfg.cluster.num_threads or 1
     return ["--dtype", cfg.misc.dtype, "--device", cfg.cluster.device, "--num-threads", str(threads), "--batching", "exact",
-            "--tp-size", str(cfg.cluster.rollout_num_gpus_per_engine)]
+            "--tp-size", str(cfg.cluster.rollout_num_gpus_per_engine)] + ["--enable-weights-cpu-backup"] * cfg.lora.lora_base_cpu_backup
 
 
 def start_hf_server(spec: ServerSpec):

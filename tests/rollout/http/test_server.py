@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from miles_core.rollout.http.engine import request_seed
 
@@ -143,6 +144,25 @@ def test_release_and_resume_memory(start_server):
     assert r.status_code == 503 and "not written" in r.json()["message"]
     assert post(h, "/update_weights_from_disk", {"model_path": h.server.options.model_path}).status_code == 200
     assert post(h, "/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+
+
+def test_a_weights_cpu_backup_release_keeps_the_weights_and_the_resume_serves_them_unsynced(start_server):
+    """--enable-weights-cpu-backup (lora_base_cpu_backup's engine side): the released weights come back bit for bit, so
+    generation needs no weight update after the resume (without it: 503 'not written', the test above)."""
+    h = start_server(weights_cpu_backup=True)
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}, "return_logprob": True, "seed": 7}
+    before = post(h, "/generate", body)
+    assert before.status_code == 200, before.text
+    before = before.json()
+    params = dict(h.server.engine.model.named_parameters())
+    kept = {n: p.detach().clone() for n, p in params.items()}
+    post(h, "/release_memory_occupation")
+    assert all(p.numel() == 0 for p in params.values())  # released: the model holds no weights
+    assert post(h, "/resume_memory_occupation").json()["released"] == []
+    assert all(torch.equal(p, kept[n]) for n, p in h.server.engine.model.named_parameters())
+    after = post(h, "/generate", body)
+    assert after.status_code == 200 and after.json()["output_ids"] == before["output_ids"]
+    assert after.json()["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]
 
 
 def test_weights_from_tensor_takes_safetensors_only(start_server):

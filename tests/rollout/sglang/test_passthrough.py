@@ -254,3 +254,6 @@ def test_engines_that_serve_the_adapter_launch_with_sglangs_lora_arguments():
     assert validate(lora_server_args(some)) == lora_server_args(some)  # names and values SGLang's CLI takes
     merged = cfg(lora_rank=8, target_modules="all-linear")  # merged weights: a plain model, no LoRA arguments
     assert "--enable-lora" not in launch_command(merged, spec) and lora_server_args(merged) == {}
+    backup = cfg(**LORA_SYNC, target_modules="all-linear", lora_base_cpu_backup=True, colocate=True)
+    assert _sglang_parser().parse_args(_server_argv(launch_command(backup, spec))).enable_weights_cpu_backup is True
+    assert not ns.enable_weights_cpu_backup  # only with lora_base_cpu_backup
