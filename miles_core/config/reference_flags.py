@@ -192,10 +192,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                    "(extra/critic.safetensors); a critic from another dir is not supported",
     "critic_save": "the reference saves its critic to a dir of its own (default <save>_critic); miles saves it inside the actor's "
                    "checkpoint (extra/critic.safetensors), so one save / load / keep_last covers both",
-    "log_correct_samples": "the rollout/correct_* metrics are not computed (the reference writes them into its rollout data "
-                           "after logging it, log_utils.log_rollout_data, so they reach only its debug dump)",
-    "log_passrate": "miles always logs passrate/pass@k (n_samples_per_prompt > 1) and eval/<ds>-pass@k; the reference logs both "
-                    "only with this flag (ray/rollout/metrics.py); turning them off by default is not done yet",
     "opd_teacher_ckpt_step": "the iteration of a Megatron checkpoint dir the reference loads as the teacher (load_checkpoint's "
                              "ckpt_step); opd_teacher_load here is an HF dir or builtin://: export that step (export_interval) "
                              "and point opd_teacher_load at its export",

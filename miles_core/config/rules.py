@@ -158,6 +158,11 @@ def _skipped_passes(c: "TrainConfig") -> None:
             if getattr(a, name):
                 raise ValueError(f"use_rollout_entropy computes the entropy in the old-policy pass, which {name} skips; "
                                  "drop one of them")
+    if c.tracking.log_correct_samples:
+        for name in ("skip_actor_forward_only", "disable_compute_advantages_and_returns"):
+            if getattr(a, name):
+                raise ValueError(f"log_correct_samples with {name} is not supported: its rollout/correct_entropy reads the "
+                                 "old-policy log-probs, which that skips (the reference refuses it too); drop one of them")
     if not a.skip_actor_forward_only:
         return
     if c.cluster.train_backend != "torch":

@@ -232,7 +232,8 @@ class Runtime:
             if custom(rollout.rollout_id, reference_args(**flat_reference_args(c)), rollout.samples, rollout.metrics, seconds):
                 return {}
         rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
-        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, c.algo)}
+        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, c.algo,
+                                                            passrate=c.tracking.log_passrate)}
         if c.tracking.log_reward_category is not None:
             metrics |= reward_category_metrics(rollout.samples, c.tracking.log_reward_category)
         return metrics | generation_perf_metrics(rollout.samples, seconds, num_gpus=c.cluster.rollout_num_gpus or 1)

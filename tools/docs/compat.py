@@ -39,9 +39,6 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "rollout/fully_async/buffer_avg_staleness": "the staleness of groups still in the buffer is not computed yet",
     "rollout/fully_async/buffer_max_staleness": "the staleness of groups still in the buffer is not computed yet",
     "rollout/teacher_log_probs": "computed by the trainer, not logged yet",
-    "rollout/correct_length/<p>": "log_correct_samples is not supported yet",
-    "rollout/correct_entropy": "log_correct_samples is not supported yet",
-    "rollout/correct_response_lengths": "log_correct_samples is not supported yet",
     "perf/sleep_time": f"engine memory release/resume timing: {SGLANG}",
     "perf/wake_up_time": f"engine memory release/resume timing: {SGLANG}",
     "perf/reconcile_adapters_time": "multi-LoRA adapter-slot reconciliation before each generate (the reference's "
