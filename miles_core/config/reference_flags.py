@@ -177,10 +177,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "distributed_backend": "the collectives' backend follows device: NCCL with cuda, gloo with cpu",
     "wandb_key": "the W&B key comes from the environment only (WANDB_API_KEY, or `wandb login`): a config value would be "
                  "written into the MLflow params, the W&B config and the Prefect run form",
-    "wandb_always_use_train_step": "every key is plotted against its own step axis (rollout/step, train/step, eval/step), the "
-                                   "reference's default; with this flag the reference logs rollout/* and eval/* at rollout_id * "
-                                   "num_steps_per_rollout (metric_utils.compute_rollout_step), but miles' eval/step is the "
-                                   "evaluated weight version (docs/decisions.md), which has no train step of its own",
     "mlflow_run_id": "the reference's primary process always starts a new MLflow run and writes its id here for its secondary "
                      "processes (mlflow_utils.init_mlflow): an internal channel, not a run to attach to; a miles run re-attaches "
                      "to its own MLflow run from the checkpoint, and mlflow_new_run starts another",

@@ -562,6 +562,22 @@ def _torch_only_options(c: "TrainConfig") -> None:
                          "version, which stays 0; drop eval_prompt_data / eval_config, or debug_skip_weight_update")
 
 
+def _tracking_rules(c: "TrainConfig") -> None:
+    t, r = c.tracking, c.rollout
+    if not t.wandb_always_use_train_step:
+        return
+    if not t.use_wandb:
+        raise ValueError("wandb_always_use_train_step sets the steps of the W&B mirror, which is off: set use_wandb, or drop it")
+    why = [name for name, on in (
+        ("debug_skip_weight_update (no sync: every eval point is weight version 0)", c.misc.debug_skip_weight_update),
+        ("debug_rollout_only (no sync)", c.misc.debug_rollout_only),
+        (f"update_weights_interval {r.update_weights_interval} (a sync every n rollouts)",
+         r.async_mode != "off" and r.update_weights_interval != 1)) if on]
+    if why:
+        raise ValueError(f"wandb_always_use_train_step with {why[0]} is not supported yet: it maps an eval point's weight "
+                         "version to the rollout it follows, which needs one weight sync per rollout; drop one of them")
+
+
 def _ci_rules(c: "TrainConfig") -> None:
     """The ci group acts only with ci_test (as the reference, where its checks sit behind args.ci_test): set without it, a
     flag would do nothing, so it is refused."""
@@ -671,5 +687,5 @@ def _not_supported(c: "TrainConfig") -> None:
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
                  _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options, _ci_rules,
-                 _debug_data_rules):
+                 _debug_data_rules, _tracking_rules):
         rule(c)

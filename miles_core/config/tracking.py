@@ -57,6 +57,12 @@ class TrackingConfig(Group):
         None, description="URL of the W&B server (a self-hosted one, https://wandb.example.com); default: W&B's own setting "
                           "(WANDB_BASE_URL, `wandb login --host`, else W&B's default server). The key comes from the environment only "
                           "(WANDB_API_KEY or `wandb login`), never from the config.")
+    wandb_always_use_train_step: bool = Field(
+        False, description="With use_wandb: W&B plots rollout/* and eval/* at train steps, as the reference's "
+                           "compute_rollout_step: the rollout/step value of rollout i is i * num_steps_per_rollout, the eval "
+                           "after rollout i (eval/step i + 2, its weight version) and the one before training (eval/step 1) "
+                           "at i * num_steps_per_rollout and 0. MLflow, TensorBoard and Prometheus keep the rollout id and "
+                           "the weight version; needs one weight sync per rollout.")
     wandb_run_id: str | None = Field(
         None, description="W&B run id to log into (default: a new id, recorded in <run_dir>/wandb_run.json and reused on resume).")
     use_tensorboard: bool = Field(False, description="Also write TensorBoard event files (tensorboardX), one subdirectory per MLflow run.")
