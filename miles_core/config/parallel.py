@@ -21,6 +21,10 @@ class ParallelConfig(Group):
     context_parallel_size: int = Field(1, ge=1, description="Context parallel size (CP): sequences split over CP ranks. Only 1 is supported yet (CP needs Transformer Engine's attention).")
     expert_model_parallel_size: int = Field(1, ge=1, description="Expert parallel size (EP): the MoE experts split over EP ranks (train_backend megatron).")
     expert_tensor_parallel_size: int | None = Field(None, ge=1, description="Tensor parallel size inside each expert (ETP); None = tensor_model_parallel_size.")
+    padded_vocab_size: int | None = Field(
+        None, ge=1, description="train_backend megatron: rows of the policy's embedding and output layer (>= the model's "
+                                "vocab_size, a multiple of tensor_model_parallel_size); the extra rows are zeros, masked out "
+                                "of every softmax. Default: vocab_size rounded up to a multiple of the TP size.")
     sequence_parallel: bool = Field(False, description="Split norms and dropout along the sequence over the TP ranks. Not supported yet (needs Transformer Engine norms).")
     recompute_granularity: Literal["full", "selective"] | None = Field(None, description="Activation recompute: full (whole layers) or selective (core attention only); None = off.")
     recompute_method: Literal["uniform", "block"] | None = Field(None, description="With recompute_granularity full: uniform (chunks of recompute_num_layers) or block (the first recompute_num_layers layers of each stage).")

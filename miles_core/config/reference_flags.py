@@ -125,8 +125,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "num_gpus_per_node": "it places SGLang engines' GPUs within a node (the reference's sglang_engine.py); miles places "
                          "engines by rollout_num_gpus and rollout_num_gpus_per_engine bundles",
     "fully_async": "use async_mode: fully (the reference's train_async.py --fully-async)",
-    "model_name": "it picks the reference's Megatron-to-HF converter by name; miles maps tensor names by config.json's "
-                  "model_type (miles_core/training/megatron/model_args.py FAMILIES) and an override is not supported",
     "custom_async_data_buffer_path": "the reference's DataBuffer class (async put / get on its event loop, built from "
                                      "DataBufferConstructorInput) has no counterpart: the fully-async buffer is the worker's "
                                      "own (miles_core/rollout/fully_async.py); max_weight_staleness, stale_group_policy, "
@@ -246,8 +244,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                      "the policy with the same sglang_* server arguments",
     "prefill_num_servers": "prefill/decode disaggregation is not built: each engine serves whole requests (SGLang's "
                            "--disaggregation-mode stays null) and miles' router has no prefill/decode pairing",
-    "padded_vocab_size": "the megatron trainer derives it (ModelArgs.padded_for: the HF vocab_size rounded up to a "
-                         "multiple of tensor_model_parallel_size, the extra rows masked); an explicit size is not read: drop it",
     "no_sglang_lora_use_virtual_experts": "SGLang LoRA on MoE experts is not built: miles syncs merged weights to the "
                                           "engines, never LoRA adapters on virtual experts",
     "use_miles_router": "miles always routes through its own router, which is the reference's MilesRouter (least requests in "

@@ -376,7 +376,7 @@ MEGATRON_INSTALL = "pip install 'megatron-core==0.16.1' psutil"
 # Fields the torch trainer does not read (it is data parallel only): name -> default
 MEGATRON_ONLY = {
     "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
-    "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
+    "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False, "padded_vocab_size": None,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
     "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
     "use_distributed_optimizer": False, "distributed_timeout_minutes": 10, "recompute_loss_function": False,
@@ -386,6 +386,7 @@ MEGATRON_ONLY = {
 
 
 MEGATRON_ONLY_WHY = {
+    "padded_vocab_size": "the torch trainer trains the HF model's own embedding, vocab_size rows",
     "recompute_loss_function": "the torch trainer's log-probs come out of the model's forward (training/batch.py), with no "
                                "separate loss from the logits to recompute",
 }
@@ -409,6 +410,12 @@ def _parallel_rules(c: "TrainConfig") -> None:
                     "custom_megatron_") else "the torch trainer is data parallel only")
                 raise ValueError(f"{name} ({getattr(p, name)}) is read by train_backend megatron only ({why}); set "
                                  f"train_backend: megatron or drop {name}")
+    if backend == "torch" and c.checkpoint.model_name is not None:
+        raise ValueError("model_name (the reference's converter name) picks the Megatron trainer's HF <-> Megatron tensor mapping; "
+                         "the torch trainer loads the HF model by its config.json: set train_backend: megatron or drop model_name")
+    if p.padded_vocab_size is not None and p.padded_vocab_size % p.tensor_model_parallel_size:
+        raise ValueError(f"padded_vocab_size ({p.padded_vocab_size}) must be a multiple of tensor_model_parallel_size "
+                         f"({p.tensor_model_parallel_size}): each TP rank holds an equal share of the vocab rows")
     if p.offload_train:
         raise ValueError("offload_train is not supported yet; drop it (set offload_train: false)")
     if p.offload_train_target != "cpu" or p.offload_train_disk_dir is not None:

@@ -69,7 +69,8 @@ class MegatronEngine:
         self.model_path = Path(model_path)
         hf_config = json.loads((self.model_path / "config.json").read_text())
         check_model_divides(shape_from_config(hf_config), self.p, str(self.model_path))
-        self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
+        self.args = from_hf_config(hf_config, str(self.model_path / "config.json"), cfg.checkpoint.model_name).padded_for(
+            self.p.tensor_model_parallel_size, self.p.padded_vocab_size)
         if self.p.megatron_to_hf_mode != "raw":  # refused at load (config/rules.py); weights.py is the raw converter
             raise ValueError(f"megatron_to_hf_mode {self.p.megatron_to_hf_mode}: only raw (weights.py) is implemented")
         self.device = resolve_device(cfg.cluster.device)  # batches, grad buffers and RNG live there

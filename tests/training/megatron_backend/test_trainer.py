@@ -185,3 +185,33 @@ def test_recompute_loss_function_runs_the_loss_again_in_the_backward_with_the_sa
     for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy_loss"):
         assert on_step[key] == pytest.approx(off_step[key], rel=1e-6, abs=1e-9), key
     assert all(torch.allclose(on_w[k], off_w[k], atol=1e-7) for k in off_w)
+
+
+def test_padded_vocab_size_pads_the_embedding_and_changes_no_log_prob(megatron_world, tmp_path, cfg, samples):
+    """padded_vocab_size 160 (vocab 128): the policy's embedding and output hold 160 rows, the 32 extra are masked out
+    of the softmax, so the log-probs equal the unpadded model's; the HF tensors come back at 128 rows."""
+    from miles_core.training.batch import make_batch
+
+    tiny_hf("qwen2").save_pretrained(tmp_path / "hf")
+    plain = MegatronTrainer(cfg(**MEGATRON), tmp_path / "hf", pad_id=PAD)
+    padded = MegatronTrainer(cfg(**MEGATRON, padded_vocab_size=160), tmp_path / "hf", pad_id=PAD)
+    assert (plain.engine.args.model_vocab_size, padded.engine.args.model_vocab_size) == (128, 160)
+    rows = {n: p.shape[0] for n, p in padded.engine.model.named_parameters() if n.endswith(("word_embeddings.weight",
+                                                                                                "output_layer.weight"))}
+    assert rows and set(rows.values()) == {160}, rows
+    batch = make_batch(samples, PAD)
+    lp = [t.engine.compute_log_probs(t.engine.model, batch) for t in (plain, padded)]
+    torch.testing.assert_close(lp[1], lp[0], rtol=1e-5, atol=1e-6)
+    assert dict(padded.named_tensors())["model.embed_tokens.weight"].shape[0] == 128
+    with pytest.raises(ValueError, match=r"padded_vocab_size \(120\) must be >= the model's vocab_size \(128\)"):
+        MegatronTrainer(cfg(**MEGATRON, padded_vocab_size=120), tmp_path / "hf", pad_id=PAD)
+
+
+def test_model_name_names_the_converter_of_the_checkpoint_s_family(megatron_world, tmp_path, cfg, samples):
+    """model_name naming the converter of config.json's family builds the same model; another family's is refused."""
+    tiny_hf("qwen3").save_pretrained(tmp_path / "hf")
+    plain = MegatronTrainer(cfg(**MEGATRON), tmp_path / "hf", pad_id=PAD)
+    for name in ("Qwen3ForCausalLM", "qwen2"):  # the reference's qwen2 converter serves qwen3 too
+        assert MegatronTrainer(cfg(**MEGATRON, model_name=name), tmp_path / "hf", pad_id=PAD).engine.args == plain.engine.args
+    with pytest.raises(ValueError, match="model_name 'llama' names the converter of llama, but .* is model_type qwen3"):
+        MegatronTrainer(cfg(**MEGATRON, model_name="llama"), tmp_path / "hf", pad_id=PAD)
