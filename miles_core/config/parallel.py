@@ -48,6 +48,12 @@ class ParallelConfig(Group):
         "them to [micro_batch_size, longest]. train_backend torch packs its samples by prompt (training/batch.py): bshd "
         "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference. On CPU the mask makes "
         "attention [W, W] over the micro-batch's W tokens: with long samples and a large micro_batch_size, bshd costs less.")
+    data_pad_size_multiplier: int = Field(
+        128, ge=1, description="Pad each packed training and forward-only batch to a multiple of this many tokens (times "
+                               "tensor_model_parallel_size on megatron), as the reference's get_batch: megatron's packed "
+                               "micro-batch (thd) with a pad segment of its own, its padded one (bshd) in columns; the torch "
+                               "trainer's packed rows of the policy (or its padded sequences) in width. The extra slots are "
+                               "masked out, so no log-prob, loss or gradient changes; 1 = no padding.")
     offload_train: bool = Field(False, description="Move the trainer's weights and optimizer state off the device between train stages. Not supported yet.")
     offload_train_target: Literal["cpu", "disk"] = Field("cpu", description="Where offload_train puts them: host memory (cpu) or offload_train_disk_dir (disk).")
     offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")

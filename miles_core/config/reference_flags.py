@@ -160,9 +160,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "rollout_task_type": GONE_BUFFER,
     "loss_mask_type": "the reference's SFT rollout (miles/rollout/sft_rollout.py) builds loss masks by chat-template family; "
                       "miles' sft_loss trains on the loss mask of generated samples, and that SFT rollout is not built",
-    "data_pad_size_multiplier": "it pads the reference's packed training batches to a multiple (its training_utils/data.py); "
-                                "the trainers here pack and pad their own way (miles_core/training/batch.py, "
-                                "training/megatron/batching.py), not configurable",
     "disable_rollout_trim_samples": "a rollout here always has exactly rollout_batch_size * n_samples_per_prompt samples "
                                     "(checked at load, kept by dynamic sampling): there is nothing to trim to the global batch",
     "use_dynamic_global_batch_size": "the global batch is fixed by the batch invariant (rollout_batch_size * "

@@ -215,3 +215,25 @@ def test_model_name_names_the_converter_of_the_checkpoint_s_family(megatron_worl
         assert MegatronTrainer(cfg(**MEGATRON, model_name=name), tmp_path / "hf", pad_id=PAD).engine.args == plain.engine.args
     with pytest.raises(ValueError, match="model_name 'llama' names the converter of llama, but .* is model_type qwen3"):
         MegatronTrainer(cfg(**MEGATRON, model_name="llama"), tmp_path / "hf", pad_id=PAD)
+
+
+def test_data_pad_size_multiplier_pads_the_micro_batches_and_changes_no_log_prob(megatron_world, tmp_path, cfg, samples):
+    """thd: each packed micro-batch gets a pad segment up to a multiple of 64 tokens (its own cu_seqlens entry); bshd:
+    columns up to 64; the log-probs equal those of the unpadded micro-batches."""
+    from miles_core.training.batch import make_batch
+    from miles_core.training.megatron import batching
+
+    batch = make_batch(samples, PAD)
+    for qkv, thd in (("thd", False), ("thd", True), ("bshd", False)):
+        mbs = batching.plan(batch, list(range(len(batch))), 3, None, thd, qkv, pad_to=64)
+        assert all(mb.input_ids.shape[-1] == 64 for mb in mbs), qkv
+        if thd:
+            assert all(int(mb.packed_seq_params.cu_seqlens_q[-1]) == 64 for mb in mbs)
+    tiny_hf("qwen2").save_pretrained(tmp_path / "hf")
+    lp = {}
+    for m in (1, 64):
+        for qkv in ("thd", "bshd"):
+            t = MegatronTrainer(cfg(**MEGATRON, data_pad_size_multiplier=m, qkv_format=qkv), tmp_path / "hf", pad_id=PAD)
+            lp[m, qkv] = t.engine.compute_log_probs(t.engine.model, batch)
+    for qkv in ("thd", "bshd"):
+        torch.testing.assert_close(lp[64, qkv], lp[1, qkv], rtol=1e-5, atol=1e-6)
