@@ -40,6 +40,12 @@ class ParallelConfig(Group):
     distributed_timeout_minutes: int = Field(10, ge=1, description="train_backend megatron: timeout of the trainer's collectives (megatron-core's model-parallel groups, and the world of the train group: the Ray ranks' or the local runtime's one rank): a rank that waits longer on a collective fails instead of hanging.")
     use_distributed_optimizer: bool = Field(False, description="train_backend megatron: shard the optimizer state (fp32 main parameters, Adam moments) over the data-parallel ranks with megatron-core's distributed optimizer.")
     use_dynamic_batch_size: bool = Field(False, description="train_backend megatron: pack each micro-batch's sequences (THD, no padding) up to max_tokens_per_gpu tokens instead of micro_batch_size samples.")
+    balance_by_flops: bool = Field(
+        False, description="train_backend megatron, with use_dynamic_batch_size: split each rank's rows into ceil(tokens / "
+                           "max_tokens_per_gpu) micro-batches of near-equal estimated forward FLOPs (Karmarkar-Karp; the "
+                           "attention's quadratic cost counts) instead of first-fit packing by tokens; as in the reference, "
+                           "a micro-batch may then exceed max_tokens_per_gpu. The rows' split over the data-parallel ranks "
+                           "is unchanged (balance_data).")
     max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed training micro-batch (use_dynamic_batch_size).")
     log_probs_max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed forward-only micro-batch (use_dynamic_batch_size); default max_tokens_per_gpu.")
     qkv_format: Literal["thd", "bshd"] = Field(

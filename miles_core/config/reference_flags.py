@@ -110,8 +110,6 @@ MEGATRON_REFUSED: dict[str, str] = {
     "critic_num_gpus_per_node": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same "
                                 "train group), not in a Ray group of its own: actor_num_nodes and actor_num_gpus_per_node "
                                 "place both",
-    "balance_by_flops": "micro-batches are packed first-fit decreasing by tokens (use_dynamic_batch_size, "
-                        "training/batch.pack_rows); FLOPs-balanced Karmarkar-Karp partitions are not built",
     "mtp_num_layers": "miles' model specs build no multi-token-prediction block (an HF checkpoint's MTP / nextn layers "
                       "are not loaded)",
     "mtp_loss_scaling_factor": "it scales the MTP loss; miles' model specs build no multi-token-prediction block",

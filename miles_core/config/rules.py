@@ -378,7 +378,7 @@ MEGATRON_ONLY = {
     "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
     "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False, "padded_vocab_size": None,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
-    "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
+    "use_dynamic_batch_size": False, "balance_by_flops": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
     "use_distributed_optimizer": False, "distributed_timeout_minutes": 10, "recompute_loss_function": False,
     "custom_megatron_init_path": None, "custom_megatron_before_log_prob_hook_path": None,
     "custom_megatron_before_train_step_hook_path": None, "custom_megatron_post_save_hook_path": None,
@@ -441,6 +441,9 @@ def _parallel_rules(c: "TrainConfig") -> None:
     if p.qkv_format == "bshd" and p.use_dynamic_batch_size:
         raise ValueError("qkv_format bshd pads micro_batch_size samples per micro-batch; use_dynamic_batch_size packs them "
                          "(thd), as in the reference: drop one of them")
+    if p.balance_by_flops and not p.use_dynamic_batch_size:
+        raise ValueError("balance_by_flops balances the packed micro-batches of use_dynamic_batch_size, which is off (the "
+                         "reference requires it too): set use_dynamic_batch_size with max_tokens_per_gpu, or drop it")
     if p.use_dynamic_batch_size and p.max_tokens_per_gpu is None:
         raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu (tokens per packed micro-batch)")
     if not p.use_dynamic_batch_size and (p.max_tokens_per_gpu is not None or p.log_probs_max_tokens_per_gpu is not None):

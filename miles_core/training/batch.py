@@ -133,6 +133,25 @@ def pack_rows(lengths: list[int], width: int) -> list[list[int]]:
     return rows
 
 
+def karmarkar_karp(weights: list[float], k: int) -> list[list[int]]:
+    """Indices of ``weights`` in k groups of near-equal sums, by the largest differencing method (Karmarkar-Karp,
+    k-way, sizes free): each item starts as a k-tuple of subsets (itself, then empties); the two tuples of largest
+    spread (max - min sum) are merged, the heaviest subset of one with the lightest of the other, until one is left.
+    Empty groups (k > len(weights), or a dominant item) are dropped."""
+    import heapq
+
+    heap = [(-w, i, [(w, [i])] + [(0.0, [])] * (k - 1)) for i, w in enumerate(weights)]
+    heapq.heapify(heap)
+    tie = len(weights)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        merged = sorted(((a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)), key=lambda x: -x[0])
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tie, merged))
+        tie += 1
+    return [sorted(items) for _, items in heap[0][2] if items] if heap else []
+
+
 def prompt_units(batch: TokenBatch) -> tuple[list[list[int]], list[int]]:
     """Samples grouped by identical prompt tokens (the G samples of a group): (members of each unit, prompt
     length of each sample). A sample without response tokens is all prompt."""

@@ -79,3 +79,15 @@ def test_data_pad_size_multiplier_widens_the_packed_rows_and_changes_no_logit(lm
     torch.testing.assert_close(response_logits(model, batch, pad_to=64), plain, rtol=1e-5, atol=1e-6)
     hook.remove()
     assert lengths == [64]
+
+
+def test_karmarkar_karp_balances_the_sums():
+    from miles_core.training.batch import karmarkar_karp
+
+    # largest differencing on 8, 7, 6, 5, 4: 8-7 -> 1; 6-5 -> 1; 4-1 -> 3; 3-1 -> 2: sums 16 and 14
+    parts = karmarkar_karp([8, 7, 6, 5, 4], 2)
+    sums = sorted(sum([8, 7, 6, 5, 4][i] for i in p) for p in parts)
+    assert sums == [14, 16] and sorted(i for p in parts for i in p) == [0, 1, 2, 3, 4]
+    three = karmarkar_karp([5, 5, 5, 5, 5, 5], 3)
+    assert sorted(len(p) for p in three) == [2, 2, 2]
+    assert karmarkar_karp([9, 1], 3) == [[0], [1]]  # more groups than items: the empty ones dropped

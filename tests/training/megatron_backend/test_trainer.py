@@ -35,7 +35,9 @@ def _updates(before: dict, after: dict) -> dict:
 def test_grpo_step_equals_the_torch_trainer(megatron_world, tmp_path, lm, cfg, samples, model, overrides):
     hf = lm(seed=0) if model == "qwen2" else tiny_hf(model)
     hf.save_pretrained(tmp_path)
-    cfg = cfg(**overrides)
+    # the two trainers' own shapes (data_pad_size_multiplier 1): padding changes no number beyond float rounding, but
+    # Adam at eps 1e-8 makes a near-zero gradient's update +-lr by its sign (tests/training/test_torch_trainer.py)
+    cfg = cfg(**{"data_pad_size_multiplier": 1, **overrides})
     rewards = [s.reward for s in samples]
     ref = copy.deepcopy(hf) if cfg.needs_ref_model else None
     torch_trainer = TorchTrainer(copy.deepcopy(hf), cfg, pad_id=PAD, ref_model=ref)
@@ -237,3 +239,29 @@ def test_data_pad_size_multiplier_pads_the_micro_batches_and_changes_no_log_prob
             lp[m, qkv] = t.engine.compute_log_probs(t.engine.model, batch)
     for qkv in ("thd", "bshd"):
         torch.testing.assert_close(lp[64, qkv], lp[1, qkv], rtol=1e-5, atol=1e-6)
+
+
+def test_balance_by_flops_splits_the_packed_rows_by_estimated_flops(megatron_world, tmp_path, cfg, samples):
+    """ceil(tokens / max_tokens_per_gpu) micro-batches of near-equal FLOPs (attention quadratic: a long sample weighs
+    more than its tokens), where first-fit packs by tokens; the step is the same either way."""
+    from miles_core.training.megatron import batching
+    from miles_core.training.megatron.flops import fwd_flops
+    from miles_core.training.megatron.model_args import from_hf_config
+
+    args = from_hf_config(tiny_hf("qwen2").config.to_dict())
+    lengths = [60, 50, 50, 40]  # 200 tokens, max 150: 2 micro-batches; first-fit fills one to 150 (60 + 50 + 40)
+    flops = [fwd_flops(n, args) for n in lengths]
+    assert fwd_flops(120, args) > 2 * fwd_flops(60, args)  # the quadratic attention term
+    groups = batching.flops_groups(lengths, 150, lambda n: fwd_flops(n, args))
+    by_flops = sorted(sum(flops[i] for i in g) for g in groups)
+    first_fit = sorted(sum(flops[i] for i in g) for g in batching.pack_rows(lengths, 150))
+    assert sorted(map(sorted, groups)) == [[0, 3], [1, 2]]  # 100 tokens each
+    assert by_flops[1] - by_flops[0] < (first_fit[1] - first_fit[0]) / 10
+    assert batching.flops_groups([10, 10], 5, len) == [[0], [1]]  # as many micro-batches as samples: one each
+
+    tiny_hf("qwen2").save_pretrained(tmp_path / "hf")
+    dyn = {**MEGATRON, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 24}
+    steps = [MegatronTrainer(cfg(**dyn, balance_by_flops=b, adam_eps=1.0), tmp_path / "hf", pad_id=PAD)
+             .train_rollout(samples, [s.reward for s in samples]).steps[0] for b in (False, True)]
+    assert steps[1]["train/loss"] == pytest.approx(steps[0]["train/loss"], rel=1e-5, abs=1e-7)
+    assert steps[1]["train/grad_norm"] == pytest.approx(steps[0]["train/grad_norm"], rel=1e-4)
