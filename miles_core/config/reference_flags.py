@@ -173,9 +173,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "mlflow_run_id": "the reference's primary process always starts a new MLflow run and writes its id here for its secondary "
                      "processes (mlflow_utils.init_mlflow): an internal channel, not a run to attach to; a miles run re-attaches "
                      "to its own MLflow run from the checkpoint, and mlflow_new_run starts another",
-    "start_rollout_id": "a fresh run starts at rollout 0 (the reference also resets it without a checkpoint) and a resume "
-                        "after the latest checkpoint; starting elsewhere (the reference's override, which loads the data "
-                        "state of start_rollout_id - 1 beside the latest weights) is not supported",
     "critic_load": "the reference loads its critic from a Megatron checkpoint dir of its own (default load); miles' critic is "
                    "initialised from the policy (value head zeroed) and saved in and resumed from the actor's checkpoint "
                    "(extra/critic.safetensors); a critic from another dir is not supported",

@@ -572,6 +572,17 @@ def _torch_only_options(c: "TrainConfig") -> None:
                          "version, which stays 0; drop eval_prompt_data / eval_config, or debug_skip_weight_update")
 
 
+def _start_rules(c: "TrainConfig") -> None:
+    """start_rollout_id: what it cannot combine with (its checkpoint needs are checked at restore)."""
+    if c.data.start_rollout_id is None:
+        return
+    if c.rollout.async_mode != "off":
+        raise ValueError(f"start_rollout_id with async_mode {c.rollout.async_mode} is not supported yet: the checkpoint's "
+                         "prefetched rollout or group buffer belongs to the rollout after it; drop one of them")
+    if c.rollout.num_rollout is not None and c.data.start_rollout_id >= c.rollout.num_rollout:
+        raise ValueError(f"start_rollout_id ({c.data.start_rollout_id}) must be below num_rollout ({c.rollout.num_rollout})")
+
+
 def _tracking_rules(c: "TrainConfig") -> None:
     t, r = c.tracking, c.rollout
     if not t.wandb_always_use_train_step:
@@ -697,5 +708,5 @@ def _not_supported(c: "TrainConfig") -> None:
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
                  _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options, _ci_rules,
-                 _debug_data_rules, _tracking_rules):
+                 _debug_data_rules, _tracking_rules, _start_rules):
         rule(c)

@@ -88,6 +88,8 @@ def test_batch_invariant_names_fields():
         ({"async_mode": "fully", "fully_async_buffer_groups": 4, "async_data_buffer_capacity_factor": 3.0}, "set one"),
         ({"async_mode": "fully", "async_data_buffer_capacity_factor": 0.1, "rollout_batch_size": 2}, "leaves a buffer of 0 groups"),
         ({"async_mode": "sometimes"}, "async_mode"),
+        ({"start_rollout_id": 1, "async_mode": "one_step"}, "start_rollout_id with async_mode one_step is not supported yet"),
+        ({"start_rollout_id": 3, "num_rollout": 3}, r"start_rollout_id \(3\) must be below num_rollout \(3\)"),
         ({"runtime": "ray", "train_backend": "megatron", "balance_by_flops": True}, "balance_by_flops balances the packed"),
         ({"balance_by_flops": True}, r"balance_by_flops \(True\) is read by train_backend megatron only"),
         ({"model_name": "qwen2"}, "model_name .* picks the Megatron trainer's HF <-> Megatron tensor mapping"),
