@@ -1,7 +1,8 @@
 """Model parallelism, recompute, dynamic batching and train offload (the reference's Megatron-LM names).
 
 Read by ``train_backend: megatron`` (miles_core/training/megatron/). The torch trainer is data parallel
-only: a value here other than its default with train_backend torch is refused at load (rules.py).
+only: a value here other than its default with train_backend torch is refused at load (rules.py), except
+data_pad_size_multiplier, which both trainers read.
 """
 
 from __future__ import annotations
