@@ -113,7 +113,8 @@ def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict) -> list:
     """Tag the run with this flow run (flows/links.py), then open the mirrors the config turns on."""
     tag_run(tracker)
     name = tracker.client.get_run(tracker.run_id).info.run_name
-    mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name, params=params))
+    mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name,
+                                       params=params, steps_per_rollout=cfg.num_steps_per_rollout))
     tracker.set_tags({f"miles.{m.name}": m.link for m in mirrors if m.link})
     return mirrors
 

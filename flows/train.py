@@ -113,7 +113,7 @@ def train(config: TrainConfig) -> dict:
         n = facts["num_rollout"]
         stop_if_interrupted()
         meta = timed(restore, config)(run_key)
-        start = meta["rollout_id"] + 1 if meta else 0
+        start = (meta["rollout_id"] + 1 if config.data.start_rollout_id is None else config.data.start_rollout_id) if meta else 0
         derived = {"global_batch_size": config.global_batch_size, "num_steps_per_rollout": config.num_steps_per_rollout,
                    "num_rollout": n, "num_prompts": facts["num_prompts"], "dropped_prompts": facts["dropped_prompts"],
                    "trainer": facts["trainer"]}

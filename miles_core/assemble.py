@@ -72,6 +72,28 @@ def _model_shape_rule(c: TrainConfig) -> None:
     shape = model_shape(c.checkpoint.hf_checkpoint)
     if shape is not None:
         check_model_divides(shape, c.parallel, c.checkpoint.hf_checkpoint)
+    _model_family_rule(c)
+
+
+def _model_family_rule(c: TrainConfig) -> None:
+    """model_name names a converter of the model's family; padded_vocab_size holds the vocab (config.json read when it
+    is there now: a local dir; the trainer checks both again)."""
+    import json
+
+    from miles_core.training.megatron.model_args import FAMILIES, families_of_name, from_hf_config
+
+    config = Path(c.checkpoint.hf_checkpoint) / "config.json"
+    values = json.loads(config.read_text()) if config.is_file() else {}
+    if c.checkpoint.model_name is not None:
+        families_of_name(c.checkpoint.model_name)
+        if values.get("model_type") in FAMILIES:
+            from_hf_config(values, str(config), c.checkpoint.model_name)
+    padded = c.parallel.padded_vocab_size
+    if padded is not None:
+        vocab = values.get("vocab_size")
+        if isinstance(vocab, int) and padded < vocab:
+            raise ValueError(f"padded_vocab_size ({padded}) must be >= the model's vocab_size ({vocab}, {config}); drop it "
+                             "(the default pads vocab_size to a multiple of tensor_model_parallel_size)")
 
 
 def _champion_metric_rule(c: TrainConfig) -> None:

@@ -13,6 +13,12 @@ class CheckpointConfig(Group):
     """The model to start from, checkpoint save and load, HF exports and the MLflow model registry."""
 
     hf_checkpoint: str = Field("builtin://tiny-qwen2", description="Initial model: an HF directory, a hub id, or builtin://<name> built offline.")
+    model_name: str | None = Field(
+        None, description="train_backend megatron: the reference's converter name (its Megatron-to-HF tensor mapping): "
+                          "qwen2, qwen3, llama, qwen3_moe, glm4_moe, glm4_moe_lite, deepseekv3 or a name containing one "
+                          "(Qwen2ForCausalLM); it must be the converter of config.json's model_type (qwen2 and qwen3 share "
+                          "one), whose HF model the weights load into: another one is refused naming both. Default: that "
+                          "model_type's.")
     ref_load: str | None = Field(None, description="Reference model for KL terms (default hf_checkpoint).")
     load: str | None = Field(None, description="Checkpoint dir to resume from (default: save); missing -> fresh start from hf_checkpoint.")
     save: str | None = Field(None, description="Checkpoint dir (default <run_dir>/checkpoints).")

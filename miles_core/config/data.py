@@ -40,6 +40,11 @@ class DataConfig(Group):
     rollout_shuffle: bool = Field(False, description="Shuffle prompts, reshuffled per epoch with rollout_seed + epoch.")
     rollout_seed: int = Field(42, description="Seed of the prompt shuffle and of rollout sampling.")
     num_epoch: int = Field(1, ge=1, description="Passes over the dataset when num_rollout is not given.")
+    start_rollout_id: int | None = Field(
+        None, ge=0, description="Resume at this rollout instead of after the latest checkpoint, as the reference's override: "
+                                "the latest checkpoint's weights and optimizer, the data state (prompt cursor) saved by the "
+                                "checkpoint of rollout start_rollout_id - 1 (fresh at 0). Needs a checkpoint in load; a new "
+                                "MLflow run (mlflow_new_run: the params changed); async_mode off.")
     debug_exit_after_rollout: int | None = Field(
         None, ge=1, description="Stop the run after this many rollouts of this invocation (counted from the rollout it "
                                 "starts or resumes at), after that rollout's save, sync and eval; num_rollout and every "

@@ -1,7 +1,8 @@
 """Model parallelism, recompute, dynamic batching and train offload (the reference's Megatron-LM names).
 
 Read by ``train_backend: megatron`` (miles_core/training/megatron/). The torch trainer is data parallel
-only: a value here other than its default with train_backend torch is refused at load (rules.py).
+only: a value here other than its default with train_backend torch is refused at load (rules.py), except
+data_pad_size_multiplier, which both trainers read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class ParallelConfig(Group):
     context_parallel_size: int = Field(1, ge=1, description="Context parallel size (CP): sequences split over CP ranks. Only 1 is supported yet (CP needs Transformer Engine's attention).")
     expert_model_parallel_size: int = Field(1, ge=1, description="Expert parallel size (EP): the MoE experts split over EP ranks (train_backend megatron).")
     expert_tensor_parallel_size: int | None = Field(None, ge=1, description="Tensor parallel size inside each expert (ETP); None = tensor_model_parallel_size.")
+    padded_vocab_size: int | None = Field(
+        None, ge=1, description="train_backend megatron: rows of the policy's embedding and output layer (>= the model's "
+                                "vocab_size, a multiple of tensor_model_parallel_size); the extra rows are zeros, masked out "
+                                "of every softmax. Default: vocab_size rounded up to a multiple of the TP size.")
     sequence_parallel: bool = Field(False, description="Split norms and dropout along the sequence over the TP ranks. Not supported yet (needs Transformer Engine norms).")
     recompute_granularity: Literal["full", "selective"] | None = Field(None, description="Activation recompute: full (whole layers) or selective (core attention only); None = off.")
     recompute_method: Literal["uniform", "block"] | None = Field(None, description="With recompute_granularity full: uniform (chunks of recompute_num_layers) or block (the first recompute_num_layers layers of each stage).")
@@ -36,6 +41,12 @@ class ParallelConfig(Group):
     distributed_timeout_minutes: int = Field(10, ge=1, description="train_backend megatron: timeout of the trainer's collectives (megatron-core's model-parallel groups, and the world of the train group: the Ray ranks' or the local runtime's one rank): a rank that waits longer on a collective fails instead of hanging.")
     use_distributed_optimizer: bool = Field(False, description="train_backend megatron: shard the optimizer state (fp32 main parameters, Adam moments) over the data-parallel ranks with megatron-core's distributed optimizer.")
     use_dynamic_batch_size: bool = Field(False, description="train_backend megatron: pack each micro-batch's sequences (THD, no padding) up to max_tokens_per_gpu tokens instead of micro_batch_size samples.")
+    balance_by_flops: bool = Field(
+        False, description="train_backend megatron, with use_dynamic_batch_size: split each rank's rows into ceil(tokens / "
+                           "max_tokens_per_gpu) micro-batches of near-equal estimated forward FLOPs (Karmarkar-Karp; the "
+                           "attention's quadratic cost counts) instead of first-fit packing by tokens; as in the reference, "
+                           "a micro-batch may then exceed max_tokens_per_gpu. The rows' split over the data-parallel ranks "
+                           "is unchanged (balance_data).")
     max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed training micro-batch (use_dynamic_batch_size).")
     log_probs_max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed forward-only micro-batch (use_dynamic_batch_size); default max_tokens_per_gpu.")
     qkv_format: Literal["thd", "bshd"] = Field(
@@ -44,6 +55,12 @@ class ParallelConfig(Group):
         "them to [micro_batch_size, longest]. train_backend torch packs its samples by prompt (training/batch.py): bshd "
         "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference. On CPU the mask makes "
         "attention [W, W] over the micro-batch's W tokens: with long samples and a large micro_batch_size, bshd costs less.")
+    data_pad_size_multiplier: int = Field(
+        128, ge=1, description="Pad each packed training and forward-only batch to a multiple of this many tokens (times "
+                               "tensor_model_parallel_size on megatron), as the reference's get_batch: megatron's packed "
+                               "micro-batch (thd) with a pad segment of its own, its padded one (bshd) in columns; the torch "
+                               "trainer's packed rows of the policy (or its padded sequences) in width. The extra slots are "
+                               "masked out, so no log-prob, loss or gradient changes; 1 = no padding.")
     offload_train: bool | None = Field(
         None, description="Move the trainer's state (weights, gradients, optimizer state of every model it holds: policy, "
         "critic, reference, teacher) into host memory while the engines generate: after each weight sync, and back before "

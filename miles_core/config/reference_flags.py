@@ -106,8 +106,6 @@ MEGATRON_REFUSED: dict[str, str] = {
     "critic_num_gpus_per_node": "the ppo critic trains in the actor's train ranks (its own stage and optimizer in the same "
                                 "train group), not in a Ray group of its own: actor_num_nodes and actor_num_gpus_per_node "
                                 "place both",
-    "balance_by_flops": "micro-batches are packed first-fit decreasing by tokens (use_dynamic_batch_size, "
-                        "training/batch.pack_rows); FLOPs-balanced Karmarkar-Karp partitions are not built",
     "mtp_num_layers": "miles' model specs build no multi-token-prediction block (an HF checkpoint's MTP / nextn layers "
                       "are not loaded)",
     "mtp_loss_scaling_factor": "it scales the MTP loss; miles' model specs build no multi-token-prediction block",
@@ -120,8 +118,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "num_gpus_per_node": "it places SGLang engines' GPUs within a node (the reference's sglang_engine.py); miles places "
                          "engines by rollout_num_gpus and rollout_num_gpus_per_engine bundles",
     "fully_async": "use async_mode: fully (the reference's train_async.py --fully-async)",
-    "model_name": "it picks the reference's Megatron-to-HF converter by name; miles maps tensor names by config.json's "
-                  "model_type (miles_core/training/megatron/model_args.py FAMILIES) and an override is not supported",
     "custom_async_data_buffer_path": "the reference's DataBuffer class (async put / get on its event loop, built from "
                                      "DataBufferConstructorInput) has no counterpart: the fully-async buffer is the worker's "
                                      "own (miles_core/rollout/fully_async.py); max_weight_staleness, stale_group_policy, "
@@ -157,9 +153,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "rollout_task_type": GONE_BUFFER,
     "loss_mask_type": "the reference's SFT rollout (miles/rollout/sft_rollout.py) builds loss masks by chat-template family; "
                       "miles' sft_loss trains on the loss mask of generated samples, and that SFT rollout is not built",
-    "data_pad_size_multiplier": "it pads the reference's packed training batches to a multiple (its training_utils/data.py); "
-                                "the trainers here pack and pad their own way (miles_core/training/batch.py, "
-                                "training/megatron/batching.py), not configurable",
     "disable_rollout_trim_samples": "a rollout here always has exactly rollout_batch_size * n_samples_per_prompt samples "
                                     "(checked at load, kept by dynamic sampling): there is nothing to trim to the global batch",
     "use_dynamic_global_batch_size": "the global batch is fixed by the batch invariant (rollout_batch_size * "
@@ -172,20 +165,9 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "distributed_backend": "the collectives' backend follows device: NCCL with cuda, gloo with cpu",
     "wandb_key": "the W&B key comes from the environment only (WANDB_API_KEY, or `wandb login`): a config value would be "
                  "written into the MLflow params, the W&B config and the Prefect run form",
-    "wandb_always_use_train_step": "every key is plotted against its own step axis (rollout/step, train/step, eval/step), the "
-                                   "reference's default; with this flag the reference logs rollout/* and eval/* at rollout_id * "
-                                   "num_steps_per_rollout (metric_utils.compute_rollout_step), but miles' eval/step is the "
-                                   "evaluated weight version (docs/decisions.md), which has no train step of its own",
     "mlflow_run_id": "the reference's primary process always starts a new MLflow run and writes its id here for its secondary "
                      "processes (mlflow_utils.init_mlflow): an internal channel, not a run to attach to; a miles run re-attaches "
                      "to its own MLflow run from the checkpoint, and mlflow_new_run starts another",
-    "start_rollout_id": "a fresh run starts at rollout 0 (the reference also resets it without a checkpoint) and a resume "
-                        "after the latest checkpoint; starting elsewhere (the reference's override, which loads the data "
-                        "state of start_rollout_id - 1 beside the latest weights) is not supported",
-    "log_correct_samples": "the rollout/correct_* metrics are not computed (the reference writes them into its rollout data "
-                           "after logging it, log_utils.log_rollout_data, so they reach only its debug dump)",
-    "log_passrate": "miles always logs passrate/pass@k (n_samples_per_prompt > 1) and eval/<ds>-pass@k; the reference logs both "
-                    "only with this flag (ray/rollout/metrics.py); turning them off by default is not done yet",
     "opd_teacher_ckpt_step": "the iteration of a Megatron checkpoint dir the reference loads as the teacher (load_checkpoint's "
                              "ckpt_step); opd_teacher_load here is an HF dir or builtin://: export that step (export_interval) "
                              "and point opd_teacher_load at its export",
@@ -237,8 +219,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                      "the policy with the same sglang_* server arguments",
     "prefill_num_servers": "prefill/decode disaggregation is not built: each engine serves whole requests (SGLang's "
                            "--disaggregation-mode stays null) and miles' router has no prefill/decode pairing",
-    "padded_vocab_size": "the megatron trainer derives it (ModelArgs.padded_for: the HF vocab_size rounded up to a "
-                         "multiple of tensor_model_parallel_size, the extra rows masked); an explicit size is not read: drop it",
     "no_sglang_lora_use_virtual_experts": "it picks how SGLang serves LoRA on MoE experts, and miles trains no expert "
                                           "adapters: the Megatron trainer refuses LoRA on MoE models and the torch trainer "
                                           "targets the decoder's dense linear layers, so an adapter sync never carries one",

@@ -156,6 +156,11 @@ def _skipped_passes(c: "TrainConfig") -> None:
             if getattr(a, name):
                 raise ValueError(f"use_rollout_entropy computes the entropy in the old-policy pass, which {name} skips; "
                                  "drop one of them")
+    if c.tracking.log_correct_samples:
+        for name in ("skip_actor_forward_only", "disable_compute_advantages_and_returns"):
+            if getattr(a, name):
+                raise ValueError(f"log_correct_samples with {name} is not supported: its rollout/correct_entropy reads the "
+                                 "old-policy log-probs, which that skips (the reference refuses it too); drop one of them")
     if not a.skip_actor_forward_only:
         return
     if c.cluster.train_backend != "torch":
@@ -408,9 +413,9 @@ MEGATRON_INSTALL = "pip install 'megatron-core==0.16.1' psutil"
 # Fields the torch trainer does not read (it is data parallel only): name -> default
 MEGATRON_ONLY = {
     "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
-    "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
+    "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False, "padded_vocab_size": None,
     "recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
-    "use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
+    "use_dynamic_batch_size": False, "balance_by_flops": False, "max_tokens_per_gpu": None, "log_probs_max_tokens_per_gpu": None,
     "use_distributed_optimizer": False, "distributed_timeout_minutes": 10, "recompute_loss_function": False,
     "custom_megatron_init_path": None, "custom_megatron_before_log_prob_hook_path": None,
     "custom_megatron_before_train_step_hook_path": None, "custom_megatron_post_save_hook_path": None,
@@ -418,6 +423,7 @@ MEGATRON_ONLY = {
 
 
 MEGATRON_ONLY_WHY = {
+    "padded_vocab_size": "the torch trainer trains the HF model's own embedding, vocab_size rows",
     "recompute_loss_function": "the torch trainer's log-probs come out of the model's forward (training/batch.py), with no "
                                "separate loss from the logits to recompute",
 }
@@ -444,6 +450,12 @@ def _parallel_rules(c: "TrainConfig") -> None:
     _train_offload_rules(c)
     _critic_dir_rules(c)
     _async_save_rule(c)
+    if backend == "torch" and c.checkpoint.model_name is not None:
+        raise ValueError("model_name (the reference's converter name) picks the Megatron trainer's HF <-> Megatron tensor mapping; "
+                         "the torch trainer loads the HF model by its config.json: set train_backend: megatron or drop model_name")
+    if p.padded_vocab_size is not None and p.padded_vocab_size % p.tensor_model_parallel_size:
+        raise ValueError(f"padded_vocab_size ({p.padded_vocab_size}) must be a multiple of tensor_model_parallel_size "
+                         f"({p.tensor_model_parallel_size}): each TP rank holds an equal share of the vocab rows")
     if p.context_parallel_size > 1:
         raise ValueError(f"context_parallel_size {p.context_parallel_size} is not supported yet (context parallel needs Transformer "
                          "Engine's attention); set context_parallel_size: 1")
@@ -465,6 +477,9 @@ def _parallel_rules(c: "TrainConfig") -> None:
     if p.qkv_format == "bshd" and p.use_dynamic_batch_size:
         raise ValueError("qkv_format bshd pads micro_batch_size samples per micro-batch; use_dynamic_batch_size packs them "
                          "(thd), as in the reference: drop one of them")
+    if p.balance_by_flops and not p.use_dynamic_batch_size:
+        raise ValueError("balance_by_flops balances the packed micro-batches of use_dynamic_batch_size, which is off (the "
+                         "reference requires it too): set use_dynamic_batch_size with max_tokens_per_gpu, or drop it")
     if p.use_dynamic_batch_size and p.max_tokens_per_gpu is None:
         raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu (tokens per packed micro-batch)")
     if not p.use_dynamic_batch_size and (p.max_tokens_per_gpu is not None or p.log_probs_max_tokens_per_gpu is not None):
@@ -668,6 +683,33 @@ def _torch_only_options(c: "TrainConfig") -> None:
                          "version, which stays 0; drop eval_prompt_data / eval_config, or debug_skip_weight_update")
 
 
+def _start_rules(c: "TrainConfig") -> None:
+    """start_rollout_id: what it cannot combine with (its checkpoint needs are checked at restore)."""
+    if c.data.start_rollout_id is None:
+        return
+    if c.rollout.async_mode != "off":
+        raise ValueError(f"start_rollout_id with async_mode {c.rollout.async_mode} is not supported yet: the checkpoint's "
+                         "prefetched rollout or group buffer belongs to the rollout after it; drop one of them")
+    if c.rollout.num_rollout is not None and c.data.start_rollout_id >= c.rollout.num_rollout:
+        raise ValueError(f"start_rollout_id ({c.data.start_rollout_id}) must be below num_rollout ({c.rollout.num_rollout})")
+
+
+def _tracking_rules(c: "TrainConfig") -> None:
+    t, r = c.tracking, c.rollout
+    if not t.wandb_always_use_train_step:
+        return
+    if not t.use_wandb:
+        raise ValueError("wandb_always_use_train_step sets the steps of the W&B mirror, which is off: set use_wandb, or drop it")
+    why = [name for name, on in (
+        ("debug_skip_weight_update (no sync: every eval point is weight version 0)", c.misc.debug_skip_weight_update),
+        ("debug_rollout_only (no sync)", c.misc.debug_rollout_only),
+        (f"update_weights_interval {r.update_weights_interval} (a sync every n rollouts)",
+         r.async_mode != "off" and r.update_weights_interval != 1)) if on]
+    if why:
+        raise ValueError(f"wandb_always_use_train_step with {why[0]} is not supported yet: it maps an eval point's weight "
+                         "version to the rollout it follows, which needs one weight sync per rollout; drop one of them")
+
+
 def _ci_rules(c: "TrainConfig") -> None:
     """The ci group acts only with ci_test (as the reference, where its checks sit behind args.ci_test): set without it, a
     flag would do nothing, so it is refused."""
@@ -777,5 +819,5 @@ def _not_supported(c: "TrainConfig") -> None:
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
                  _sglang_rules, _champion_rule, _promotion_rules, _lora_rules, _torch_only_options, _ci_rules,
-                 _debug_data_rules):
+                 _debug_data_rules, _tracking_rules, _start_rules):
         rule(c)

@@ -24,6 +24,15 @@ class TrackingConfig(Group):
     log_reward_category: str | None = Field(
         None, description="Key of a dict reward holding a category (why the reward function failed a response): "
                           "rollout/error_cat/<category> = the fraction of the rollout's samples in each category.")
+    log_passrate: bool = Field(
+        False, description="Log passrate/pass@k of each rollout (n_samples_per_prompt > 1) and eval/<ds>-pass@k of each eval "
+                           "dataset (n_samples_per_eval_prompt > 1): the unbiased pass@k, reward == 1 passes, k = 1, 2, 4, ... "
+                           "<= the group size; off, neither is logged (the reference's --log-passrate).")
+    log_correct_samples: bool = Field(
+        False, description="Log rollout/correct_* over the samples whose raw reward is 1: correct_response_lengths (their mean "
+                           "response length), correct_length/p25, p50, p75, p100 (the share of them in each quarter of "
+                           "rollout_max_response_len) and correct_entropy (the mean over them of each one's masked token mean of "
+                           "-logp_old); none when no sample is correct (the reference's --log-correct-samples).")
     log_samples: int = Field(8, ge=0, description="Sample completions logged per rollout as a table.")
     log_multi_turn: bool = Field(
         False, description="custom_generate_function_path: the sample table shows whole conversations (turn markers, tool "
@@ -48,6 +57,12 @@ class TrackingConfig(Group):
         None, description="URL of the W&B server (a self-hosted one, https://wandb.example.com); default: W&B's own setting "
                           "(WANDB_BASE_URL, `wandb login --host`, else W&B's default server). The key comes from the environment only "
                           "(WANDB_API_KEY or `wandb login`), never from the config.")
+    wandb_always_use_train_step: bool = Field(
+        False, description="With use_wandb: W&B plots rollout/* and eval/* at train steps, as the reference's "
+                           "compute_rollout_step: the rollout/step value of rollout i is i * num_steps_per_rollout, the eval "
+                           "after rollout i (eval/step i + 2, its weight version) and the one before training (eval/step 1) "
+                           "at i * num_steps_per_rollout and 0. MLflow, TensorBoard and Prometheus keep the rollout id and "
+                           "the weight version; needs one weight sync per rollout.")
     wandb_run_id: str | None = Field(
         None, description="W&B run id to log into (default: a new id, recorded in <run_dir>/wandb_run.json and reused on resume).")
     use_tensorboard: bool = Field(False, description="Also write TensorBoard event files (tensorboardX), one subdirectory per MLflow run.")

@@ -6,7 +6,7 @@ Names as the reference (docs/decisions.md, 2026-12-01): ``eval/<ds>`` (mean rewa
 ``repetition_frac``, ``zero_std/count_<r>``,
 ``weight_version/{mean,median,max,min,mixed_version_ratio}`` (definitions in miles_core/rollout/metrics.py).
 
-pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) per prompt (n samples, c of them with reward == 1, as
+pass@k (log_passrate) is the unbiased estimator 1 - C(n-c, k) / C(n, k) per prompt (n samples, c of them with reward == 1, as
 the reference), averaged over prompts, for k = 1, 2, 4, ... <= n; only when n > 1.
 """
 
@@ -38,6 +38,7 @@ class EvalDataset:
     params: SamplingParams
     reward: RewardOptions | None = None
     max_context_len: int | None = None  # eval_max_context_len: prompt + response tokens at most
+    passrate: bool = False  # log_passrate: also eval/<ds>-pass@k
 
 
 def request_params(ds: EvalDataset, prompt_length: int) -> SamplingParams:
@@ -62,7 +63,7 @@ def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_
             s.reward = r
         scores = [reward_value(r, reward_key) for r in raw]
         data[ds.name] = {"rewards": scores, "truncated": [s.status == Status.TRUNCATED for s in samples], "samples": samples}
-        metrics.update(dataset_metrics(ds.name, ds.n_samples, samples, scores))
+        metrics.update(dataset_metrics(ds.name, ds.n_samples, samples, scores, passrate=ds.passrate))
         rows += [
             {"dataset": ds.name, "prompt": str(s.prompt), "response": s.response, "label": str(s.label), "reward": r,
              "status": s.status.value, "weight_version": s.weight_versions[0]}
@@ -89,8 +90,9 @@ def generate_samples(engine, ds: EvalDataset, seed: int, decode) -> list[Sample]
     return samples
 
 
-def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float]) -> dict[str, float]:
-    """The §5 metrics of one dataset, named as the reference; ``samples`` in groups of ``n`` (one per prompt)."""
+def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float], passrate: bool = False) -> dict[str, float]:
+    """The §5 metrics of one dataset, named as the reference; ``samples`` in groups of ``n`` (one per prompt);
+    pass@k only with ``passrate`` (log_passrate, as the reference's log_eval_rollout_data)."""
     key = f"eval/{name}"
     lengths = stats([s.response_length for s in samples])
     truncated = sum(s.status == Status.TRUNCATED for s in samples) / len(samples)
@@ -110,7 +112,8 @@ def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float
         f"{key}/weight_version/mixed_version_ratio": mixed,
     }
     m |= {f"{key}/zero_std/count_{r}": float(c) for r, c in counts.items()}
-    m |= {f"{key}-pass@{k}": v for k, v in pass_rates(groups, n).items()}
+    if passrate:
+        m |= {f"{key}-pass@{k}": v for k, v in pass_rates(groups, n).items()}
     return m
 
 

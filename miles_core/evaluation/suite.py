@@ -35,7 +35,8 @@ def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
             prompts = [replace(p, metadata={**p.metadata, **ds.metadata_overrides}) for p in prompts]
         params = eval_params(base_params, ds.temperature, ds.top_p, ds.top_k, ds.max_response_len, ds.stop, ds.stop_token_ids)
         reward = None if ds.rm_type == base_reward.rm_type else replace(base_reward, rm_type=ds.rm_type)
-        datasets.append(EvalDataset(ds.name, tuple(prompts), ds.n_samples, params, reward, cfg.eval.eval_max_context_len))
+        datasets.append(EvalDataset(ds.name, tuple(prompts), ds.n_samples, params, reward, cfg.eval.eval_max_context_len,
+                                    passrate=cfg.tracking.log_passrate))
     return EvalSuite(tuple(datasets), base_reward, base_reward.reward_key, cfg.misc.seed,
                      lambda ids: response_text(tokenizer, ids, base_params), resolve_eval_fn(cfg.eval.eval_function_path),
                      _eval_log(cfg))

@@ -9,8 +9,9 @@ samples of one rollout. The runtime calls:
 Definitions (reference):
 - rollout/raw_reward: mean reward before ``custom_reward_post_process_path`` (``metadata["raw_reward"]``
   when the hub post-processed, else the reward); rollout/rewards: mean of the rewards after the estimator's
-  group normalisation (~0 for grpo); passrate/pass@k counts reward == 1 as a pass (raw rewards), over
-  complete groups only, k = 1, 2, 4, ... <= group size, only when the group size is > 1.
+  group normalisation (~0 for grpo); passrate/pass@k (log_passrate) counts reward == 1 as a pass (raw rewards),
+  over complete groups only, k = 1, 2, 4, ... <= group size, only when the group size is > 1.
+- rollout/correct_* (log_correct_samples, computed by the trainer's step: it needs logp_old): correct_sample_metrics.
 - rollout/zero_std/count_<r>: groups whose rewards are all equal to r (rounded to 1 decimal), a single sample
   included; all_zero / all_one_percentage = count_0.0 / count_1.0 over all groups; not for ppo.
 - rollout/weight_version/*: statistics of each sample's oldest weight version; mixed_version_ratio = the
@@ -37,6 +38,7 @@ from miles_core.config.algo import AlgoConfig
 from miles_core.data.sample import Sample, Status
 
 REPETITION_WINDOW, REPETITION_RATIO = 10000, 10.0
+CORRECT_QUARTERS = ("p25", "p50", "p75", "p100")  # rollout/correct_length/<p>: the quarters of rollout_max_response_len
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -98,8 +100,34 @@ def raw_reward(sample: Sample, reward: float) -> float:
     return float((sample.metadata or {}).get("raw_reward", reward))
 
 
-def reward_metrics(samples: list[Sample], rewards: list[float], group_size: int, algo: AlgoConfig) -> dict[str, float]:
-    """rollout/raw_reward, rollout/rewards (normalised), rollout/zero_std/*, passrate/pass@k."""
+def correct_sample_metrics(samples: list[Sample], rewards: list[float], max_response_len: int,
+                           sample_logp_means: list[float] | None) -> dict[str, float]:
+    """rollout/correct_* (log_correct_samples) over the samples whose raw reward is 1, as the reference's
+    log_utils.log_rollout_data: their mean response length; correct_length/p<q>, the share of them whose length
+    falls in each quarter of max_response_len (the first cut point >= the length; lengths above it are not counted);
+    correct_entropy, the mean over them of -(each one's masked token mean of logp_old) (``sample_logp_means``: per
+    sample; None: not logged). No correct sample: no metrics."""
+    correct = [i for i, (s, r) in enumerate(zip(samples, rewards)) if raw_reward(s, r) == 1]
+    if not correct:
+        return {}
+    lengths = [samples[i].response_length for i in correct]
+    cuts = [max_response_len * q / 4 for q in (1, 2, 3)] + [max_response_len]
+    counts = [0] * 4
+    for n in lengths:
+        bucket = next((j for j, cut in enumerate(cuts) if n <= cut), None)
+        if bucket is not None:
+            counts[bucket] += 1
+    total = sum(counts) + 1e-9  # the reference's guard: all beyond max_response_len gives shares of 0
+    m = {"rollout/correct_response_lengths": statistics.fmean(lengths)}
+    m |= {f"rollout/correct_length/{p}": c / total for p, c in zip(CORRECT_QUARTERS, counts)}
+    if sample_logp_means is not None:
+        m["rollout/correct_entropy"] = -statistics.fmean(sample_logp_means[i] for i in correct)
+    return m
+
+
+def reward_metrics(samples: list[Sample], rewards: list[float], group_size: int, algo: AlgoConfig,
+                   passrate: bool = False) -> dict[str, float]:
+    """rollout/raw_reward, rollout/rewards (normalised), rollout/zero_std/*, passrate/pass@k (log_passrate)."""
     raw = [raw_reward(s, r) for s, r in zip(samples, rewards)]
     group_index = torch.tensor([s.group_index for s in samples])
     normalized = normalized_rewards(algo, torch.tensor(rewards, dtype=torch.float64), group_index)  # [N]
@@ -109,16 +137,19 @@ def reward_metrics(samples: list[Sample], rewards: list[float], group_size: int,
     m = {"rollout/raw_reward": statistics.fmean(raw), "rollout/rewards": float(normalized.mean())}
     if algo.advantage_estimator != "ppo":
         m |= zero_std_metrics(list(groups.values()))
-    m |= {f"passrate/pass@{k}": v for k, v in pass_rates(list(groups.values()), group_size).items()}
+    if passrate:
+        m |= {f"passrate/pass@{k}": v for k, v in pass_rates(list(groups.values()), group_size).items()}
     return m
 
 
-def rollout_metrics(samples: list[Sample], rewards: list[float], group_size: int, algo: AlgoConfig) -> dict[str, float]:
-    """Every rollout/* and passrate/* metric of one scored rollout. rewards: the scalar reward of each sample."""
+def rollout_metrics(samples: list[Sample], rewards: list[float], group_size: int, algo: AlgoConfig,
+                    passrate: bool = False) -> dict[str, float]:
+    """Every rollout/* and (with ``passrate``, log_passrate) passrate/* metric of one scored rollout. rewards: the
+    scalar reward of each sample."""
     lengths = stats([s.response_length for s in samples])
     truncated = statistics.fmean(float(s.status == Status.TRUNCATED) for s in samples)
     oldest, mixed = oldest_versions(samples)
-    m = reward_metrics(samples, rewards, group_size, algo) | {
+    m = reward_metrics(samples, rewards, group_size, algo, passrate) | {
         "rollout/response_len/mean": lengths["mean"], "rollout/response_len/median": lengths["median"],
         "rollout/response_len/max": lengths["max"], "rollout/response_len/min": lengths["min"],
         "rollout/response_lengths": lengths["mean"],

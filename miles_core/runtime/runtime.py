@@ -235,7 +235,8 @@ class Runtime:
             if custom(rollout.rollout_id, reference_args(**flat_reference_args(c)), rollout.samples, rollout.metrics, seconds):
                 return {}
         rewards = [reward_value(s.reward, r.reward_key) for s in rollout.samples]
-        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, c.algo)}
+        metrics = {**rollout.metrics, **rollout_metrics(rollout.samples, rewards, r.n_samples_per_prompt, c.algo,
+                                                            passrate=c.tracking.log_passrate)}
         if c.tracking.log_reward_category is not None:
             metrics |= reward_category_metrics(rollout.samples, c.tracking.log_reward_category)
         return metrics | generation_perf_metrics(rollout.samples, seconds, num_gpus=c.cluster.rollout_num_gpus or 1)
@@ -299,19 +300,37 @@ class Runtime:
         """Load the latest complete checkpoint of load_dir into the trainer and the engines; -> its meta, or None."""
         self.onload_trainer()
         meta = self.trainer.restore(self.cfg.load_dir)
+        start = self.cfg.data.start_rollout_id
         if meta is None:
+            if start is not None:
+                raise ValueError(f"start_rollout_id ({start}) resumes from a checkpoint, and {self.cfg.load_dir} has none (the "
+                                 "reference resets it to 0 then): drop start_rollout_id, or set load to a checkpoint dir")
             return None
         if self.cfg.misc.ci_test and self.cfg.misc.ci_check_model_hash:
             ci_checks.compare_model_hashes(meta.get("model_hash"), ci_checks.model_hashes(self.trainer.named_tensors()),
                                            f"{self.cfg.load_dir} (rollout {meta['rollout_id']})")
-        self.source.load_state_dict(meta["data_source"])
-        if self._user_source() is not None:
-            self._user_source().load(meta["rollout_id"])
+        data_of = meta["rollout_id"] if start is None else start - 1  # start_rollout_id: the data state of the rollout before it
+        if data_of >= 0:
+            self.source.load_state_dict(meta["data_source"] if data_of == meta["rollout_id"] else self._data_state(data_of))
+        if self._user_source() is not None and data_of >= 0:
+            self._user_source().load(data_of)
         self.weight_version = meta["weight_version"]
-        self.last_trained = meta["rollout_id"]
+        self.last_trained = data_of
         self.restore_async(meta)
         self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
+
+    def _data_state(self, rollout_id: int) -> dict:
+        """start_rollout_id: the data-source state the checkpoint of ``rollout_id`` saved (load_dir), as the reference's
+        RolloutManager.load(start_rollout_id - 1)."""
+        from miles_core.checkpoint.load import list_checkpoints
+
+        found = {info.rollout_id: info for info in list_checkpoints(self.cfg.load_dir)}
+        if rollout_id not in found:
+            raise ValueError(f"start_rollout_id ({rollout_id + 1}) takes the data state of rollout {rollout_id} from its "
+                             f"checkpoint, and {self.cfg.load_dir} has none (checkpoints of rollouts {sorted(found)}): choose "
+                             "one after a checkpointed rollout, or drop start_rollout_id")
+        return found[rollout_id].meta["data_source"]
 
     def _user_source(self):
         """The data_source_path class's object (None when the data source is ours), once a rollout function is used."""

@@ -34,7 +34,8 @@ PLACEHOLDERS: dict[str, str] = {
     "k": r"\d+",  # pass@k: 1, 2, 4, ... up to the group size
     "reason": r"[A-Za-z0-9_.\-]+",  # a dynamic-sampling drop reason
     "ds": r"[A-Za-z0-9_.\-]+?",  # an eval dataset name (eval_prompt_data)
-    "cat": r"[^/]+",  # a reward category (log_reward_category): the reward dict's value
+    "cat": r"[^/]+",
+    "p": r"p(?:25|50|75|100)",  # a quarter of rollout_max_response_len (log_correct_samples)  # a reward category (log_reward_category): the reward dict's value
 }
 _PLACEHOLDER = re.compile(r"<([a-z_]+)>")
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ CATALOG: tuple[Metric, ...] = (
     Metric("rollout/zero_std/all_one_percentage", ROLLOUT, "fraction of groups whose rewards are all 1", "advantage_estimator "
            "other than ppo", _RM),
     Metric("passrate/pass@<k>", ROLLOUT, "unbiased pass@k over the complete groups (reward == 1 passes, as the reference), "
-           "k = 1, 2, 4, ... <= group size", "n_samples_per_prompt > 1", _RM),
+           "k = 1, 2, 4, ... <= group size", "log_passrate, n_samples_per_prompt > 1", _RM),
     Metric("rollout/dynamic_filter/drop_<reason>", ROLLOUT, "groups dropped by the dynamic-sampling filter, by reason",
            "dynamic_sampling_filter_path", "miles_core/rollout/generate.py"),
     Metric("rollout/staleness/mean", ROLLOUT, "mean weight syncs between a sample's generation and its training (0 when async_mode is off)",
@@ -171,6 +172,13 @@ CATALOG: tuple[Metric, ...] = (
     Metric("rollout/rollout_log_probs", ROLLOUT, "token mean of the engine's log-probs", "always", _TRAINER),
     Metric("rollout/ref_log_probs", ROLLOUT, "token mean of the reference model's log-probs",
            "use_kl_loss with kl_loss_coef > 0, or kl_coef > 0", _TRAINER),
+    Metric("rollout/correct_response_lengths", ROLLOUT, "mean response length of the samples whose raw reward is 1",
+           "log_correct_samples, when a sample is correct", _RM),
+    Metric("rollout/correct_length/<p>", ROLLOUT, "share of the correct samples (raw reward 1) whose response length is in "
+           "that quarter of rollout_max_response_len (p25: <= 1/4 of it, p50, p75, p100: the first cut point >= the length)",
+           "log_correct_samples, when a sample is correct", _RM),
+    Metric("rollout/correct_entropy", ROLLOUT, "mean over the correct samples (raw reward 1) of -(each one's masked token "
+           "mean of logp_old)", "log_correct_samples, when a sample is correct", _RM),
     Metric("rollout/advantages", ROLLOUT, "token mean of the final advantages", "always", f"{_ADV}/__init__.py"),
     Metric("rollout/zero_std_groups", ROLLOUT, "groups not divided by their std (std 0 or a single sample)",
            "advantage_estimator grpo, gspo or reinforce_plus_plus_baseline", f"{_ADV}/base.py"),
@@ -309,7 +317,7 @@ CATALOG: tuple[Metric, ...] = (
     Metric("eval/<ds>/weight_version/mixed_version_ratio", EVAL, "fraction of eval samples generated under more than one "
            "weight version (0 when good)", "eval_prompt_data", _EVAL),
     Metric("eval/<ds>-pass@<k>", EVAL, "unbiased pass@k (reward == 1 passes), k = 1, 2, 4, ... <= n_samples_per_eval_prompt",
-           "n_samples_per_eval_prompt > 1", _EVAL),
+           "log_passrate, n_samples_per_eval_prompt > 1", _EVAL),
     Metric("eval/<ds>", EVAL, "mean eval reward of dataset ds (eval_reward_key)", "eval_prompt_data", _EVAL),
 )
 

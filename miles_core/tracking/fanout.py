@@ -46,6 +46,7 @@ class MirrorSpec:
     mlflow_run_id: str
     run_name: str
     params: dict[str, Any]
+    steps_per_rollout: int = 1  # num_steps_per_rollout: train steps per rollout (wandb_always_use_train_step)
 
 
 def _wandb(spec: MirrorSpec) -> Mirror:

@@ -12,6 +12,12 @@ stays in it) and the run ``<group>-RANK_0`` (one process logs); with ``disable_w
 the run are ``wandb_group`` itself. Without ``wandb_group`` (the reference requires it) no group, and the run is
 named after the MLflow run.
 
+wandb_always_use_train_step: the values W&B gets for rollout/step and eval/step are train steps, as the reference's
+metric_utils.compute_rollout_step (rollout_id * num_steps_per_rollout): rollout i at i * S; an eval point, whose
+eval/step is the weight version it evaluated (docs/decisions.md: i + 2 after rollout i, 1 before training), at
+max(version - 2, 0) * S, the step of the rollout it follows (the reference's eval(rollout_id); 0 before training).
+The record and the resume marks keep miles' own steps.
+
 Never reaches the network unless ``wandb_mode`` (or WANDB_MODE) is online: W&B's error reporting and
 homes are set in miles_core/env.py.
 """
@@ -23,7 +29,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .catalog import AXES
+from .catalog import AXES, ROLLOUT, TRAIN
 from .keys import flatten, sanitize_key
 
 RECORD = "wandb_run.json"
@@ -49,8 +55,10 @@ def _naming(t, recorded_group: str | None, run_name: str) -> tuple[str | None, s
 class WandbMirror:
     name = "wandb"
 
-    def __init__(self, run, record: Path, mlflow_run_id: str, marks: dict[str, int], group: str | None = None):
+    def __init__(self, run, record: Path, mlflow_run_id: str, marks: dict[str, int], group: str | None = None,
+                 train_steps: int | None = None):
         self.run, self.group = run, group
+        self.train_steps = train_steps  # wandb_always_use_train_step: num_steps_per_rollout; None: miles' own steps
         self.record = record
         self.mlflow_run_id = mlflow_run_id
         self.marks = dict(marks)  # at open (resume); fixed
@@ -77,7 +85,8 @@ class WandbMirror:
                          config=flatten(spec.params), settings=wandb.Settings(console="off", **_server(t.wandb_host)))
         for axis in AXES:
             run.define_metric(axis)
-        return cls(run, record, spec.mlflow_run_id, previous.get("marks", {}) if same_run else {}, group)
+        return cls(run, record, spec.mlflow_run_id, previous.get("marks", {}) if same_run else {}, group,
+                   spec.steps_per_rollout if t.wandb_always_use_train_step else None)
 
     @property
     def link(self) -> str:
@@ -87,7 +96,7 @@ class WandbMirror:
     def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
         """A new row; the previous one is sent (a row waits for the timings ``log_extra`` adds at its step)."""
         self.flush()
-        self._pending = (axis, step, self._row(metrics, axis))
+        self._pending = (axis, step, self._row(metrics, axis) | self._axis_value(axis, step))
 
     def log_extra(self, metrics: dict[str, float], axis: str, step: int) -> None:
         """Metrics at a step already logged: into that step's row while it waits, else a row of its own."""
@@ -95,7 +104,14 @@ class WandbMirror:
             self._pending[2].update(self._row(metrics, axis))
         else:
             self.flush()
-            self._pending = (axis, step, {**self._row(metrics, axis), axis: step})
+            self._pending = (axis, step, {**self._row(metrics, axis), axis: step} | self._axis_value(axis, step))
+
+    def _axis_value(self, axis: str, step: int) -> dict[str, float]:
+        """wandb_always_use_train_step: the train step W&B plots a rollout or eval row at (module docstring)."""
+        if self.train_steps is None or axis == TRAIN:
+            return {}
+        rollout_id = step if axis == ROLLOUT else max(step - 2, 0)  # eval/step: the version after rollout i is i + 2
+        return {axis: float(rollout_id * self.train_steps)}
 
     def _row(self, metrics: dict[str, float], axis: str) -> dict[str, float]:
         """The row with MLflow's keys; a key seen for the first time is plotted against ``axis``."""

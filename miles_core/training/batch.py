@@ -133,6 +133,25 @@ def pack_rows(lengths: list[int], width: int) -> list[list[int]]:
     return rows
 
 
+def karmarkar_karp(weights: list[float], k: int) -> list[list[int]]:
+    """Indices of ``weights`` in k groups of near-equal sums, by the largest differencing method (Karmarkar-Karp,
+    k-way, sizes free): each item starts as a k-tuple of subsets (itself, then empties); the two tuples of largest
+    spread (max - min sum) are merged, the heaviest subset of one with the lightest of the other, until one is left.
+    Empty groups (k > len(weights), or a dominant item) are dropped."""
+    import heapq
+
+    heap = [(-w, i, [(w, [i])] + [(0.0, [])] * (k - 1)) for i, w in enumerate(weights)]
+    heapq.heapify(heap)
+    tie = len(weights)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        merged = sorted(((a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)), key=lambda x: -x[0])
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tie, merged))
+        tie += 1
+    return [sorted(items) for _, items in heap[0][2] if items] if heap else []
+
+
 def prompt_units(batch: TokenBatch) -> tuple[list[list[int]], list[int]]:
     """Samples grouped by identical prompt tokens (the G samples of a group): (members of each unit, prompt
     length of each sample). A sample without response tokens is all prompt."""
@@ -145,8 +164,24 @@ def prompt_units(batch: TokenBatch) -> tuple[list[list[int]], list[int]]:
     return list(units.values()), plen
 
 
-def response_logits(model, batch: TokenBatch) -> torch.Tensor:
-    """[N, T, V] logits at the positions predicting the response tokens.
+def padded_to(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of ``multiple`` (data_pad_size_multiplier)."""
+    return -(-n // multiple) * multiple
+
+
+def pad_columns(batch: TokenBatch, multiple: int) -> TokenBatch:
+    """The batch with its sequences [N, L] right-padded (mask 0) to L a multiple of ``multiple``."""
+    extra = padded_to(batch.input_ids.shape[1], multiple) - batch.input_ids.shape[1]
+    if not extra:
+        return batch
+    pad = lambda t: torch.nn.functional.pad(t, (0, extra))  # noqa: E731
+    return TokenBatch(pad(batch.input_ids), pad(batch.attention_mask), batch.resp_index, batch.resp_tokens,
+                      batch.loss_mask, batch.rollout_log_probs)
+
+
+def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
+    """[N, T, V] logits at the positions predicting the response tokens; the packed rows (or the padded sequences)
+    are ``pad_to`` wide or a multiple of it (data_pad_size_multiplier: the extra slots are empty, so no number changes).
 
     Packed (PACKABLE_MODEL_TYPES): samples sharing a prompt form one unit, [prompt][response 1]...[response G],
     where each response sees the prompt and itself only (position ids continue from the prompt), so a
@@ -156,13 +191,13 @@ def response_logits(model, batch: TokenBatch) -> torch.Tensor:
     numbers agree up to float rounding and the shared prompt's gradient is the sum of the G copies'
     (tests/training/test_batch.py). Other model types: the padded forward."""
     if not packable(model):
-        return at_response(forward(model, batch).logits, batch)
+        return at_response(forward(model, pad_columns(batch, pad_to)).logits, batch)
     N, T = batch.resp_index.shape
     lengths = batch.attention_mask.sum(-1).tolist()  # [N]
     units, plen = prompt_units(batch)
     unit_len = [plen[m[0]] + sum(lengths[i] - plen[i] for i in m) for m in units]
-    W = max(unit_len)
-    rows = pack_rows(unit_len, W)
+    rows = pack_rows(unit_len, max(unit_len))
+    W = padded_to(max(unit_len), pad_to)  # empty slots after the units: each one a unit of its own
     tokens, first_pos = batch.input_ids.tolist(), batch.resp_index.clamp(min=0).tolist()  # [N, L], [N, T]
     ids = [[0] * W for _ in rows]  # [R, W]
     pos = [[0] * W for _ in rows]  # [R, W] position ids, as in each sample's own sequence
@@ -204,20 +239,21 @@ def packed_logits(model, ids, mask, pos, rows, cols) -> torch.Tensor:
 
 
 def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True,
-                       chunk_size: int = -1):
+                       chunk_size: int = -1, pad_to: int = 1):
     """-> (log-probs [N, T] of the response tokens under log_softmax(logits / T), entropy [N, T] or None).
 
     ``entropy_grad=False``: the entropy is only a metric (entropy_coef 0), computed outside autograd.
     ``chunk_size`` > 0 (log_probs_chunk_size, without entropy): the float32 logits / T and their log_softmax are made
-    ``chunk_size`` response positions at a time, so the pass holds [N, chunk_size, V] of them instead of [N, T, V]."""
+    ``chunk_size`` response positions at a time, so the pass holds [N, chunk_size, V] of them instead of [N, T, V].
+    ``pad_to``: response_logits'."""
     from miles_core.algorithms import entropy_from_logits
 
     if chunk_size > 0 and not with_entropy:
-        raw = response_logits(model, batch)  # [N, T, V] in the model's dtype
+        raw = response_logits(model, batch, pad_to)  # [N, T, V] in the model's dtype
         return torch.cat([torch.log_softmax(raw[:, s : s + chunk_size].float() / temperature, dim=-1)
                           .gather(-1, batch.resp_tokens[:, s : s + chunk_size, None]).squeeze(-1)
                           for s in range(0, raw.shape[1], chunk_size)], dim=1), None  # [N, T]
-    resp_logits = response_logits(model, batch).float() / temperature  # [N, T, V]
+    resp_logits = response_logits(model, batch, pad_to).float() / temperature  # [N, T, V]
     logp_all = torch.log_softmax(resp_logits, dim=-1)
     logp = logp_all.gather(-1, batch.resp_tokens[..., None]).squeeze(-1)  # [N, T]
     entropy = None

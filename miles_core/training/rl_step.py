@@ -26,6 +26,7 @@ from miles_core import finite
 from miles_core.algorithms import AdvantageInputs, LossInputs, Reducer, actor_loss, compute_advantages, masked_mean, value_loss
 from miles_core.config import TrainConfig
 from miles_core.data.sample import Sample
+from miles_core.rollout.metrics import correct_sample_metrics
 
 from .batch import TokenBatch, make_batch, per_token
 from .engine import LossFn, Piece, RolloutTensors, StepShape, TrainEngine
@@ -49,6 +50,8 @@ class RLTrainer:
         self.timer, self.peak_tflops = PhaseTimer(), cfg.cluster.mfu_peak_tflops
         self.train_dump = cfg.misc.train_dump  # save_debug_train_data (or dump_details'): the path template, or None
         self.steps_done = 0
+        # log_correct_samples: rollout/correct_* against rollout_max_response_len (rollout/metrics.correct_sample_metrics)
+        self.correct_len = cfg.rollout.rollout_max_response_len if cfg.tracking.log_correct_samples else None
         self.http_teacher = HttpTeacher.of(cfg.algo) if cfg.algo.use_opd and cfg.algo.opd_teacher_urls else None
         if cfg.algo.skip_actor_forward_only and not engine.dropout_free:
             raise ValueError("skip_actor_forward_only takes logp_old from the step's own train-mode forward, which "
@@ -94,7 +97,7 @@ class RLTrainer:
             engine.reset_optimizer_states()  # the reference's train loop, before each rollout's steps
         with finite.in_rollout(rollout_id):
             steps = [self._optimizer_step(batch, tensors, k, train_actor) for k in range(self.shape.num_steps)]
-        rollout = self._rollout_metrics(batch, tensors, adv_metrics) if engine.last_stage else {}
+        rollout = self._rollout_metrics(batch, tensors, adv_metrics, samples, rewards) if engine.last_stage else {}
         if self.train_dump is not None and engine.last_stage:
             save_train_data(self.train_dump, rollout_id, samples, rewards, batch, tensors)
         interval = self.algo.ref_update_interval
@@ -215,7 +218,8 @@ class RLTrainer:
         return loss
 
     # ---- step 4: metrics --------------------------------------------------------------------------
-    def _rollout_metrics(self, batch: TokenBatch, tensors: RolloutTensors, adv_metrics: dict) -> dict[str, float]:
+    def _rollout_metrics(self, batch: TokenBatch, tensors: RolloutTensors, adv_metrics: dict, samples: list[Sample],
+                         rewards: list[float]) -> dict[str, float]:
         out = {
             "rollout/rollout_log_probs": float(masked_mean(batch.rollout_log_probs, batch.loss_mask)),
             **{f"rollout/{k}": v for k, v in adv_metrics.items()},
@@ -226,6 +230,9 @@ class RLTrainer:
             out["rollout/entropy"] = float(masked_mean(tensors.entropy, batch.loss_mask, dim=-1).mean())
         if tensors.ref is not None:
             out["rollout/ref_log_probs"] = float(masked_mean(tensors.ref, batch.loss_mask))
+        if self.correct_len is not None:  # log_correct_samples (its rules keep the old-policy pass on)
+            logp = masked_mean(tensors.old, batch.loss_mask, dim=-1).tolist()  # [N]
+            out |= correct_sample_metrics(samples, rewards, self.correct_len, logp)
         return out
 
     def _perf(self, batch: TokenBatch, train_wait: float, dt: float) -> dict[str, float]:

@@ -52,6 +52,7 @@ class TorchEngine:
         self.algo, self.checkpoint = cfg.algo, cfg.checkpoint
         self.temperature = cfg.rollout.rollout_temperature
         self.micro_batch_size = cfg.algo.micro_batch_size
+        self.pad_to = cfg.parallel.data_pad_size_multiplier  # the policy's packed rows, a multiple of it wide (no TP here)
         self.apply_updates = not cfg.misc.debug_disable_optimizer
         self._compile_pending = cfg.cluster.torch_compile  # compiled at the first optimizer step (compile_layers)
         if self._compile_pending:
@@ -87,7 +88,8 @@ class TorchEngine:
         """[N, T] log-probs of the response tokens, in micro-batches."""
         model.eval()
         chunk = self.algo.log_probs_chunk_size
-        fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False, chunk_size=chunk)[0]  # noqa: E731
+        fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False, chunk_size=chunk,
+                                                 pad_to=self.pad_to)[0]  # noqa: E731
         with self.precision.autocast():
             return forward_only(fn, batch, self.micro_batch_size)
 
@@ -101,7 +103,8 @@ class TorchEngine:
         T, entropies = batch.loss_mask.shape[1], []
 
         def fn(piece):
-            logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True, entropy_grad=False)
+            logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=True, entropy_grad=False,
+                                               pad_to=self.pad_to)
             entropies.append(torch.nn.functional.pad(entropy, (0, T - entropy.shape[1])))
             return logp
 
@@ -120,7 +123,7 @@ class TorchEngine:
         for s in range(0, len(batch), self.micro_batch_size):
             piece = batch.slice(s, s + self.micro_batch_size)
             with self.precision.autocast():
-                logits = response_logits(self.model, piece)
+                logits = response_logits(self.model, piece, self.pad_to)
             student = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # [n, t, V]
             kl = teacher.topk_kl(student, piece, samples[s : s + self.micro_batch_size], topk)  # [n, t]
             parts.append(torch.nn.functional.pad(kl, (0, T - kl.shape[1])))
@@ -175,7 +178,7 @@ class TorchEngine:
     def _actor_piece(self, piece: TokenBatch, idx: list[int]) -> Piece:
         with self.precision.autocast():
             logp, entropy = response_log_probs(self.model, piece, self.temperature, with_entropy=self.algo.train_entropy,
-                                               entropy_grad=self.algo.entropy_coef > 0)
+                                               entropy_grad=self.algo.entropy_coef > 0, pad_to=self.pad_to)
         return Piece(rows=idx, loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs, log_probs=logp, entropy=entropy)
 
     def _critic_piece(self, piece: TokenBatch, idx: list[int]) -> Piece:
@@ -187,7 +190,7 @@ class TorchEngine:
         """A scalar through the sharded module (data parallel: a zero-weighted pass of a rank with fewer micro-batches)."""
         with self.precision.autocast():
             if actor:
-                return response_log_probs(self.model, row, self.temperature, False)[0].sum()
+                return response_log_probs(self.model, row, self.temperature, False, pad_to=self.pad_to)[0].sum()
             return response_values(self.critic.module, row).sum()
 
     def start_rollout(self, rollout_id: int) -> None:

@@ -16,7 +16,7 @@ def test_dataset_metrics_exact():
     # 2 prompts x G=4: prompt 0 has c=1 pass, prompt 1 has c=3 passes
     samples = [_s(), _s(Status.TRUNCATED, 5), _s(), _s(), _s(length=1), _s(), _s(), _s(Status.TRUNCATED, 5)]
     scores = [1, 0, 0, 0, 1, 1, 1, 0]
-    m = dataset_metrics("ds", 4, samples, scores)
+    m = dataset_metrics("ds", 4, samples, scores, passrate=True)
     assert m["eval/ds"] == 0.5  # 4 / 8
     assert m["eval/ds/truncated_ratio"] == 0.25 and "eval/ds-truncated_ratio" not in m  # one name per value  # 2 / 8
     assert m["eval/ds-none_reward_ratio"] == 0.0
@@ -34,11 +34,14 @@ def test_dataset_metrics_exact():
 def test_pass_at_k_counts_reward_one_only():
     # the reference counts reward == 1 as a pass: 0.5 and -1 are not passes (a "> 0" rule would count the 0.5)
     samples = [_s() for _ in range(4)]
-    m = dataset_metrics("ds", 2, samples, [0.5, 0.0, 1.0, -1.0])
+    m = dataset_metrics("ds", 2, samples, [0.5, 0.0, 1.0, -1.0], passrate=True)
     assert m["eval/ds-pass@1"] == 0.25  # (0/2 + 1/2) / 2
     assert m["eval/ds-pass@2"] == 0.5  # (0 + 1) / 2
     # a group of one sample has no pass@k (the reference logs it only with n > 1)
-    assert not any("pass@" in k for k in dataset_metrics("ds", 1, samples, [1.0, 1.0, 0.0, 1.0]))
+    assert not any("pass@" in k for k in dataset_metrics("ds", 1, samples, [1.0, 1.0, 0.0, 1.0], passrate=True))
+    # without log_passrate (the reference's default) no pass@k at all; the other metrics unchanged
+    off = dataset_metrics("ds", 2, samples, [0.5, 0.0, 1.0, -1.0])
+    assert not any("pass@" in k for k in off) and off == {k: v for k, v in m.items() if "pass@" not in k}
 
 
 def test_mixed_versions_are_flagged():
@@ -68,3 +71,13 @@ def test_inline_eval_of_live_engine(engine, suite):
     assert len(r.rows) == 8 and {"prompt", "response", "reward", "weight_version"} <= set(r.rows[0])
     # the same engine asked for another version: the eval does not run
     assert run_on_engine(engine, suite, 4).reason == "pin_violation"
+
+
+def test_eval_pass_at_k_only_with_log_passrate(engine, tiny_tokenizer):
+    from flows.recipes import load_config
+    from miles_core.evaluation import build_suite
+
+    cfg = load_config("tiny", {"eval_prompt_data": ["arith", "builtin://arith-test@[0:4]"], "n_samples_per_eval_prompt": 2,
+                               "eval_max_response_len": 6, "log_passrate": False})
+    r = run_on_engine(engine, build_suite(cfg, tiny_tokenizer), 3)
+    assert "eval/arith" in r.metrics and not any("pass@" in k for k in r.metrics)

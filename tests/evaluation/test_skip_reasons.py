@@ -165,6 +165,7 @@ def test_eval_hf_dir_stages_the_runs_snapshots(tmp_path, tiny_model, tiny_tokeni
         rt.data = RunData(model_path=tmp_path, tokenizer=tiny_tokenizer, source=None, num_prompts=0, dropped_prompts=0,
                           context_len=None, eval_suite=suite, params=None, rewards=None)
         rt.trainer, rt.weight_version, rt._snapshot_evals = Exporter(), 3, None
+        rt._offloads_trainer = rt._trainer_offloaded = False  # Runtime.__init__ sets them (offload_train)
         return rt.snapshot_evals()
 
     assert snapshot_evals().root == tmp_path / "run" / "eval_snapshots"

@@ -10,7 +10,7 @@ import pytest
 
 from miles_core.config.algo import AlgoConfig
 from miles_core.data.sample import Sample, Status
-from miles_core.rollout.metrics import generation_perf_metrics, has_repetition, rollout_metrics
+from miles_core.rollout.metrics import correct_sample_metrics, generation_perf_metrics, has_repetition, rollout_metrics
 
 
 def _s(group, reward, length=2, status=Status.COMPLETED, versions=(1,), metadata=None, mask=None):
@@ -18,8 +18,8 @@ def _s(group, reward, length=2, status=Status.COMPLETED, versions=(1,), metadata
                   weight_versions=list(versions), metadata=dict(metadata or {}), loss_mask=mask or [1] * length)
 
 
-def _metrics(samples, group_size=2, algo=None):
-    return rollout_metrics(samples, [float(s.reward) for s in samples], group_size, algo or AlgoConfig())
+def _metrics(samples, group_size=2, algo=None, passrate=True):
+    return rollout_metrics(samples, [float(s.reward) for s in samples], group_size, algo or AlgoConfig(), passrate=passrate)
 
 
 def test_rewards_is_the_mean_after_group_normalisation_and_raw_reward_before_post_processing():
@@ -55,6 +55,22 @@ def test_pass_at_k_counts_reward_one_and_complete_groups():
     assert m["passrate/pass@1"] == pytest.approx(0.25)  # (1/2 + 0) / 2
     assert m["passrate/pass@2"] == pytest.approx(0.5)  # (1 + 0) / 2
     assert "passrate/pass@1" not in _metrics(samples, group_size=1)
+    # log_passrate off (the reference's default): no passrate/* at all, the rest unchanged
+    off = _metrics(samples, passrate=False)
+    assert off == {k: v for k, v in m.items() if not k.startswith("passrate/")}
+
+
+def test_correct_sample_metrics_exact():
+    # raw rewards 1, 0, 1, 1 (sample 3's post-processed reward is 2, its raw 1); max_response_len 8: cut points 2, 4, 6, 8
+    samples = [_s(0, 1.0, length=2), _s(0, 0.0, length=5), _s(1, 1.0, length=7), _s(1, 2.0, length=9, metadata={"raw_reward": 1})]
+    logp = [-0.5, -9.0, -1.5, -2.0]  # each sample's masked token mean of logp_old
+    m = correct_sample_metrics(samples, [1.0, 0.0, 1.0, 2.0], 8, logp)
+    assert m["rollout/correct_response_lengths"] == pytest.approx((2 + 7 + 9) / 3)
+    # length 2 -> p25 (2 <= 2), 7 -> p100 (7 <= 8), 9 is beyond every cut point: counted nowhere (total 2)
+    assert [m[f"rollout/correct_length/p{q}"] for q in (25, 50, 75, 100)] == pytest.approx([0.5, 0, 0, 0.5])
+    assert m["rollout/correct_entropy"] == pytest.approx((0.5 + 1.5 + 2.0) / 3)  # -mean over the correct ones
+    assert "rollout/correct_entropy" not in correct_sample_metrics(samples, [1.0, 0.0, 1.0, 2.0], 8, None)
+    assert correct_sample_metrics(samples[1:2], [0.0], 8, [-1.0]) == {}  # no correct sample: nothing logged
 
 
 def test_zero_std_and_lengths_and_versions():

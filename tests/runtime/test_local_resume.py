@@ -72,3 +72,45 @@ def test_ppo_with_partial_rollout_resumes_exactly(tmp_path, tiny_model_dir):
     assert _samples(resumed) == _samples(straight)
     strip = lambda m: {k: v for k, v in m.items() if not k.startswith("perf/")}  # noqa: E731
     assert [strip(m) for m in got_metrics] == [strip(m) for m in want_metrics[K:]]
+
+
+def _tiny(run_dir, **over):
+    values = {**read_recipe("tiny"), "run_dir": str(run_dir), "rollout_batch_size": 2, "n_samples_per_prompt": 2,
+              "rollout_max_response_len": 4, "num_rollout": 4, "eval_prompt_data": None, "num_threads": 1, **over}
+    return build_config(values)
+
+
+def test_start_rollout_id_takes_the_latest_weights_and_the_data_state_before_it(tmp_path, tiny_model_dir):
+    """The reference's override: checkpoints of rollouts 0 and 2; start_rollout_id 1 loads rollout 2's weights and
+    rollout 0's data state, so rollout 1 is generated again from the same prompts (with the newer weights)."""
+    import pytest
+
+    from miles_core.checkpoint.load import list_checkpoints
+
+    first = build_runtime(_tiny(tmp_path))
+    first.sync_weights()
+    for i in range(3):
+        first.generate(i)
+        first.train(i)
+        if i in (0, 2):
+            first.save(i, {})
+        first.sync_weights()
+    prompts = [s.prompt for s in first.load_rollout(1)]
+    latest = {k: v.clone() for k, v in first.trainer.engine.model.state_dict().items()}
+    saved = {info.rollout_id: info.meta["data_source"] for info in list_checkpoints(first.cfg.load_dir)}
+    del first
+
+    resumed = build_runtime(_tiny(tmp_path, start_rollout_id=1))
+    meta = resumed.restore()
+    assert meta["rollout_id"] == 2 and resumed.last_trained == 0
+    assert resumed.source.state_dict() == saved[0] != saved[2]
+    weights = resumed.trainer.engine.model.state_dict()
+    assert all(torch.equal(weights[k], v) for k, v in latest.items())  # the latest checkpoint's weights
+    resumed.generate(1)
+    assert [s.prompt for s in resumed.load_rollout(1)] == prompts
+    del resumed
+
+    with pytest.raises(ValueError, match=r"start_rollout_id \(2\) takes the data state of rollout 1 from its checkpoint"):
+        build_runtime(_tiny(tmp_path, start_rollout_id=2)).restore()
+    with pytest.raises(ValueError, match=r"start_rollout_id \(1\) resumes from a checkpoint, and .* has none"):
+        build_runtime(_tiny(tmp_path / "fresh", start_rollout_id=1)).restore()

@@ -103,6 +103,32 @@ def test_resume_duplicates_no_step_on_any_tracker(tmp_path, store):
     assert (cfg.run_dir / RECORD).exists()
 
 
+def test_wandb_always_use_train_step_plots_rollouts_and_evals_at_train_steps(tmp_path, store):
+    """The reference's compute_rollout_step: rollout i at i * num_steps_per_rollout (4 here), the eval after rollout i
+    (eval/step i + 2) at i * 4, the one before training (eval/step 1) at 0; train/step and MLflow unchanged."""
+    import json
+
+    cfg = _config(tmp_path, store, use_wandb=True, wandb_always_use_train_step=True, num_steps_per_rollout=4,
+                  micro_batch_size=8)
+    tracker = open_run(cfg, None, {})
+    tracker.log({"eval/arith": 0.1}, "eval/step", 1)  # before training
+    for i in range(3):
+        tracker.log({"rollout/raw_reward": 0.1 * i}, "rollout/step", i)
+        for k in range(4):
+            tracker.log({"train/loss": 1.0}, "train/step", 4 * i + k)
+        tracker.log({"eval/arith": 0.2 + i}, "eval/step", i + 2)
+    tracker.log_extra({"eval/duration_seconds": 1.0}, "eval/step", 4)
+    tracker.end("FINISHED")
+    rows = read_history(cfg.run_dir, _named(tracker)["wandb"].run.id)
+    assert [r["rollout/step"] for r in rows if "rollout/raw_reward" in r] == [0, 4, 8]
+    assert [(r["eval/step"], r["eval/arith"]) for r in rows if "eval/arith" in r] == [(0, 0.1), (0, 0.2), (4, 1.2), (8, 2.2)]
+    assert [r["eval/step"] for r in rows if "eval/duration_seconds" in r] == [8]
+    assert [r["train/step"] for r in rows if "train/loss" in r] == list(range(12))
+    client = MlflowClient(cfg.tracking_uri)
+    assert [m.step for m in client.get_metric_history(tracker.mlflow.run_id, "eval/arith")] == [1, 2, 3, 4]
+    assert json.loads((cfg.run_dir / RECORD).read_text())["marks"] == {"eval/step": 4, "rollout/step": 2, "train/step": 11}
+
+
 def test_a_new_mlflow_run_gets_a_new_wandb_run(tmp_path, store):
     cfg = _config(tmp_path, store, use_wandb=True, wandb_dir=str(tmp_path / "wb"))
     first = open_run(cfg, None, {})

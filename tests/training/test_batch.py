@@ -55,3 +55,39 @@ def test_a_groups_prompt_is_computed_once(lm, samples):
     units, plen = prompt_units(batch)
     assert units == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [plen[i] + s.response_length for i, s in enumerate(samples)] == [len(s.tokens) for s in samples]
+
+
+def test_data_pad_size_multiplier_widens_the_packed_rows_and_changes_no_logit(lm, samples):
+    """pad_to 64: the packed rows are 64 wide (their units need fewer), the logits equal the unpadded ones; the padded
+    forward of a model that is not packed pads its sequences the same way."""
+    from miles_core.training.batch import PACKED_FORWARD, packed_logits
+
+    model, batch = lm(), make_batch(samples, pad_id=0)
+    widths = []
+
+    def seen(ids, mask, pos, rows, cols):
+        widths.append(ids.shape[1])
+        return packed_logits(model, ids, mask, pos, rows, cols)
+
+    setattr(model, PACKED_FORWARD, seen)
+    plain, padded = response_logits(model, batch), response_logits(model, batch, pad_to=64)
+    assert widths[0] < 64 and widths[1] == 64
+    torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-6)
+    model.config.use_sliding_window = True  # not packable: the padded forward, its sequences padded to 64 columns
+    lengths = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    torch.testing.assert_close(response_logits(model, batch, pad_to=64), plain, rtol=1e-5, atol=1e-6)
+    hook.remove()
+    assert lengths == [64]
+
+
+def test_karmarkar_karp_balances_the_sums():
+    from miles_core.training.batch import karmarkar_karp
+
+    # largest differencing on 8, 7, 6, 5, 4: 8-7 -> 1; 6-5 -> 1; 4-1 -> 3; 3-1 -> 2: sums 16 and 14
+    parts = karmarkar_karp([8, 7, 6, 5, 4], 2)
+    sums = sorted(sum([8, 7, 6, 5, 4][i] for i in p) for p in parts)
+    assert sums == [14, 16] and sorted(i for p in parts for i in p) == [0, 1, 2, 3, 4]
+    three = karmarkar_karp([5, 5, 5, 5, 5, 5], 3)
+    assert sorted(len(p) for p in three) == [2, 2, 2]
+    assert karmarkar_karp([9, 1], 3) == [[0], [1]]  # more groups than items: the empty ones dropped

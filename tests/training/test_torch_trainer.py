@@ -292,6 +292,26 @@ def test_save_debug_train_data_dumps_what_the_steps_trained_on(tiny_model_dir, t
         load_config("tiny", {"dump_details": "dd", "save_debug_train_data": template, "eval_prompt_data": None})
 
 
+def test_log_correct_samples_logs_the_correct_samples_lengths_and_entropy(tiny_model_dir, tiny_tokenizer):
+    """rollout/correct_*: over the samples with raw reward 1, their mean length, the shares per quarter of
+    rollout_max_response_len, and -mean of their per-sample mean logp_old (= mean_log_probs before the step)."""
+    from transformers import AutoModelForCausalLM
+
+    samples, rewards = _samples(tiny_tokenizer), [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    plain = _trainer(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer)
+    assert not any("correct" in k for k in plain.train_rollout(samples, rewards)[0])
+    trainer = _trainer(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer, log_correct_samples=True)
+    before = trainer.mean_log_probs(samples)  # the old policy's per-sample mean log-prob
+    rollout, _ = trainer.train_rollout(samples, rewards)
+    correct = [i for i, r in enumerate(rewards) if r == 1]
+    lengths = [samples[i].response_length for i in correct]
+    assert rollout["rollout/correct_response_lengths"] == pytest.approx(sum(lengths) / len(lengths))
+    assert rollout["rollout/correct_entropy"] == pytest.approx(-sum(before[i] for i in correct) / len(correct), rel=1e-5)
+    cuts = [12 / 4, 12 / 2, 12 * 3 / 4, 12]  # the tiny recipe's rollout_max_response_len 12
+    shares = [sum(1 for n in lengths if n <= c and not any(n <= e for e in cuts[:j])) / len(lengths) for j, c in enumerate(cuts)]
+    assert [rollout[f"rollout/correct_length/p{q}"] for q in (25, 50, 75, 100)] == pytest.approx(shares)
+
+
 def _counting_log_probs(trainer) -> list[str]:
     """The roles of every forward-only log-prob pass the trainer runs from now on (a role without a model runs none)."""
     calls, log_probs = [], trainer.engine.log_probs

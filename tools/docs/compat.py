@@ -39,9 +39,6 @@ METRICS_NOT_LOGGED: dict[str, str] = {
     "rollout/fully_async/buffer_avg_staleness": "the staleness of groups still in the buffer is not computed yet",
     "rollout/fully_async/buffer_max_staleness": "the staleness of groups still in the buffer is not computed yet",
     "rollout/teacher_log_probs": "computed by the trainer, not logged yet",
-    "rollout/correct_length/<p>": "log_correct_samples is not supported yet",
-    "rollout/correct_entropy": "log_correct_samples is not supported yet",
-    "rollout/correct_response_lengths": "log_correct_samples is not supported yet",
     "perf/reconcile_adapters_time": "multi-LoRA adapter-slot reconciliation before each generate (the reference's "
                                     "reconcile_adapters): multi-LoRA is not built; one adapter's sync is timed in "
                                     "perf/update_weights_time",

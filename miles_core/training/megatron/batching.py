@@ -9,6 +9,11 @@ instead of the [W, W] mask, for the Transformer-Engine spec.) bshd: ``micro_batc
 [b, S] with a causal mask over their real tokens (the reference's bshd pads to the rollout's longest sample;
 padding after a sample's last token changes none of its scores). RoPE is relative, so a sample's scores do not
 depend on where in the packed row it starts. Megatron's attention mask is boolean [b, 1, S, S], True = masked out.
+With use_dynamic_batch_size the rows are packed first-fit decreasing by tokens, or (balance_by_flops, ``workload``)
+into ceil(tokens / max_tokens_per_gpu) Karmarkar-Karp partitions of near-equal estimated forward FLOPs.
+``pad_to`` (tensor_model_parallel_size * data_pad_size_multiplier, the reference's get_batch pad_size): a packed
+row gets a pad segment of its own up to a multiple of it (a THD cu_seqlens entry, as the reference), a padded
+micro-batch's S is rounded up to one; no real token sees a pad token.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from functools import partial
 
 import torch
 
-from miles_core.training.batch import TokenBatch, pack_rows
+from miles_core.training.batch import TokenBatch, karmarkar_karp, pack_rows, pad_columns, padded_to
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,8 @@ class MicroBatch:
     packed_seq_params: object = None  # megatron's PackedSeqParams (THD: cu_seqlens [n + 1]), packed rows on the TE spec
 
 
-def padded(batch: TokenBatch, rows: list[int]) -> MicroBatch:
-    piece = batch.take(rows)
+def padded(batch: TokenBatch, rows: list[int], pad_to: int = 1) -> MicroBatch:
+    piece = pad_columns(batch.take(rows), pad_to)  # S a multiple of pad_to: the extra columns are masked keys
     n, S = piece.input_ids.shape
     device = piece.input_ids.device
     causal = torch.ones((S, S), dtype=torch.bool, device=device).tril()
@@ -49,14 +54,19 @@ def padded(batch: TokenBatch, rows: list[int]) -> MicroBatch:
                       loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs)
 
 
-def packed(batch: TokenBatch, rows: list[int], thd: bool = False) -> MicroBatch:
+def packed(batch: TokenBatch, rows: list[int], thd: bool = False, pad_to: int = 1) -> MicroBatch:
     piece = batch.take(rows)
     device = piece.input_ids.device
     lengths = piece.attention_mask.sum(-1).tolist()  # [n]
     starts = torch.tensor([0, *lengths[:-1]], device=device).cumsum(0)  # [n]
-    ids = torch.cat([piece.input_ids[i, :n] for i, n in enumerate(lengths)])[None]  # [1, W]
-    pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]  # [1, W] each sample's own positions
     flat = starts[:, None] + piece.resp_index.clamp(min=0)  # [n, T]
+    extra = padded_to(sum(lengths), pad_to) - sum(lengths)  # data_pad_size_multiplier: a pad segment of its own after them
+    seqs = [piece.input_ids[i, :n] for i, n in enumerate(lengths)]
+    if extra:
+        seqs.append(torch.zeros(extra, dtype=torch.long, device=device))
+        lengths = [*lengths, extra]
+    ids = torch.cat(seqs)[None]  # [1, W]
+    pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]  # [1, W] each sample's own positions
     mask, params = (None, thd_params(lengths, device)) if thd else (block_causal_mask(lengths, device), None)
     return MicroBatch(rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=mask, flat_index=flat,
                       resp_tokens=piece.resp_tokens, loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs,
@@ -80,7 +90,7 @@ def thd_params(lengths: list[int], device):
 
 
 def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None, thd: bool = False,
-         qkv_format: str = "thd") -> list[MicroBatch]:
+         qkv_format: str = "thd", pad_to: int = 1, workload=None) -> list[MicroBatch]:
     """rows as micro-batches (module docstring): packed into at most max_tokens tokens each when given, else
     micro_batch_size per micro-batch after a stable sort by length, each packed (qkv_format thd) or padded (bshd);
     packed rows carry THD cu_seqlens with ``thd``, else the block-diagonal mask."""
@@ -89,12 +99,24 @@ def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: 
         longest = max(lengths[r] for r in rows)
         if longest > max_tokens:
             raise ValueError(f"a sample of {longest} tokens does not fit max_tokens_per_gpu ({max_tokens}); raise it")
-        return [packed(batch, [rows[i] for i in sorted(group)], thd) for group in pack_rows([lengths[r] for r in rows], max_tokens)]
+        mine = [lengths[r] for r in rows]
+        groups = pack_rows(mine, max_tokens) if workload is None else flops_groups(mine, max_tokens, workload)
+        return [packed(batch, [rows[i] for i in sorted(group)], thd, pad_to) for group in groups]
     order = sorted(rows, key=lambda r: lengths[r])
     groups = [order[s : s + micro_batch_size] for s in range(0, len(order), micro_batch_size)]
     if qkv_format == "thd":
-        return [packed(batch, group, thd) for group in groups]
-    return [padded(batch, group) for group in groups]
+        return [packed(batch, group, thd, pad_to) for group in groups]
+    return [padded(batch, group, pad_to) for group in groups]
+
+
+def flops_groups(lengths: list[int], max_tokens: int, workload) -> list[list[int]]:
+    """balance_by_flops: ceil(tokens / max_tokens) micro-batches (one per sample when that is not fewer than the
+    samples) of near-equal estimated FLOPs, Karmarkar-Karp over ``workload(length)``, as the reference's
+    build_dp_schedule (its token cap per micro-batch is not enforced either)."""
+    count = max(1, -(-sum(lengths) // max_tokens))
+    if count >= len(lengths):
+        return [[i] for i in range(len(lengths))]
+    return karmarkar_karp([workload(n) for n in lengths], count)
 
 
 def run(stage, mbs: list[MicroBatch], loss_fn, forward_only: bool) -> list[dict]:

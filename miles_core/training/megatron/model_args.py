@@ -54,10 +54,16 @@ class ModelArgs:
     def model_vocab_size(self) -> int:
         return self.padded_vocab_size or self.vocab_size
 
-    def padded_for(self, tensor_model_parallel_size: int) -> "ModelArgs":
-        """These args with the vocab padded to a multiple of tensor_model_parallel_size (unchanged when it divides)."""
+    def padded_for(self, tensor_model_parallel_size: int, padded_vocab_size: int | None = None) -> "ModelArgs":
+        """These args with the vocab padded to a multiple of tensor_model_parallel_size (unchanged when it divides), or
+        to ``padded_vocab_size`` (the config field) when given: at least vocab_size and a multiple of the TP size."""
         tp = tensor_model_parallel_size
         padded = -(-self.vocab_size // tp) * tp
+        if padded_vocab_size is not None:
+            if padded_vocab_size < self.vocab_size or padded_vocab_size % tp:
+                raise ValueError(f"padded_vocab_size ({padded_vocab_size}) must be >= the model's vocab_size ({self.vocab_size}) "
+                                 f"and a multiple of tensor_model_parallel_size ({tp}); e.g. {padded}, or drop it")
+            padded = padded_vocab_size
         return replace(self, padded_vocab_size=padded if padded != self.vocab_size else None)
 
     def flags(self) -> list[str]:
@@ -173,8 +179,40 @@ FAMILIES = {"qwen2": _qwen2, "qwen3": _qwen3, "llama": _llama, "qwen3_moe": _qwe
             "glm4_moe_lite": _glm4_moe_lite}
 
 
-def from_hf_config(config: dict, source: str = "config.json") -> ModelArgs:
-    """config.json (as a dict) -> ModelArgs; an unsupported model_type or a missing key names it."""
+# model_name (the reference's --model-name) names the reference's Megatron-to-HF converter: its dispatch
+# (megatron_to_hf/__init__.py, _convert_to_hf_core) takes the first substring match of the lowercased name, in this
+# order (here also without "_" / "-"); each converter -> the FAMILIES it serves (qwen2 and qwen3 share one; the
+# deepseekv3 one serves glm4_moe_lite); () = a converter miles has no family for. The reference's default name is the
+# HF config class's (qwen2config).
+NAME_CONVERTERS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("glm4moelite", "deepseekv3", "glmmoedsa"), ("glm4_moe_lite",)), (("glm4moe",), ("glm4_moe",)), (("glm4",), ()),
+    (("qwen3moe",), ("qwen3_moe",)), (("qwen3next",), ()), (("qwen35", "qwen36"), ()), (("qwen2", "qwen3"), ("qwen2", "qwen3")),
+    (("deepseekv4",), ()), (("inkling",), ()), (("llama",), ("llama",)), (("mimo",), ()), (("kimivl",), ()), (("kimik25",), ()),
+)
+
+
+def families_of_name(model_name: str) -> tuple[str, ...]:
+    """model_name -> the FAMILIES its converter serves (NAME_CONVERTERS); ValueError naming the field and the known."""
+    key = model_name.lower().replace("_", "").replace("-", "")
+    for parts, families in NAME_CONVERTERS:
+        if any(p.replace("_", "") in key for p in parts):
+            if families:
+                return families
+            break
+    raise ValueError(f"model_name {model_name!r} names no converter of a model family miles has; known: "
+                     f"{', '.join(sorted(FAMILIES))} (or a name containing one, e.g. Qwen2ForCausalLM, glm4moe, deepseekv3), "
+                     "or drop model_name (the converter of config.json's model_type)")
+
+
+def from_hf_config(config: dict, source: str = "config.json", model_name: str | None = None) -> ModelArgs:
+    """config.json (as a dict) -> ModelArgs; an unsupported model_type or a missing key names it. ``model_name`` (the
+    config field) names the converter: it must serve config.json's model_type, whose HF model the weights load into
+    (checkpoint/hf_load.py builds it from config.json), else ValueError naming both."""
+    if model_name is not None:
+        families, declared = families_of_name(model_name), config.get("model_type")
+        if declared in FAMILIES and declared not in families:
+            raise ValueError(f"model_name {model_name!r} names the converter of {', '.join(families)}, but {source} is "
+                             f"model_type {declared}, whose weights it would mis-map: drop model_name, or name {declared}")
     kind = config.get("model_type")
     if kind not in FAMILIES:
         raise ValueError(f"{source}: model_type {kind!r} has no Megatron model spec; supported: {sorted(FAMILIES)}")

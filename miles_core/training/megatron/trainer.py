@@ -49,6 +49,7 @@ from .critic import MegatronCritic
 from .hooks import MegatronHooks
 from .logprobs import mask_padded_vocab
 from .lora import MegatronLora
+from .flops import fwd_flops
 from .model_args import ModelArgs, from_hf_config
 from .weights import load_hf_state  # every HF load checked against config.json first (checkpoint/hf_load.py)
 
@@ -67,10 +68,14 @@ class MegatronEngine:
         self.cfg, self.algo, self.p = cfg, cfg.algo, cfg.parallel
         self.temperature = cfg.rollout.rollout_temperature
         self.pad_id = pad_id
+        self.pad_to = self.p.tensor_model_parallel_size * self.p.data_pad_size_multiplier  # the reference's get_batch pad_size
         self.model_path = Path(model_path)
         hf_config = json.loads((self.model_path / "config.json").read_text())
         check_model_divides(shape_from_config(hf_config), self.p, str(self.model_path))
-        self.args = from_hf_config(hf_config, str(self.model_path / "config.json")).padded_for(self.p.tensor_model_parallel_size)
+        self.args = from_hf_config(hf_config, str(self.model_path / "config.json"), cfg.checkpoint.model_name).padded_for(
+            self.p.tensor_model_parallel_size, self.p.padded_vocab_size)
+        # balance_by_flops: micro-batches weighed by estimated forward FLOPs (batching.flops_groups)
+        self.workload = partial(fwd_flops, a=self.args) if self.p.balance_by_flops else None
         if self.p.megatron_to_hf_mode != "raw":  # refused at load (config/rules.py); weights.py is the raw converter
             raise ValueError(f"megatron_to_hf_mode {self.p.megatron_to_hf_mode}: only raw (weights.py) is implemented")
         self.device = resolve_device(cfg.cluster.device)  # batches, grad buffers and RNG live there
@@ -160,7 +165,8 @@ class MegatronEngine:
     def compute_log_probs(self, stage, batch: TokenBatch) -> torch.Tensor | None:
         """[N, T] response log-probs on the last pipeline stage (None on the others), micro-batched."""
         max_tokens = (self.p.log_probs_max_tokens_per_gpu or self.p.max_tokens_per_gpu) if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format)
+        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format,
+                            self.pad_to, self.workload)
         return batching.forward_only(stage, batch, mbs, lambda mb, out: logprobs.token_log_probs(self._response_logits(mb, out), mb.resp_tokens))
 
     def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
@@ -213,7 +219,8 @@ class MegatronEngine:
         stage); -> the metric totals summed over micro-batches and data-parallel ranks."""
         ddp, optimizer, _ = self._trained_parts(model)
         max_tokens = self.p.max_tokens_per_gpu if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format)
+        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format,
+                            self.pad_to, self.workload)
         ddp.train()
         ddp.zero_grad_buffer()
         optimizer.zero_grad(set_to_none=True)

@@ -135,3 +135,39 @@ def test_llama3_rope_scaling_on_a_llama_config_is_refused_by_name(field):
               "original_max_position_embeddings": 8192}
     with pytest.raises(ValueError, match=rf"does not honour: {field}: rope_type 'llama3' \(rope scaling\).*train_backend torch"):
         from_hf_config({**config, field: llama3}, "config.json")
+
+
+@pytest.mark.parametrize("name, families", [
+    ("qwen2", ("qwen2", "qwen3")), ("Qwen2ForCausalLM", ("qwen2", "qwen3")), ("qwen3config", ("qwen2", "qwen3")),
+    ("llama", ("llama",)), ("qwen3_moe", ("qwen3_moe",)), ("Qwen3MoeConfig", ("qwen3_moe",)), ("glm4_moe", ("glm4_moe",)),
+    ("glm4moe", ("glm4_moe",)), ("glm4_moe_lite", ("glm4_moe_lite",)), ("deepseekv3", ("glm4_moe_lite",)),
+])
+def test_model_name_maps_to_the_families_of_its_converter_in_the_reference_order(name, families):
+    from miles_core.training.megatron.model_args import families_of_name
+
+    assert families_of_name(name) == families
+
+
+@pytest.mark.parametrize("name", ["gpt2", "glm4", "qwen3next", "qwen3_5", "mimo", "kimi_k25"])
+def test_a_model_name_without_a_family_is_refused_listing_the_known(name):
+    from miles_core.training.megatron.model_args import families_of_name
+
+    with pytest.raises(ValueError, match=r"model_name .* names no converter of a model family miles has; known: glm4_moe, "
+                                         r"glm4_moe_lite, llama"):
+        families_of_name(name)
+
+
+def test_model_name_of_another_family_is_refused():
+    config = json.loads((DATA / "qwen3-8B.config.json").read_text())
+    assert from_hf_config(config, model_name="Qwen2ForCausalLM") == from_hf_config(config)
+    with pytest.raises(ValueError, match="model_name 'glm4moe' names the converter of glm4_moe, but config.json is model_type qwen3"):
+        from_hf_config(config, model_name="glm4moe")
+
+
+def test_padded_for_an_explicit_size_is_checked():
+    args = from_hf_config(json.loads((DATA / "qwen3-8B.config.json").read_text()))  # vocab 151936
+    assert args.padded_for(2).padded_vocab_size is None and args.padded_for(3).padded_vocab_size == 151938
+    assert args.padded_for(2, 152064).model_vocab_size == 152064
+    assert args.padded_for(1, 151936).padded_vocab_size is None
+    with pytest.raises(ValueError, match=r"padded_vocab_size \(152065\) must be >= .* a multiple of tensor_model_parallel_size \(2\)"):
+        args.padded_for(2, 152065)

@@ -35,7 +35,9 @@ def _updates(before: dict, after: dict) -> dict:
 def test_grpo_step_equals_the_torch_trainer(megatron_world, tmp_path, lm, cfg, samples, model, overrides):
     hf = lm(seed=0) if model == "qwen2" else tiny_hf(model)
     hf.save_pretrained(tmp_path)
-    cfg = cfg(**overrides)
+    # the two trainers' own shapes (data_pad_size_multiplier 1): padding changes no number beyond float rounding, but
+    # Adam at eps 1e-8 makes a near-zero gradient's update +-lr by its sign (tests/training/test_torch_trainer.py)
+    cfg = cfg(**{"data_pad_size_multiplier": 1, **overrides})
     rewards = [s.reward for s in samples]
     ref = copy.deepcopy(hf) if cfg.needs_ref_model else None
     torch_trainer = TorchTrainer(copy.deepcopy(hf), cfg, pad_id=PAD, ref_model=ref)
@@ -211,3 +213,81 @@ def test_offload_and_onload_park_every_stage_and_change_no_number(megatron_world
     (l0, w0), (l1, w1) = runs
     assert l0 == l1
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
+
+
+def test_padded_vocab_size_pads_the_embedding_and_changes_no_log_prob(megatron_world, tmp_path, cfg, samples):
+    """padded_vocab_size 160 (vocab 128): the policy's embedding and output hold 160 rows, the 32 extra are masked out
+    of the softmax, so the log-probs equal the unpadded model's; the HF tensors come back at 128 rows."""
+    from miles_core.training.batch import make_batch
+
+    tiny_hf("qwen2").save_pretrained(tmp_path / "hf")
+    plain = MegatronTrainer(cfg(**MEGATRON), tmp_path / "hf", pad_id=PAD)
+    padded = MegatronTrainer(cfg(**MEGATRON, padded_vocab_size=160), tmp_path / "hf", pad_id=PAD)
+    assert (plain.engine.args.model_vocab_size, padded.engine.args.model_vocab_size) == (128, 160)
+    rows = {n: p.shape[0] for n, p in padded.engine.model.named_parameters() if n.endswith(("word_embeddings.weight",
+                                                                                                "output_layer.weight"))}
+    assert rows and set(rows.values()) == {160}, rows
+    batch = make_batch(samples, PAD)
+    lp = [t.engine.compute_log_probs(t.engine.model, batch) for t in (plain, padded)]
+    torch.testing.assert_close(lp[1], lp[0], rtol=1e-5, atol=1e-6)
+    assert dict(padded.named_tensors())["model.embed_tokens.weight"].shape[0] == 128
+    with pytest.raises(ValueError, match=r"padded_vocab_size \(120\) must be >= the model's vocab_size \(128\)"):
+        MegatronTrainer(cfg(**MEGATRON, padded_vocab_size=120), tmp_path / "hf", pad_id=PAD)
+
+
+def test_model_name_names_the_converter_of_the_checkpoint_s_family(megatron_world, tmp_path, cfg, samples):
+    """model_name naming the converter of config.json's family builds the same model; another family's is refused."""
+    tiny_hf("qwen3").save_pretrained(tmp_path / "hf")
+    plain = MegatronTrainer(cfg(**MEGATRON), tmp_path / "hf", pad_id=PAD)
+    for name in ("Qwen3ForCausalLM", "qwen2"):  # the reference's qwen2 converter serves qwen3 too
+        assert MegatronTrainer(cfg(**MEGATRON, model_name=name), tmp_path / "hf", pad_id=PAD).engine.args == plain.engine.args
+    with pytest.raises(ValueError, match="model_name 'llama' names the converter of llama, but .* is model_type qwen3"):
+        MegatronTrainer(cfg(**MEGATRON, model_name="llama"), tmp_path / "hf", pad_id=PAD)
+
+
+def test_data_pad_size_multiplier_pads_the_micro_batches_and_changes_no_log_prob(megatron_world, tmp_path, cfg, samples):
+    """thd: each packed micro-batch gets a pad segment up to a multiple of 64 tokens (its own cu_seqlens entry); bshd:
+    columns up to 64; the log-probs equal those of the unpadded micro-batches."""
+    from miles_core.training.batch import make_batch
+    from miles_core.training.megatron import batching
+
+    batch = make_batch(samples, PAD)
+    for qkv, thd in (("thd", False), ("thd", True), ("bshd", False)):
+        mbs = batching.plan(batch, list(range(len(batch))), 3, None, thd, qkv, pad_to=64)
+        assert all(mb.input_ids.shape[-1] == 64 for mb in mbs), qkv
+        if thd:
+            assert all(int(mb.packed_seq_params.cu_seqlens_q[-1]) == 64 for mb in mbs)
+    tiny_hf("qwen2").save_pretrained(tmp_path / "hf")
+    lp = {}
+    for m in (1, 64):
+        for qkv in ("thd", "bshd"):
+            t = MegatronTrainer(cfg(**MEGATRON, data_pad_size_multiplier=m, qkv_format=qkv), tmp_path / "hf", pad_id=PAD)
+            lp[m, qkv] = t.engine.compute_log_probs(t.engine.model, batch)
+    for qkv in ("thd", "bshd"):
+        torch.testing.assert_close(lp[64, qkv], lp[1, qkv], rtol=1e-5, atol=1e-6)
+
+
+def test_balance_by_flops_splits_the_packed_rows_by_estimated_flops(megatron_world, tmp_path, cfg, samples):
+    """ceil(tokens / max_tokens_per_gpu) micro-batches of near-equal FLOPs (attention quadratic: a long sample weighs
+    more than its tokens), where first-fit packs by tokens; the step is the same either way."""
+    from miles_core.training.megatron import batching
+    from miles_core.training.megatron.flops import fwd_flops
+    from miles_core.training.megatron.model_args import from_hf_config
+
+    args = from_hf_config(tiny_hf("qwen2").config.to_dict())
+    lengths = [60, 50, 50, 40]  # 200 tokens, max 150: 2 micro-batches; first-fit fills one to 150 (60 + 50 + 40)
+    flops = [fwd_flops(n, args) for n in lengths]
+    assert fwd_flops(120, args) > 2 * fwd_flops(60, args)  # the quadratic attention term
+    groups = batching.flops_groups(lengths, 150, lambda n: fwd_flops(n, args))
+    by_flops = sorted(sum(flops[i] for i in g) for g in groups)
+    first_fit = sorted(sum(flops[i] for i in g) for g in batching.pack_rows(lengths, 150))
+    assert sorted(map(sorted, groups)) == [[0, 3], [1, 2]]  # 100 tokens each
+    assert by_flops[1] - by_flops[0] < (first_fit[1] - first_fit[0]) / 10
+    assert batching.flops_groups([10, 10], 5, len) == [[0], [1]]  # as many micro-batches as samples: one each
+
+    tiny_hf("qwen2").save_pretrained(tmp_path / "hf")
+    dyn = {**MEGATRON, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 24}
+    steps = [MegatronTrainer(cfg(**dyn, balance_by_flops=b, adam_eps=1.0), tmp_path / "hf", pad_id=PAD)
+             .train_rollout(samples, [s.reward for s in samples]).steps[0] for b in (False, True)]
+    assert steps[1]["train/loss"] == pytest.approx(steps[0]["train/loss"], rel=1e-5, abs=1e-7)
+    assert steps[1]["train/grad_norm"] == pytest.approx(steps[0]["train/grad_norm"], rel=1e-4)
