@@ -72,6 +72,17 @@ class ParallelConfig(Group):
         "cpu", description="Where offload_train puts the trainer's state: host memory (cpu). disk (the reference's "
         "torch_memory_saver disk backend, offload_train_disk_dir) is refused.")
     offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")
+    rematerialize_param_from_master_weight: bool = Field(
+        False, description="With offload_train on train_backend megatron in 16-bit (dtype bfloat16 or float16, whose "
+        "optimizer keeps fp32 main weights): the 16-bit weights of the policy and critic get no host copy while offloaded "
+        "(their device memory is freed, the host holds less) and are rebuilt on onload by casting the fp32 main weights "
+        "into them, the step's own cast (and the distributed optimizer's all-gather), so the numbers are unchanged. Not "
+        "with train_backend torch or dtype float32 (the parameters are the fp32 weights: nothing to rebuild from), nor "
+        "with lora_rank > 0.")
+    check_rematerialize_param_from_master_weight: bool = Field(
+        False, description="With rematerialize_param_from_master_weight: keep a host copy of the 16-bit weights as well "
+        "and, on each onload, compare the rebuilt weights with it bit for bit; a difference stops the run naming the "
+        "first parameter that differs.")
 
     # ---- the reference's Megatron plugin hooks (dotted paths; train_backend megatron; miles_core/training/megatron/hooks.py)
     custom_megatron_init_path: str | None = Field(

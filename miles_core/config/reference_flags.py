@@ -83,11 +83,6 @@ MEGATRON_REFUSED: dict[str, str] = {
     "delay_split_train_data_by_dp": "every train rank already receives the whole rollout and takes its own rows "
                                     "(training/megatron/parallel.my_rows), the flag's behaviour; the default split before "
                                     "sending is not built",
-    "rematerialize_param_from_master_weight": "the Megatron trainer's offload_train parks every storage of the train state "
-                                              "(16-bit weights included) in host copies and copies them back (training/"
-                                              "offload.py): no weight buffer is dropped and rebuilt from the fp32 main weights",
-    "check_rematerialize_param_from_master_weight": "it checks rematerialize_param_from_master_weight, which is not "
-                                                    "supported (offload_train copies the 16-bit weights back exactly)",
     "low_memory_resume": "Megatron-LM's optimizer-on-CPU checkpoint load; miles loads torch_dist checkpoints with "
                          "megatron-core 0.16.1's dist_checkpointing.load into the live sharded tensors",
     "stream_optimizer_state_to_disk": NO_DISK_OFFLOAD, "stream_optimizer_state_moment_dtype": NO_DISK_OFFLOAD,

@@ -515,6 +515,7 @@ def _async_save_rule(c: "TrainConfig") -> None:
 def _train_offload_rules(c: "TrainConfig") -> None:
     """offload_train (and offload, which sets it): what it cannot alternate with (the reference's arguments.py)."""
     p, cl, m = c.parallel, c.cluster, c.misc
+    _rematerialize_rules(c)
     if p.offload_train_target != "cpu":
         raise ValueError(f"offload_train_target {p.offload_train_target} is not supported yet ({NO_DISK_OFFLOAD}); set "
                          "offload_train_target: cpu")
@@ -533,6 +534,31 @@ def _train_offload_rules(c: "TrainConfig") -> None:
                                                              "sets it)")):
         if on:
             raise ValueError(f"{asked} with {name}: {why}, so nothing alternates with the trainer; drop {asked}")
+
+
+def _rematerialize_rules(c: "TrainConfig") -> None:
+    """rematerialize_param_from_master_weight rebuilds offload_train's 16-bit weights from the fp32 main weights of
+    megatron-core's mixed-precision optimizer (the reference's arguments.py asserts offload_train, megatron, no LoRA)."""
+    p, name = c.parallel, "rematerialize_param_from_master_weight"
+    if p.check_rematerialize_param_from_master_weight and not p.rematerialize_param_from_master_weight:
+        raise ValueError(f"check_rematerialize_param_from_master_weight checks {name}, which is off: set {name}: true, "
+                         "or drop check_rematerialize_param_from_master_weight")
+    if not p.rematerialize_param_from_master_weight:
+        return
+    if not c.offloads_trainer:
+        raise ValueError(f"{name} rebuilds the weights offload_train dropped, but offload_train is off: set "
+                         f"offload_train: true (or colocate: true), or drop {name}")
+    if c.cluster.train_backend != "megatron":
+        raise ValueError(f"{name} is not supported with train_backend {c.cluster.train_backend}: its parameters are the "
+                         "fp32 weights the optimizer steps, with no separate main weights to rebuild them from; use "
+                         f"train_backend megatron with dtype bfloat16 or float16, or drop {name}")
+    if c.misc.dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"{name} is not supported with dtype {c.misc.dtype}: megatron's optimizer then steps the "
+                         "parameters themselves (no fp32 main copy to rebuild from); use dtype bfloat16 or float16, or "
+                         f"drop {name}")
+    if c.lora.lora_rank > 0:
+        raise ValueError(f"{name} with lora_rank > 0 is not supported yet (the frozen base has no main weights; the "
+                         f"reference refuses it too); drop {name}")
 
 
 def _megatron_rules(c: "TrainConfig") -> None:

@@ -15,12 +15,19 @@ actor.py sleep / wake_up) or, on its FSDP backend, ``model.cpu()`` and the optim
 
 On the CPU device the move is a real copy as well: the training tensors' storages are released and their bytes
 live in the host copies until ``onload`` (``where()`` reports both sides).
+
+rematerialize_param_from_master_weight (a ``Rematerialize``, the Megatron trainer's 16-bit parameters): the storages
+that hold only parameters with fp32 main weights (megatron DDP's param buffers with the distributed optimizer, each
+parameter's own storage without) are freed with no host copy, and ``onload`` rebuilds them from the main weights
+(which are parked and copied back first) by the cast the optimizer step ends with. With ``check`` the parameters are
+copied to the host too, and compared with the rebuilt ones bit for bit (the reference's
+check_rematerialize_param_from_master_weight).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -74,30 +81,57 @@ class Where:
 
     device_bytes: int
     host_bytes: int
+    dropped_bytes: int = 0  # freed with no host copy: rebuilt from the fp32 main weights on onload (Rematerialize)
 
     @property
     def offloaded(self) -> bool:
         return self.host_bytes > 0 and self.device_bytes == 0
 
 
+@dataclass(frozen=True)
+class Rematerialize:
+    """What rematerialize_param_from_master_weight rebuilds instead of parking: ``params()`` the (name, parameter) of
+    every 16-bit parameter with fp32 main weights, ``owners()`` other tensors that view only those parameters' bytes
+    (megatron DDP's param buffers), ``rebuild()`` writes the parameters from the main weights (the optimizer step's
+    cast, and the distributed optimizer's all-gather); ``check`` keeps host copies of the parameters and compares."""
+
+    params: Callable[[], Iterable[tuple[str, torch.Tensor]]]
+    owners: Callable[[], Iterable[torch.Tensor]]
+    rebuild: Callable[[], None]
+    check: bool = False
+
+
+class RematerializeMismatch(RuntimeError):
+    """check_rematerialize_param_from_master_weight: a rebuilt parameter differs from its value at offload."""
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bytes as integers, so that equality is bitwise (NaN, -0.0)."""
+    return t.detach().contiguous().view(-1).view(torch.uint8)
+
+
 class Offloader:
     """Parks the storages of ``tensors()`` (a callable: the set is read at each offload, since gradients and
     optimizer state appear after the first step) in ``target`` memory (offload_train_target: cpu, host memory;
-    disk is refused at load), and restores them."""
+    disk is refused at load), and restores them; with ``remat`` the storages of its parameters are freed without a
+    copy and rebuilt on onload (see the module docstring)."""
 
-    def __init__(self, tensors, device: torch.device, target: str = "cpu"):
+    def __init__(self, tensors, device: torch.device, target: str = "cpu", remat: Rematerialize | None = None):
         if target != "cpu":
             raise ValueError(f"offload_train_target {target}: only cpu (host memory) is built")
-        self.tensors, self.device = tensors, device
+        self.tensors, self.device, self.remat = tensors, device, remat
         self.parked: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []  # (device storage, host copy)
+        self.dropped: list[tuple[torch.UntypedStorage, int]] = []  # (device storage, its size): rebuilt by remat
+        self.backup: dict[str, torch.Tensor] = {}  # remat.check: each rebuilt parameter's value at offload
 
     @property
     def offloaded(self) -> bool:
-        return bool(self.parked)
+        return bool(self.parked or self.dropped)
 
-    def _storages(self) -> list[torch.UntypedStorage]:
-        """The distinct non-empty storages of ``tensors()``; one that cannot be resized (a tensor loaded from a mapped
-        safetensors file) is first copied into one that can, and its tensors re-pointed at it (same values, views)."""
+    def _grouped(self) -> list[tuple[torch.UntypedStorage, list[torch.Tensor]]]:
+        """The distinct non-empty storages of ``tensors()`` with the tensors viewing each; one that cannot be resized (a
+        tensor loaded from a mapped safetensors file) is first copied into one that can, and its tensors re-pointed at
+        it (same values, views)."""
         by_key: dict[tuple, tuple[torch.UntypedStorage, list[torch.Tensor]]] = {}
         for t in map(_local, self.tensors()):
             s = t.untyped_storage()
@@ -107,33 +141,72 @@ class Offloader:
         for s, tensors in by_key.values():
             if not s.resizable():
                 s = _rehome(s, tensors)
-            out.append(s)
+            out.append((s, tensors))
         return out
 
+    def _storages(self) -> list[torch.UntypedStorage]:
+        return [s for s, _ in self._grouped()]
+
     def offload(self) -> None:
-        """Every storage copied to the host, then its device memory freed (a no-op when already offloaded)."""
-        if self.parked:
+        """Every storage copied to the host (or, with remat, dropped), then its device memory freed (a no-op when
+        already offloaded)."""
+        if self.offloaded:
             return
         pin = self.device.type == "cuda"
-        for s in self._storages():
+        rebuilt: set[int] = set()
+        if self.remat is not None:
+            named = list(self.remat.params())
+            rebuilt = {id(p) for _, p in named} | {id(t) for t in self.remat.owners()}
+            if self.remat.check:
+                for name, p in named:
+                    self.backup[name] = torch.empty_like(p, device="cpu", pin_memory=pin).copy_(p.detach())
+        for s, tensors in self._grouped():
+            if rebuilt and all(id(t) in rebuilt for t in tensors):  # every byte a tensor reads is rebuilt on onload
+                self.dropped.append((s, s.nbytes()))
+                continue
             host = torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin).untyped_storage()
             host.copy_(s)
             self.parked.append((s, host))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        for s, _ in self.parked:
+        for s, _ in self.parked + self.dropped:
             s.resize_(0)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def onload(self) -> None:
-        """Every parked storage back to its size on the device and its bytes copied in (a no-op when resident)."""
+        """Every parked storage back to its size on the device and its bytes copied in; with remat the dropped ones
+        reallocated (zeroed) and the parameters rebuilt from the main weights, then checked with ``check`` (a no-op
+        when resident)."""
         for s, host in self.parked:
             s.resize_(host.nbytes())
             s.copy_(host)
+        for s, nbytes in self.dropped:
+            s.resize_(nbytes)
+            s.fill_(0)
         self.parked = []
+        if self.dropped:
+            self.dropped = []
+            self.remat.rebuild()
+        backup, self.backup = self.backup, {}
+        if backup:
+            self._check(backup)
+
+    def _check(self, backup: dict[str, torch.Tensor]) -> None:
+        """check_rematerialize_param_from_master_weight: the rebuilt parameters equal their values at offload, bit for
+        bit; else the first that differs is named."""
+        for name, p in self.remat.params():
+            before = backup[name]
+            if not torch.equal(_bits(p.detach().cpu()), _bits(before)):
+                differ = int((p.detach().cpu() != before).sum())
+                raise RematerializeMismatch(
+                    f"check_rematerialize_param_from_master_weight: parameter {name} rebuilt from its fp32 main weights "
+                    f"differs from its value at offload ({differ} of {p.numel()} elements): the main weights no longer "
+                    "cast to the 16-bit weights the model had")
 
     def where(self) -> Where:
-        """The bytes of the trained state on the device now, and in host copies."""
+        """The bytes of the trained state on the device now, in host copies, and dropped to be rebuilt."""
         return Where(device_bytes=sum(s.nbytes() for s in self._storages()),
-                     host_bytes=sum(h.nbytes() for _, h in self.parked))
+                     host_bytes=sum(h.nbytes() for _, h in self.parked)
+                     + sum(t.numel() * t.element_size() for t in self.backup.values()),
+                     dropped_bytes=sum(n for _, n in self.dropped))

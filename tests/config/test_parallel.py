@@ -159,3 +159,31 @@ def test_async_save_is_the_torch_trainers():
     assert build_config({**BASE, "async_save": True}).checkpoint.async_save
     with pytest.raises(ConfigError, match="async_save is not supported yet with train_backend megatron"):
         build_config({**RAY, "async_save": True})
+
+
+REMAT = {**RAY, "dtype": "bfloat16", "offload_train": True, "rematerialize_param_from_master_weight": True}
+
+
+def test_rematerialize_param_from_master_weight_defaults_off_and_loads_on_megatron_in_16_bit():
+    p = build_config(BASE).parallel
+    assert p.rematerialize_param_from_master_weight is False and p.check_rematerialize_param_from_master_weight is False
+    for dtype in ("bfloat16", "float16"):
+        p = build_config({**REMAT, "dtype": dtype, "check_rematerialize_param_from_master_weight": True}).parallel
+        assert p.rematerialize_param_from_master_weight and p.check_rematerialize_param_from_master_weight
+    assert build_config({**REMAT, "offload_train": None, "colocate": True}).offloads_trainer  # colocate turns it on
+
+
+@pytest.mark.parametrize("values, match", [
+    ({"offload_train": None}, "rematerialize_param_from_master_weight rebuilds the weights offload_train dropped, but "
+                              "offload_train is off"),
+    ({"offload_train": False, "colocate": True}, "rematerialize_param_from_master_weight .* offload_train is off"),
+    ({"train_backend": "torch"}, "rematerialize_param_from_master_weight is not supported with train_backend torch: its "
+                                 "parameters are the fp32 weights"),
+    ({"dtype": "float32"}, "rematerialize_param_from_master_weight is not supported with dtype float32"),
+    ({"lora_rank": 4}, "rematerialize_param_from_master_weight with lora_rank > 0 is not supported yet"),
+    ({"rematerialize_param_from_master_weight": False, "check_rematerialize_param_from_master_weight": True},
+     "check_rematerialize_param_from_master_weight checks rematerialize_param_from_master_weight, which is off"),
+])
+def test_rematerialize_param_from_master_weight_is_refused_where_there_is_nothing_to_rebuild(values, match):
+    with pytest.raises(ConfigError, match=match):
+        build_config({**REMAT, **values})

@@ -40,7 +40,7 @@ from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch
 from miles_core.training.engine import LossFn, Piece, RolloutTensors
 from miles_core.training.lora import LoraAdapters, base_checksum
-from miles_core.training.offload import Offloader, module_tensors, optimizer_tensors
+from miles_core.training.offload import Offloader, Rematerialize, module_tensors, optimizer_tensors
 from miles_core.training.rl_step import RLTrainer
 from miles_core.training.schedule import reset_adam_state
 
@@ -96,7 +96,11 @@ class MegatronEngine:
         self.teacher_model = self._build_teacher() if cfg.algo.use_opd and cfg.algo.opd_teacher_load else None
         roles = (("ref", self.ref_model), ("teacher", self.teacher_model), ("critic", self.critic))
         self.roles = frozenset({"actor"} | {r for r, m in roles if m is not None})
-        self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target)
+        remat = None
+        if cfg.parallel.rematerialize_param_from_master_weight:  # refused at load without fp32 main weights (rules.py)
+            remat = Rematerialize(self._rematerialized, self._param_buffers, self._cast_main_to_params,
+                                  check=cfg.parallel.check_rematerialize_param_from_master_weight)
+        self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target, remat)
 
     # ---- building ------------------------------------------------------------------------------
     def _stage(self, hf_state: dict[str, torch.Tensor], args: ModelArgs | None = None, tconfig=None):
@@ -340,7 +344,43 @@ class MegatronEngine:
         self._offloader.offload()
 
     def onload(self) -> None:
+        """The parked state back; with rematerialize_param_from_master_weight the 16-bit weights of the policy (and
+        critic) rebuilt from their fp32 main weights instead (training/offload.py)."""
         self._offloader.onload()
+
+    def _trained(self):
+        """(DDP stage, its megatron-core optimizer) of each model the trainer steps: the policy, the ppo critic."""
+        yield self.model, self.optimizer
+        if self.critic is not None:
+            yield self.critic.module, self.critic.optimizer
+
+    def _rematerialized(self):
+        """rematerialize_param_from_master_weight: (name, parameter) of every 16-bit parameter that has its own fp32
+        main weights in the optimizer, in the stage's order, named actor:<name> or critic:<name>."""
+        for role, (ddp, optimizer) in zip(("actor", "critic"), self._trained()):
+            mained = {id(param) for param, main in optim.main_params(optimizer) if main is not param}
+            for name, param in ddp.named_parameters():
+                if param.dtype in optim.HALF and id(param) in mained:
+                    yield f"{role}:{name}", param
+
+    def _param_buffers(self):
+        """megatron DDP's param buffers (the distributed optimizer's): views of the 16-bit parameters only."""
+        for ddp, _ in self._trained():
+            for buffer in optim.grad_buffers(ddp):
+                data = getattr(buffer, "param_data", None)
+                if data is not None and data.dtype in optim.HALF:
+                    yield data
+
+    @torch.no_grad()
+    def _cast_main_to_params(self) -> None:
+        """The end of megatron-core's optimizer step again: the fp32 main weights cast into the 16-bit parameters
+        (_copy_main_params_to_model_params), and with the distributed optimizer each rank's shard all-gathered into
+        every rank's param buffer (DDP.start_param_sync), as the reference's rematerialize does."""
+        for ddp, optimizer in self._trained():
+            for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+                opt._copy_main_params_to_model_params()
+            if self.p.use_distributed_optimizer:
+                ddp.start_param_sync(force_sync=True)
 
     def where(self):
         """offload.Where: bytes of the trained state on the device, and parked on the host."""
