@@ -121,6 +121,20 @@ def _state(trainer) -> dict[str, torch.Tensor]:
             **{f"critic.{k}": v.clone() for k, v in trainer.engine.critic.module.state_dict().items()}}
 
 
+def _train(trainer, rollouts, ids):
+    """Rollouts ``ids`` of ``rollouts`` (lists of samples), each one train_rollout with its own id."""
+    for i in ids:
+        trainer.train_rollout(rollouts[i], [s.reward for s in rollouts[i]], rollout_id=i)
+
+
+def _straight_and_first(lm, cfg, rollouts):
+    """Two ppo trainers of the same init: one through every rollout, one through the first two (to checkpoint)."""
+    straight, first = _ppo_trainer(lm, cfg, seed=0), _ppo_trainer(lm, cfg, seed=0)
+    _train(straight, rollouts, range(len(rollouts)))
+    _train(first, rollouts, range(2))
+    return straight, first
+
+
 @pytest.mark.parametrize("restore_critic_optimizer", [True, False])
 def test_ppo_resume_from_a_checkpoint_equals_uninterrupted_training(lm, cfg, sample_factory, tmp_path, restore_critic_optimizer):
     """N = 4 rollouts straight == k = 2 rollouts, checkpoint, a fresh trainer (other init) loads it, 2 more.
@@ -128,16 +142,7 @@ def test_ppo_resume_from_a_checkpoint_equals_uninterrupted_training(lm, cfg, sam
     from miles_core import checkpoint as ckpt
 
     rollouts = [sample_factory(seed=i) for i in range(4)]
-
-    def train(trainer, ids):
-        for i in ids:
-            trainer.train_rollout(rollouts[i], [s.reward for s in rollouts[i]], rollout_id=i)
-
-    straight = _ppo_trainer(lm, cfg, seed=0)
-    train(straight, range(4))
-
-    first = _ppo_trainer(lm, cfg, seed=0)
-    train(first, range(2))
+    straight, first = _straight_and_first(lm, cfg, rollouts)
     ckpt.save_checkpoint(tmp_path, 1, model=first.engine.model, optimizer=first.engine.optimizer, state={"steps_done": first.steps_done},
                          extra_tensors=first.engine.extra_modules(), extra_optimizers=first.engine.extra_optimizers())
     assert (tmp_path / "1" / "extra" / "critic.optimizer.pt").is_file()
@@ -146,7 +151,7 @@ def test_ppo_resume_from_a_checkpoint_equals_uninterrupted_training(lm, cfg, sam
                                 extra_modules=resumed.engine.extra_modules(),
                                 extra_optimizers=resumed.engine.extra_optimizers() if restore_critic_optimizer else None)
     resumed.steps_done = meta["steps_done"]
-    train(resumed, range(2, 4))
+    _train(resumed, rollouts, range(2, 4))
 
     want, got = _state(straight), _state(resumed)
     if restore_critic_optimizer:
@@ -181,15 +186,7 @@ def test_the_critic_saves_to_a_dir_of_its_own_and_resumes_from_it_exactly(lm, cf
     import shutil
 
     rollouts = [sample_factory(seed=i) for i in range(3)]
-
-    def train(trainer, ids):
-        for i in ids:
-            trainer.train_rollout(rollouts[i], [s.reward for s in rollouts[i]], rollout_id=i)
-
-    straight = _ppo_trainer(lm, cfg, seed=0)
-    train(straight, range(3))
-    first = _ppo_trainer(lm, cfg, seed=0)
-    train(first, range(2))
+    straight, first = _straight_and_first(lm, cfg, rollouts)
     first.save(tmp_path / "ckpt", 1, {})
     critic_dir = tmp_path / "ckpt_critic" / "1"
     assert (critic_dir / "model" / "model.safetensors").is_file() and (critic_dir / "optimizer.pt").is_file()
@@ -198,7 +195,7 @@ def test_the_critic_saves_to_a_dir_of_its_own_and_resumes_from_it_exactly(lm, cf
     resumed = TorchTrainer(lm(seed=7), cfg(advantage_estimator="ppo", num_critic_only_steps=1, num_steps_per_rollout=2,
                                            critic_lr=1e-2, critic_load=str(tmp_path / "elsewhere")), pad_id=PAD)
     assert resumed.restore(tmp_path / "ckpt")["rollout_id"] == 1
-    train(resumed, [2])
+    _train(resumed, rollouts, [2])
     want, got = _state(straight), _state(resumed)
     assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
 
