@@ -329,7 +329,7 @@ class HFEngine(SeededGenerate):
 
     def update_weights_from_disk(self, model_path: str) -> None:
         """Reload every tensor of the HF dir ``model_path`` (SGLang's /update_weights_from_disk, in process)."""
-        from .http.engine import iter_hf_weights
+        from .hf_files import iter_hf_weights
 
         self.load_weights(iter_hf_weights(model_path))
 
