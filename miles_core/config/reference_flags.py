@@ -261,6 +261,14 @@ def reference_flags() -> tuple[tuple[str, str, str], ...]:
     return tuple((r[0], r[2], r[4]) for r in rows[1:])
 
 
+@lru_cache(maxsize=1)
+def own_flags() -> frozenset[str]:
+    """The flags the reference adds itself (flags.tsv kind `add`), not the Megatron-LM flags it re-defaults (`reset`)."""
+    rows = [line.rstrip("\n").split("\t") for line in FLAGS_TSV.read_text(encoding="utf-8").splitlines()
+            if line and not line.startswith("#")]
+    return frozenset(r[0] for r in rows[1:] if r[1] == "add")
+
+
 def flag_status(flag: str, group: str, default: str, fields: frozenset[str]) -> FlagStatus:
     """Where the reference flag stands here (module docstring)."""
     name = flag.removeprefix("--").replace("-", "_")

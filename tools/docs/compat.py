@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from miles_core.config import GROUPS
-from miles_core.config.reference_flags import FLAGS_TSV, all_statuses
+from miles_core.config.reference_flags import FLAGS_TSV, all_statuses, own_flags
 
 METRICS_TXT = FLAGS_TSV.parent / "metrics.txt"
 SGLANG, MULTI_TURN = "not collected from the SGLang engines yet", "not computed by the multi-turn loop yet"
@@ -79,6 +79,13 @@ def summary() -> Counter:
     return Counter(s.kind for s in all_statuses(fields()))
 
 
+def own_summary() -> tuple[Counter, Counter]:
+    """The statuses of the reference's own flags, and of the Megatron-LM flags it re-defaults."""
+    own = own_flags()
+    statuses = all_statuses(fields())
+    return (Counter(s.kind for s in statuses if s.flag in own), Counter(s.kind for s in statuses if s.flag not in own))
+
+
 def _flag_rows() -> list[str]:
     rows = []
     for s in all_statuses(fields()):
@@ -93,13 +100,17 @@ def render_compat() -> str:
     from .generate import HEADER
 
     counts, total = summary(), sum(summary().values())
+    own, reset = own_summary()
     missing = missing_metrics()
     out = [HEADER.format(source="miles_core/config/reference_flags.py and tools/docs/compat.py"),
            "# Compatibility with the reference system\n\n",
-           f"The reference registers {total} flags of its own (and re-defaults a few Megatron-LM flags). Here: "
-           f"{counts['same']} are config fields with the same name, {counts['alias']} an alias of one of ours, "
-           f"{counts['backend']} are options of a backend (Megatron, SGLang, LoRA, multi-turn) that miles does not implement yet and "
-           f"{counts['unsupported']} are not supported yet. A reference flag that is not ours fails at load with its "
+           f"The reference registers {total} flags: {sum(own.values())} of its own and {sum(reset.values())} Megatron-LM "
+           f"flags it re-defaults. Of its own flags, {own['same']} are config fields with the same name, "
+           f"{own['alias']} an alias of one of ours and {own['unsupported'] + own['backend']} are not supported yet; of the "
+           f"re-defaulted ones, {reset['same']} are fields and {reset['unsupported'] + reset['backend']} not supported yet. "
+           f"In all: {counts['same']} same-named fields, {counts['alias']} an alias, "
+           f"{counts['backend']} options of a backend (Megatron, SGLang, LoRA, multi-turn) that miles does not implement yet and "
+           f"{counts['unsupported']} not supported. A reference flag that is not ours fails at load with its "
            "line below, never as an unknown key; an alias is renamed at load.\n\n",
            "| reference flag | group | reference default | here |\n|---|---|---|---|\n", *_flag_rows(),
            f"\n## Metric names the reference logs that miles does not ({len(missing)})\n\n",
