@@ -21,6 +21,9 @@ class EvalConfig(Group):
     eval_top_p: float | None = Field(None, gt=0, le=1, description="Eval top-p (default rollout_top_p).")
     eval_top_k: int | None = Field(None, description="Eval top-k (default rollout_top_k).")
     eval_max_response_len: int | None = Field(None, ge=1, description="Eval max new tokens (default rollout_max_response_len).")
+    eval_min_new_tokens: int | None = Field(
+        None, ge=0, description="Eval min new tokens: EOS and stop token ids are masked until an answer has this many "
+        "(SGLang's min_new_tokens sampling param; an eval dataset's min_new_tokens wins; default 0, none).")
     eval_max_prompt_len: int | None = Field(
         None, ge=1, description="Eval prompts longer than this many tokens are dropped (default: rollout_max_prompt_len, else no limit).")
     eval_max_context_len: int | None = Field(

@@ -197,8 +197,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     **dict.fromkeys(["mini_ft_controller_enable", "mini_ft_controller_poll_interval", "mini_ft_controller_resume_delay"],
                     "the reference's mini fault-tolerance controller needs its control server (control_server_port), "
                     "which is not implemented; use_fault_tolerance restarts dead engines and Prefect retries failed stages"),
-    "eval_min_new_tokens": "the reference registers it but none of its code reads it (snapshot 31f1ca96; its eval datasets' "
-                           "min_new_tokens neither): it changes nothing there",
     **dict.fromkeys(["p2p_transfer_num_workers", "p2p_transfer_timeout"],
                     "it applies only to update_weight_transfer_mode p2p, refused: miles builds no Mooncake transfer engine; "
                     "use update_weight_transfer_mode broadcast (a gloo/NCCL group) or update_weight_mode disk"),

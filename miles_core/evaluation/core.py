@@ -46,7 +46,9 @@ def request_params(ds: EvalDataset, prompt_length: int) -> SamplingParams:
     if ds.max_context_len is None:
         return ds.params
     room = max(1, ds.max_context_len - prompt_length)
-    return ds.params if room >= ds.params.max_new_tokens else replace(ds.params, max_new_tokens=room)
+    if room >= ds.params.max_new_tokens:
+        return ds.params
+    return replace(ds.params, max_new_tokens=room, min_new_tokens=min(room, ds.params.min_new_tokens))
 
 
 def evaluate(engine, datasets: list[EvalDataset], reward: RewardOptions, reward_key: str | None, seed: int,
@@ -118,12 +120,14 @@ def dataset_metrics(name: str, n: int, samples: list[Sample], scores: list[float
 
 
 def eval_params(rollout_params: SamplingParams, temperature, top_p, top_k, max_new_tokens, stop=None,
-                stop_token_ids=None) -> SamplingParams:
-    """Unset (None) eval sampling fields inherit the rollout values; stop token ids add to the rollout's (EOS stays)."""
+                stop_token_ids=None, min_new_tokens: int = 0) -> SamplingParams:
+    """Unset (None) eval sampling fields inherit the rollout values; stop token ids add to the rollout's (EOS stays);
+    ``min_new_tokens`` is capped by the answer budget (SGLang refuses min > max)."""
     pick = lambda v, d: d if v is None else v  # noqa: E731
     return replace(
         rollout_params, temperature=pick(temperature, rollout_params.temperature), top_p=pick(top_p, rollout_params.top_p),
         top_k=pick(top_k, rollout_params.top_k), max_new_tokens=pick(max_new_tokens, rollout_params.max_new_tokens),
         stop=tuple(pick(stop, rollout_params.stop)),
         stop_token_ids=tuple(dict.fromkeys(rollout_params.stop_token_ids + tuple(stop_token_ids or ()))),
+        min_new_tokens=min(min_new_tokens, pick(max_new_tokens, rollout_params.max_new_tokens)),
     )

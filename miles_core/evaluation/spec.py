@@ -12,12 +12,12 @@ and/or an `eval_config` YAML file (the reference's format)::
           input_key: prompt                # prompt_key is accepted as the reference's spelling
           label_key: label
           n_samples_per_eval_prompt: 16
-          temperature: 0.6                 # top_p, top_k, max_response_len, stop, stop_token_ids
+          temperature: 0.6                 # top_p, top_k, max_response_len, min_new_tokens, stop, stop_token_ids
           metadata_overrides: {split: test}
 
 A field resolves, first set wins: the dataset's value, then ``defaults``, then the run's flags
 (``n_samples_per_eval_prompt``, ``eval_temperature``, ``eval_top_p``, ``eval_top_k``,
-``eval_max_response_len``, ``eval_reward_key``, ``eval_input_key``, ``eval_label_key``, ``eval_tool_key``), then the rollout's values (sampling, ``rm_type``,
+``eval_max_response_len``, ``eval_min_new_tokens``, ``eval_reward_key``, ``eval_input_key``, ``eval_label_key``, ``eval_tool_key``), then the rollout's values (sampling, ``rm_type``,
 ``input_key`` / ``label_key`` / ``metadata_key`` / ``tool_key``). Pair datasets take the run's values.
 Pure: parses and resolves, never tokenizes or loads a model.
 """
@@ -46,6 +46,7 @@ class _Fields(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = None
     max_response_len: int | None = Field(None, ge=1)
+    min_new_tokens: int | None = Field(None, ge=0)
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     metadata_overrides: dict[str, Any] | None = None
@@ -98,6 +99,7 @@ class ResolvedDataset(BaseModel):
     top_p: float
     top_k: int
     max_response_len: int
+    min_new_tokens: int
     stop: list[str] | None
     stop_token_ids: list[int] | None
     metadata_overrides: dict[str, Any]
@@ -130,7 +132,7 @@ def resolve_datasets(cfg: TrainConfig) -> list[ResolvedDataset]:
         "tool_key": _first(e.eval_tool_key, d.tool_key), "n_samples_per_eval_prompt": e.n_samples_per_eval_prompt,
         "temperature": _first(e.eval_temperature, r.rollout_temperature), "top_p": _first(e.eval_top_p, r.rollout_top_p),
         "top_k": _first(e.eval_top_k, r.rollout_top_k), "max_response_len": _first(e.eval_max_response_len, r.rollout_max_response_len),
-        "stop": r.rollout_stop, "stop_token_ids": r.rollout_stop_token_ids, "metadata_overrides": {},
+        "min_new_tokens": _first(e.eval_min_new_tokens, 0), "stop": r.rollout_stop, "stop_token_ids": r.rollout_stop_token_ids, "metadata_overrides": {},
     }
     entries: list[tuple[EvalDatasetSpec, _Fields]] = []
     pairs = e.eval_prompt_data or []

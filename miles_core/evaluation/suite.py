@@ -33,7 +33,8 @@ def build_suite(cfg: TrainConfig, tokenizer) -> EvalSuite:
         prompts, _ = load_prompts(resolve_data_path(ds.path), tokenizer, _prompt_spec(cfg, ds))
         if ds.metadata_overrides:
             prompts = [replace(p, metadata={**p.metadata, **ds.metadata_overrides}) for p in prompts]
-        params = eval_params(base_params, ds.temperature, ds.top_p, ds.top_k, ds.max_response_len, ds.stop, ds.stop_token_ids)
+        params = eval_params(base_params, ds.temperature, ds.top_p, ds.top_k, ds.max_response_len, ds.stop, ds.stop_token_ids,
+                             ds.min_new_tokens)
         reward = None if ds.rm_type == base_reward.rm_type else replace(base_reward, rm_type=ds.rm_type)
         datasets.append(EvalDataset(ds.name, tuple(prompts), ds.n_samples, params, reward, cfg.eval.eval_max_context_len,
                                     passrate=cfg.tracking.log_passrate))

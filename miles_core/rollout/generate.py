@@ -135,8 +135,16 @@ def generate_unfinished(engine, groups: list[list[Sample]], spec: RolloutSpec, s
     return changed
 
 
+def _continued(params: SamplingParams, left: int, done: int) -> SamplingParams:
+    """The params of a sample's (continued) generation: ``left`` tokens of budget, ``done`` already generated
+    (an aborted partial sample), so min_new_tokens counts the whole response and never exceeds the budget."""
+    if not params.min_new_tokens:
+        return replace(params, max_new_tokens=left)
+    return replace(params, max_new_tokens=left, min_new_tokens=min(left, max(0, params.min_new_tokens - done)))
+
+
 def _single_turn(engine, todo: list[tuple[int, Sample, int]], spec: RolloutSpec, seed: int) -> None:
-    reqs = [GenerateRequest(list(s.tokens), replace(spec.params, max_new_tokens=left)) for _, s, left in todo]
+    reqs = [GenerateRequest(list(s.tokens), _continued(spec.params, left, s.response_length)) for _, s, left in todo]
     results = engine.generate(reqs, seed=seed) if reqs else []
     for (_, s, _), res in zip(todo, results):
         s.tokens = s.tokens + res.output_ids

@@ -103,9 +103,13 @@ def filter_logits(logits: torch.Tensor, top_k: int | Sequence[int], top_p: float
 
 class RowSampler:
     """Per-row sampling state of one decode batch: temperature, top_k, top_p and the row's own uniforms
-    (drawn up front from its generator), kept in the batch's current row order."""
+    (drawn up front from its generator), kept in the batch's current row order. A row with ``min_new_tokens``
+    cannot sample its stop ids before that many tokens (SGLang 0.5.23's BatchedMinNewTokensPenalizer,
+    sampling/penaltylib/min_new_tokens.py: -inf on EOS and stop_token_ids; stop strings still match); its
+    log-probs stay those of the unmasked logits / T, as every row's."""
 
-    def __init__(self, requests: list[GenerateRequest], gens: list[torch.Generator], device):
+    def __init__(self, requests: list[GenerateRequest], gens: list[torch.Generator], device,
+                 stops: Sequence[set[int]] = ()):
         max_new = [r.params.max_new_tokens for r in requests]
         self.steps = max(max_new, default=0)
         self.u = torch.zeros((len(requests), self.steps), dtype=torch.float64)  # [B, T]
@@ -117,9 +121,14 @@ class RowSampler:
         self.top_p = torch.tensor([r.params.top_p for r in requests], dtype=torch.float64)  # [B]
         self.filtered = any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in requests)
         self.device = device
+        early = any(r.params.min_new_tokens > 0 for r in requests)
+        self.min_new = torch.tensor([r.params.min_new_tokens for r in requests]) if early else None  # [B]
+        self.stop_ids = [sorted(s) for s in stops] if early else []
 
     def select(self, rows: torch.Tensor) -> None:
         self.u, self.top_k, self.top_p = self.u[rows], self.top_k[rows], self.top_p[rows]
+        if self.min_new is not None:
+            self.min_new, self.stop_ids = self.min_new[rows], [self.stop_ids[r] for r in rows.tolist()]
         if self.temp is not None:
             self.temp = self.temp[rows.to(self.device)]
 
@@ -129,6 +138,10 @@ class RowSampler:
         last = logits.float() if self.temp is None else logits.float() / self.temp  # [b, V]
         logp = torch.log_softmax(last, dim=-1)
         scores = filter_logits(last, self.top_k, self.top_p) if self.filtered else last
+        if self.min_new is not None and bool((self.min_new > step).any()):
+            scores = scores.clone()  # the log-probs above keep the unmasked logits
+            for r in (self.min_new > step).nonzero().flatten().tolist():
+                scores[r, self.stop_ids[r]] = float("-inf")
         cdf = torch.softmax(scores, dim=-1).cpu().double().cumsum(-1)  # [b, V]
         nxt = torch.searchsorted(cdf, self.u[:, step : step + 1] * cdf[:, -1:], right=True).squeeze(-1)  # [b]
         nxt = nxt.clamp(max=cdf.shape[-1] - 1)
@@ -210,7 +223,7 @@ class HFEngine(SeededGenerate):
         B, pad = len(requests), self.tokenizer.pad_token_id
         stops = [set(r.params.stop_token_ids) | {self.tokenizer.eos_token_id} for r in requests]
         max_new = [r.params.max_new_tokens for r in requests]
-        sampler = RowSampler(requests, gens, device)
+        sampler = RowSampler(requests, gens, device, stops)
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
         reason, done = ["length"] * B, [False] * B

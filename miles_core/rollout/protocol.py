@@ -18,6 +18,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     skip_special_tokens: bool = True  # the response text only (SGLang's default): the token ids never change
+    min_new_tokens: int = 0  # SGLang's: EOS and stop_token_ids are masked until this many tokens are generated
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,20 @@ eval:
     assert (arith.n_samples, arith.rm_type, arith.input_key) == (4, "math", "input")
 
 
+def test_min_new_tokens_from_the_dataset_then_eval_min_new_tokens(tmp_path, tiny_tokenizer):
+    """The reference's --eval-min-new-tokens and its EvalDatasetConfig.min_new_tokens (utils/eval_config.py), as
+    SGLang's min_new_tokens on every eval request, capped by the answer budget."""
+    from miles_core.evaluation.suite import build_suite
+
+    path = _write(tmp_path, "datasets:\n  - {name: own, path: 'builtin://arith-test@[0:4]', min_new_tokens: 20, max_response_len: 6}\n")
+    cfg = load_config("tiny", {"eval_config": path, "eval_min_new_tokens": 3})
+    arith, own = resolve_datasets(cfg)
+    assert (arith.min_new_tokens, own.min_new_tokens) == (3, 20)
+    suite = build_suite(cfg, tiny_tokenizer)
+    assert [d.params.min_new_tokens for d in suite.datasets] == [3, 6]  # 20 capped by own's 6-token budget
+    assert resolve_datasets(load_config("tiny", {}))[0].min_new_tokens == 0
+
+
 def test_mapping_form_and_pairs_together(tmp_path):
     path = _write(tmp_path, "datasets:\n  hard: {path: h.jsonl, top_p: 0.9}\n")
     names = [d.name for d in resolve_datasets(load_config("tiny", {"eval_config": path}))]

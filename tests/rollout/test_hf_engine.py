@@ -61,6 +61,20 @@ def test_finish_reasons_and_max_new_tokens(engine, tiny_tokenizer):
     assert stopped and all(r.output_ids[-1] == tiny_tokenizer.eos_token_id for r in stopped)
 
 
+def test_min_new_tokens_masks_the_stop_ids_until_reached(engine, tiny_tokenizer):
+    """SGLang's min_new_tokens (penaltylib/min_new_tokens.py: -inf on EOS and stop_token_ids while the output is
+    shorter): rows that stop early without it run to at least the minimum with it, the rest of the batch too."""
+    free = engine.generate(_reqs(tiny_tokenizer, PROMPTS * 2, max_new_tokens=30), seed=0)
+    early = [len(r.output_ids) for r in free if r.finish_reason == "stop"]
+    assert early and min(early) < 8  # the tiny model stops early on its own: the check below could fail
+    res = engine.generate(_reqs(tiny_tokenizer, PROMPTS * 2, max_new_tokens=30, min_new_tokens=8), seed=0)
+    for r in res:
+        assert len(r.output_ids) >= 8 and tiny_tokenizer.eos_token_id not in r.output_ids[:7], r
+    # the mask shapes sampling only: the log-probs stay those of the raw logits (the trainer's), so some
+    # masked-out stop id still had probability mass at the steps before the minimum
+    assert all(lp <= 0 for r in res for lp in r.output_log_probs)
+
+
 def test_stop_string(engine, tiny_tokenizer):
     res = engine.generate(_reqs(tiny_tokenizer, PROMPTS, max_new_tokens=12, stop=("{",)), seed=0)
     for r in res:

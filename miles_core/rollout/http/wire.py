@@ -59,13 +59,13 @@ BUCKET_CONTENT_TYPE = "application/octet-stream"
 
 # SGLang sampling params this engine does not implement: accepted only at their neutral value.
 NEUTRAL_PARAMS: dict[str, Any] = {
-    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
     "min_p": 0.0, "ignore_eos": False, "n": 1,
 }
 # SGLang params that only shape the returned text: accepted and ignored.
 TEXT_ONLY_PARAMS = frozenset({"spaces_between_special_tokens", "no_stop_trim"})
 KNOWN_PARAMS = frozenset({"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed",
-                          "skip_special_tokens"})
+                          "skip_special_tokens", "min_new_tokens"})
 
 
 class WireError(ValueError):
@@ -79,6 +79,8 @@ def params_to_json(params: SamplingParams, seed: int | None) -> dict[str, Any]:
         "max_new_tokens": params.max_new_tokens, "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids),
         "skip_special_tokens": params.skip_special_tokens,
     }
+    if params.min_new_tokens:  # sent only when set: a default body stays what it was
+        body["min_new_tokens"] = params.min_new_tokens
     if seed is not None:
         body["sampling_seed"] = seed
     return body
@@ -113,6 +115,7 @@ def params_from_json(d: dict[str, Any]) -> tuple[SamplingParams, int | None]:
             stop_token_ids=tuple(int(t) for t in d.get("stop_token_ids") or ()),
             stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
             skip_special_tokens=bool(d.get("skip_special_tokens", True)),
+            min_new_tokens=int(d.get("min_new_tokens") or 0),
         )
         seed = d.get("sampling_seed")
         seed = None if seed is None else int(seed)
@@ -122,6 +125,8 @@ def params_from_json(d: dict[str, Any]) -> tuple[SamplingParams, int | None]:
         raise WireError(f"temperature={params.temperature}: must be > 0 (greedy decoding is not implemented by the HF engine)")
     if not 0 < params.top_p <= 1 or params.max_new_tokens < 0:
         raise WireError(f"bad sampling_params {d}: need 0 < top_p <= 1 and max_new_tokens >= 0")
+    if not 0 <= params.min_new_tokens <= params.max_new_tokens:  # SGLang's SamplingParams.verify rule
+        raise WireError(f"min_new_tokens must be in [0, max_new_tokens({params.max_new_tokens})], got {params.min_new_tokens}")
     return params, seed
 
 

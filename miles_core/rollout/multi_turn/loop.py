@@ -94,7 +94,9 @@ def run_turns(engine, todo: list[tuple[Sample, int]], spec, seed: int, decode: C
         if s.status == Status.PENDING:
             s.metadata.update(round_number=0, tool_calls=0, turn_start=0)
     for turn in range(spec.turns.max_turns):
-        reqs = [GenerateRequest(list(s.tokens), replace(spec.params, max_new_tokens=budget[id(s)] - s.response_length)) for s in active]
+        reqs = [GenerateRequest(list(s.tokens), replace(spec.params, max_new_tokens=budget[id(s)] - s.response_length,
+                                                        min_new_tokens=min(spec.params.min_new_tokens, budget[id(s)] - s.response_length)))
+                for s in active]
         results = engine.generate(reqs, seed=(seed * 31 + turn) % 2**31)
         calling: list[tuple[Sample, ParsedTurn, int | None]] = []
         for s, res in zip(active, results):

@@ -19,6 +19,17 @@ def test_request_body_round_trips_through_the_server_parser():
     assert parsed == reqs and seeds == [11, 12] and batched and top is None
 
 
+def test_min_new_tokens_is_sent_when_set_and_checked_as_sglang_does():
+    """SGLang's sampling param (SamplingParams.min_new_tokens, 0.5.23 sampling_params.py:164; verify(): 0 <= min <= max)."""
+    req = GenerateRequest([1, 2], SamplingParams(max_new_tokens=5, min_new_tokens=3))
+    body = wire.generate_body([req], [1])
+    assert body["sampling_params"][0]["min_new_tokens"] == 3
+    assert wire.parse_generate(body, vocab_size=10)[0] == [req]
+    assert "min_new_tokens" not in wire.generate_body([GenerateRequest([1], SamplingParams())], [1])["sampling_params"][0]
+    with pytest.raises(wire.WireError, match=r"min_new_tokens must be in \[0, max_new_tokens\(5\)\], got 6"):
+        wire.params_from_json({"max_new_tokens": 5, "min_new_tokens": 6})
+
+
 def test_single_request_shared_params_and_sglang_extras():
     body = {"input_ids": [1, 2], "sampling_params": {"stop": "x", "skip_special_tokens": False, "n": 1}, "seed": 3}
     [req], seeds, batched, top = wire.parse_generate(body, vocab_size=10)
