@@ -7,7 +7,8 @@ parameter), so a typo fails in seconds naming the field:
 - rm_type (rewards' registry), custom_loss_function_path (the loss table), the multi-turn generate
   function, its parser, tool specs and execute function (rollout.multi_turn);
 - every extension point, by the one resolver (registry names first, else a dotted path):
-  custom_rm_path, custom_reward_post_process_path, custom_rollout_log_function_path, buffer_filter_path,
+  custom_rm_path, custom_reward_post_process_path, rollout_data_postprocess_path, custom_rollout_log_function_path,
+  buffer_filter_path,
   custom_eval_rollout_log_function_path, rollout_sample_filter_path, rollout_all_samples_process_path,
   dynamic_sampling_filter_path,
   custom_loss_function_path, custom_tis_function_path, eval_function_path, the Megatron plugin hooks;
@@ -125,6 +126,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
     r, a, e = c.rollout, c.algo, c.eval
     points = {
         "custom_rm_path": (r.custom_rm_path, None), "custom_reward_post_process_path": (r.custom_reward_post_process_path, None),
+        "rollout_data_postprocess_path": (r.rollout_data_postprocess_path, None),
         "custom_rollout_log_function_path": (r.custom_rollout_log_function_path, None),
         "buffer_filter_path": (r.buffer_filter_path, None),
         "custom_eval_rollout_log_function_path": (r.custom_eval_rollout_log_function_path, None),

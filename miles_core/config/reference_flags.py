@@ -120,9 +120,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
     "keep_old_actor": "the reference's Megatron actor keeps a copy of the pre-update weights to score old log-probs; both "
                       "trainers here score them before the rollout's optimizer steps (REFERENCE.md section 1), so there is "
                       "no old actor to keep",
-    "rollout_data_postprocess_path": "the reference's Megatron actor calls it on its per-rank rollout data (its dict of "
-                                     "training tensors); the trainers here take Samples and have no such dict: "
-                                     "custom_reward_post_process_path and custom_loss_function_path are the hooks",
     "pin_rollout_manager_to_head": "there is no rollout-manager actor to place: the driver (the flow's process) holds the "
                                    "data source, rewards and rollout files on both runtimes",
     "rollout_submission_granularity": "the fully-async worker submits whole rounds of groups in one engine call "

@@ -121,6 +121,10 @@ class RolloutConfig(Group):
     reward_key: str | None = Field(None, description="Field of a dict reward used as the scalar reward.")
     eval_reward_key: str | None = Field(None, description="Field of a dict reward used in evaluation (default reward_key).")
     custom_reward_post_process_path: str | None = Field(None, description="Dotted path of a function (samples, rewards) -> rewards.")
+    rollout_data_postprocess_path: str | None = Field(
+        None, description="Dotted path of a function (args, rollout_data) the trainer calls after the advantages, before the "
+        "optimizer steps, on the reference's per-sample dict (loss_masks, advantages, returns, log_probs, ...); what it "
+        "changes in place trains (training/rollout_data.py).")
     custom_rollout_log_function_path: str | None = Field(
         None, description="Dotted path of fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool, the "
                           "reference's signature (args: the config under the reference's names), called after each "

@@ -34,6 +34,7 @@ from .perf import PhaseTimer, perf_metrics
 from .protocol import TrainOutput
 from .teacher import HttpTeacher
 from .schedule import learning_rate
+from .rollout_data import hook as rollout_data_hook, postprocess as postprocess_rollout_data
 from .train_dump import save_train_data
 
 
@@ -53,6 +54,7 @@ class RLTrainer:
         # log_correct_samples: rollout/correct_* against rollout_max_response_len (rollout/metrics.correct_sample_metrics)
         self.correct_len = cfg.rollout.rollout_max_response_len if cfg.tracking.log_correct_samples else None
         self.http_teacher = HttpTeacher.of(cfg.algo) if cfg.algo.use_opd and cfg.algo.opd_teacher_urls else None
+        self.postprocess = rollout_data_hook(cfg)  # rollout_data_postprocess_path: (fn, args) or None
         if cfg.algo.skip_actor_forward_only and not engine.dropout_free:
             raise ValueError("skip_actor_forward_only takes logp_old from the step's own train-mode forward, which "
                              "differs from the old policy's under dropout: use a model without dropout (attention_dropout, "
@@ -90,6 +92,8 @@ class RLTrainer:
         tensors = self.forward_passes(batch, samples)
         compute = engine.last_stage and not self.algo.disable_compute_advantages_and_returns
         adv_metrics = self._advantages(batch, tensors, samples, rewards) if compute else {}
+        if self.postprocess is not None and engine.last_stage:
+            batch = postprocess_rollout_data(*self.postprocess, samples, rewards, batch, tensors)
         if self.on_policy:
             tensors.old, tensors.fill_old = torch.zeros_like(batch.loss_mask), True  # [N, T], written by the step
         train_actor = "critic" not in engine.roles or rollout_id >= self.algo.num_critic_only_steps

@@ -18,21 +18,13 @@ from miles_core.data.sample import Sample
 
 from .batch import TokenBatch
 from .engine import RolloutTensors
-
-
-def _rows(t: torch.Tensor | None, lengths: list[int]) -> list[torch.Tensor] | None:
-    return None if t is None else [t[i, :n].detach().cpu().clone() for i, n in enumerate(lengths)]  # [T_i] each
+from .rollout_data import rollout_data
 
 
 def save_train_data(template: str, rollout_id: int, samples: list[Sample], rewards: list[float], batch: TokenBatch,
                     tensors: RolloutTensors) -> Path:
     rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
-    lengths = [s.response_length for s in samples]
-    data = {"tokens": [list(s.tokens) for s in samples], "response_lengths": lengths, "rewards": list(rewards),
-            "loss_masks": _rows(batch.loss_mask, lengths), "rollout_log_probs": _rows(batch.rollout_log_probs, lengths),
-            "log_probs": _rows(tensors.old, lengths), "ref_log_probs": _rows(tensors.ref, lengths),
-            "teacher_log_probs": _rows(tensors.teacher, lengths), "values": _rows(tensors.values, lengths),
-            "advantages": _rows(tensors.adv, lengths), "returns": _rows(tensors.returns, lengths)}
+    data = rollout_data(samples, rewards, batch, tensors)
     path = Path(template.format(rollout_id=rollout_id, rank=rank))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"rollout_id": rollout_id, "rank": rank, "rollout_data": data}, path)
