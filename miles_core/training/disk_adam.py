@@ -118,10 +118,13 @@ class DiskMoments:
         params = [p for p in self.buckets[i] if all(k in state.get(p, {}) for k in MOMENTS)]
         if not params:
             return
-        moments = self._moments(params)
-        write_file(self._path(i), moments, self.dtype, self.stager)
-        for t in moments:
-            t.untyped_storage().resize_(0)
+        write_file(self._path(i), self._moments(params), self.dtype, self.stager)
+        for p in params:
+            for k in MOMENTS:
+                t = state[p][k]
+                if not t.untyped_storage().resizable():  # loaded from a mapped checkpoint file: a storage of our own
+                    t = state[p][k] = torch.empty_like(t)
+                t.untyped_storage().resize_(0)
         self.on_disk[i] = params
 
 
