@@ -118,3 +118,24 @@ def test_bf16_moments_differ_a_little_and_learn_the_same_way(base, data, plain, 
     assert not torch.equal(bf16, fp32)  # rounded moments: another run
     assert (bf16 - fp32).norm() < 0.02 * fp32.norm()  # measured 0.0011
     assert torch.nn.functional.cosine_similarity(bf16, fp32, dim=0) > 0.999
+
+
+def test_ppo_with_both_streams_actor_and_critic_and_parks_the_rest_on_disk(base, data, tmp_path):
+    """ppo (a critic with its own AdamW) with both fields: the moments of both optimizers stay in their files while the
+    trainer is parked on disk and back; the run equals the plain ppo run bit for bit."""
+    both = {**STREAM, "offload_train": True, "offload_train_target": "disk"}
+    runs = []
+    for name, over in (("plain", {}), ("both", both)):
+        t = _trainer(base, tmp_path / name, advantage_estimator="ppo", **over)
+        metrics = []
+        for i in range(2):
+            metrics += _train(t, data, [i])
+            if over:
+                t.engine.offload()
+                assert t.engine.where().disk_bytes > 0
+                t.engine.onload()
+        runs.append((metrics, _flat(t), torch.cat([p.detach().flatten() for p in t.engine.critic.module.parameters()])))
+    moments = t.engine.moments
+    assert moments["critic"].dir.name == "critic" and moments["critic"].disk_bytes() > 0 < moments["actor"].disk_bytes()
+    (m0, a0, c0), (m1, a1, c1) = runs
+    assert m0 == m1 and torch.equal(a0, a1) and torch.equal(c0, c1)
