@@ -69,9 +69,32 @@ class ParallelConfig(Group):
         "reference's default), off otherwise. Not with async_mode (the engines generate while the trainer trains), "
         "debug_rollout_only (no train stage) or debug_train_only (no engines).")
     offload_train_target: Literal["cpu", "disk"] = Field(
-        "cpu", description="Where offload_train puts the trainer's state: host memory (cpu). disk (the reference's "
-        "torch_memory_saver disk backend, offload_train_disk_dir) is refused.")
-    offload_train_disk_dir: str | None = Field(None, description="Directory of offload_train_target disk.")
+        "cpu", description="Where offload_train puts the trainer's state while the engines generate: cpu, a copy in host "
+        "memory; disk, files under offload_train_disk_dir (one per storage, written and read back in chunks of "
+        "offload_train_disk_chunk_mb through one staging buffer, removed once read back), for when host memory cannot "
+        "hold it either. The numbers are those of a run without offload either way. disk needs offload_train on, and "
+        "not rematerialize_param_from_master_weight (as in the reference).")
+    offload_train_disk_dir: str | None = Field(
+        None, description="The directory of the disk files of offload_train_target disk (<dir>/train_state/rank<r>) and "
+        "stream_optimizer_state_to_disk (<dir>/optimizer_state/rank<r>/<actor|critic>); None: <run_dir>/train_offload. "
+        "Each process empties its own subtree when the trainer is built (a crashed run's leftovers). Use fast local "
+        "disk (a tmpfs keeps the bytes in RAM). Not inside the checkpoint save / load dirs, nor holding them.")
+    offload_train_disk_chunk_mb: int = Field(
+        256, ge=1, description="Chunk size (MiB) of the moves to and from the disk files: the host staging buffer "
+        "(pinned on a GPU), which bounds the host memory used whatever is moved, dropped after each move; "
+        "stream_optimizer_state_to_disk also streams the moments through the device in buckets of this many MiB of "
+        "fp32 moments. Only with offload_train_target disk or stream_optimizer_state_to_disk.")
+    stream_optimizer_state_to_disk: bool = Field(
+        False, description="Keep AdamW's moments (exp_avg, exp_avg_sq) in files under offload_train_disk_dir between "
+        "optimizer steps, streamed through the device one bucket (offload_train_disk_chunk_mb) at a time around each "
+        "step, for when the optimizer state does not fit the device during the step. The torch trainer's actor and "
+        "critic; not with train_backend megatron, LoRA, data parallel (more than one train rank), "
+        "reset_optimizer_states, or offload_train with offload_train_target cpu (as in the reference).")
+    stream_optimizer_state_moment_dtype: Literal["fp32", "bf16", "fp16", "fp8e4m3", "fp8e5m2"] = Field(
+        "fp32", description="The on-disk dtype of the streamed moments (a storage format: the step computes in fp32). "
+        "fp32 gives the numbers of a run without streaming, bit for bit; bf16 halves the bytes moved and rounds the "
+        "moments at each write; fp16 and the fp8 formats have no per-block scaling (a small exp_avg_sq can flush to 0) "
+        "and are not recommended. Only with stream_optimizer_state_to_disk.")
     rematerialize_param_from_master_weight: bool = Field(
         False, description="With offload_train on train_backend megatron in 16-bit (dtype bfloat16 or float16, whose "
         "optimizer keeps fp32 main weights): the 16-bit weights of the policy and critic get no host copy while offloaded "

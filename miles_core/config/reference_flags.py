@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .rules import NO_DISK_OFFLOAD, NOT_SUPPORTED
+from .rules import NOT_SUPPORTED
 
 FLAGS_TSV = Path(__file__).resolve().parent / "reference" / "flags.tsv"
 
@@ -85,8 +85,6 @@ MEGATRON_REFUSED: dict[str, str] = {
                                     "sending is not built",
     "low_memory_resume": "Megatron-LM's optimizer-on-CPU checkpoint load; miles loads torch_dist checkpoints with "
                          "megatron-core 0.16.1's dist_checkpointing.load into the live sharded tensors",
-    "stream_optimizer_state_to_disk": NO_DISK_OFFLOAD, "stream_optimizer_state_moment_dtype": NO_DISK_OFFLOAD,
-    "offload_train_disk_chunk_mb": NO_DISK_OFFLOAD,
     "train_memory_margin_bytes": "torch_memory_saver's margin when the trainer is offloaded on a GPU; miles does not use "
                                  "torch_memory_saver",
     "true_on_policy_mode": "bitwise-equal log-probs need SGLang's deterministic inference and batch-invariant trainer "

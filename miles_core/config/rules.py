@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .algo import parse_teacher_urls
 from .cluster import ClusterConfig
 from .data import REFERENCE_DATA_SOURCES
+from .rules_disk import disk_offload_rules
 from .rules_lora import LORA_SERVER_ARGS, lora_rules  # noqa: F401  (LORA_SERVER_ARGS: launch.py names it here)
 
 if TYPE_CHECKING:
@@ -22,13 +23,10 @@ if TYPE_CHECKING:
 ROUTER_WHY = ("the reference registers its engines with the SGLang router at that address and generates through it; "
               "miles' router runs in the driver and reaches every engine itself (generate and weight syncs), so an outside "
               "router would get no engines: drop it (engines already running: rollout_external_engine_addrs)")
-NO_DISK_OFFLOAD = ("the reference's disk offload of the train state (torch_memory_saver's disk backend, its streamed Adam) "
-                   "is not built: offload_train (cpu) is the only trainer offload")
 # Fields kept under the reference's names that no code honours yet: a non-default value is refused at load,
 # naming the field (never accepted and ignored). Implementing one removes its line (tests/config/test_fields_honoured.py).
 NOT_SUPPORTED: dict[str, str] = {
     "min_lr": "the torch trainer's schedule is a linear warm-up (lr_warmup_iters) to lr, then constant: there is no decay to a minimum",
-    "offload_train_disk_dir": "it applies only with offload_train_target disk: " + NO_DISK_OFFLOAD,
     "sglang_router_ip": ROUTER_WHY,
     "sglang_router_port": ROUTER_WHY,
 }
@@ -515,9 +513,7 @@ def _train_offload_rules(c: "TrainConfig") -> None:
     """offload_train (and offload, which sets it): what it cannot alternate with (the reference's arguments.py)."""
     p, cl, m = c.parallel, c.cluster, c.misc
     _rematerialize_rules(c)
-    if p.offload_train_target != "cpu":
-        raise ValueError(f"offload_train_target {p.offload_train_target} is not supported yet ({NO_DISK_OFFLOAD}); set "
-                         "offload_train_target: cpu")
+    disk_offload_rules(c)  # offload_train_target disk, stream_optimizer_state_to_disk (rules_disk.py)
     if cl.offload:
         for name, value in (("offload_train", p.offload_train), ("offload_rollout", cl.offload_rollout)):
             if value is False:

@@ -107,6 +107,13 @@ class TrainConfig(Group):
         return Path(self.checkpoint.export).absolute() if self.checkpoint.export else self.run_dir / "export"
 
     @property
+    def offload_disk_dir(self) -> Path:
+        """offload_train_disk_dir, or <run_dir>/train_offload: the disk files of offload_train_target disk and
+        stream_optimizer_state_to_disk (the reference's default, $SCRATCH/miles_train_offload_<uid>, is outside the run)."""
+        d = self.parallel.offload_train_disk_dir
+        return Path(d).absolute() if d else self.run_dir / "train_offload"
+
+    @property
     def tracking_uri(self) -> str:
         return self.tracking.mlflow_tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
 

@@ -6,8 +6,9 @@ main weights, and their state: Adam moments, step counts), plus any extra tensor
 grad and param buffers, of which parameters and main grads are views). Storages are deduplicated (tied
 embeddings, views into one buffer move once).
 
-How: ``offload`` copies each storage into host memory (pinned when the device is a GPU) and resizes the device
-storage to 0 bytes, so its memory is freed while every tensor object (the parameters the optimizer keys its
+How: ``offload`` copies each storage into its park (offload_train_target: cpu, host memory, pinned when the device is a
+GPU; disk, a file of its own, disk.py's ``DiskPark``, written a chunk at a time) and resizes the device storage to 0
+bytes, so its memory is freed while every tensor object (the parameters the optimizer keys its
 state by, views, FSDP2's local shards) stays what it was; ``onload`` resizes it back and copies the bytes in.
 The tensors hold the same values after the round trip (bit for bit). The reference does the same with
 torch_memory_saver's pause / resume of the train process's CUDA allocations (miles/backends/megatron_utils/
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
+
+from .disk import HostPark
 
 
 def module_tensors(module) -> Iterable[torch.Tensor]:
@@ -82,10 +85,11 @@ class Where:
     device_bytes: int
     host_bytes: int
     dropped_bytes: int = 0  # freed with no host copy: rebuilt from the fp32 main weights on onload (Rematerialize)
+    disk_bytes: int = 0  # parked in files (offload_train_target disk)
 
     @property
     def offloaded(self) -> bool:
-        return self.host_bytes > 0 and self.device_bytes == 0
+        return self.host_bytes + self.disk_bytes > 0 and self.device_bytes == 0
 
 
 @dataclass(frozen=True)
@@ -112,15 +116,14 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 class Offloader:
     """Parks the storages of ``tensors()`` (a callable: the set is read at each offload, since gradients and
-    optimizer state appear after the first step) in ``target`` memory (offload_train_target: cpu, host memory;
-    disk is refused at load), and restores them; with ``remat`` the storages of its parameters are freed without a
-    copy and rebuilt on onload (see the module docstring)."""
+    optimizer state appear after the first step) in ``park`` (disk.py: HostPark, the default, or DiskPark; see
+    disk.park_of), and restores them; with ``remat`` the storages of its parameters are freed without a copy and
+    rebuilt on onload (see the module docstring)."""
 
-    def __init__(self, tensors, device: torch.device, target: str = "cpu", remat: Rematerialize | None = None):
-        if target != "cpu":
-            raise ValueError(f"offload_train_target {target}: only cpu (host memory) is built")
+    def __init__(self, tensors, device: torch.device, park=None, remat: Rematerialize | None = None):
         self.tensors, self.device, self.remat = tensors, device, remat
-        self.parked: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []  # (device storage, host copy)
+        self.park = park if park is not None else HostPark(device.type == "cuda")
+        self.parked: list[tuple[torch.UntypedStorage, object]] = []  # (device storage, its park's handle)
         self.dropped: list[tuple[torch.UntypedStorage, int]] = []  # (device storage, its size): rebuilt by remat
         self.backup: dict[str, torch.Tensor] = {}  # remat.check: each rebuilt parameter's value at offload
 
@@ -164,9 +167,8 @@ class Offloader:
             if rebuilt and all(id(t) in rebuilt for t in tensors):  # every byte a tensor reads is rebuilt on onload
                 self.dropped.append((s, s.nbytes()))
                 continue
-            host = torch.empty(s.nbytes(), dtype=torch.uint8, pin_memory=pin).untyped_storage()
-            host.copy_(s)
-            self.parked.append((s, host))
+            self.parked.append((s, self.park.put(len(self.parked), s)))
+        self.park.done()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         for s, _ in self.parked + self.dropped:
@@ -178,9 +180,10 @@ class Offloader:
         """Every parked storage back to its size on the device and its bytes copied in; with remat the dropped ones
         reallocated (zeroed) and the parameters rebuilt from the main weights, then checked with ``check`` (a no-op
         when resident)."""
-        for s, host in self.parked:
-            s.resize_(host.nbytes())
-            s.copy_(host)
+        for s, handle in self.parked:
+            s.resize_(self.park.host_bytes(handle) + self.park.disk_bytes(handle))
+            self.park.take(handle, s)
+        self.park.done()
         for s, nbytes in self.dropped:
             s.resize_(nbytes)
             s.fill_(0)
@@ -205,8 +208,9 @@ class Offloader:
                     "cast to the 16-bit weights the model had")
 
     def where(self) -> Where:
-        """The bytes of the trained state on the device now, in host copies, and dropped to be rebuilt."""
+        """The bytes of the trained state on the device now, in host copies, in files and dropped to be rebuilt."""
         return Where(device_bytes=sum(s.nbytes() for s in self._storages()),
-                     host_bytes=sum(h.nbytes() for _, h in self.parked)
+                     host_bytes=sum(self.park.host_bytes(h) for _, h in self.parked)
                      + sum(t.numel() * t.element_size() for t in self.backup.values()),
-                     dropped_bytes=sum(n for _, n in self.dropped))
+                     dropped_bytes=sum(n for _, n in self.dropped),
+                     disk_bytes=sum(self.park.disk_bytes(h) for _, h in self.parked))

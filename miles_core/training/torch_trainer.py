@@ -10,6 +10,7 @@ Reducer), packed by prompt (plan_micro_batches).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,8 @@ from miles_core.config.train import critic_dir_of
 from .batch import TokenBatch, forward_only, prompt_units, response_log_probs, response_logits
 from .critic import Critic, build_critic, response_values
 from .data_parallel import SingleProcess, as_float
+from .disk import park_of
+from .disk_adam import moments_of
 from .engine import LossFn, Piece, RolloutTensors
 from .lora import AdapterView, NoAdapters
 from .offload import Offloader, module_tensors, optimizer_tensors
@@ -67,7 +70,11 @@ class TorchEngine:
         )
         self.critic = None if critic is None else Critic(self.parallel.wrap(critic), a, a.micro_batch_size, self.precision.autocast)
         self.roles = frozenset({"actor"} | {r for r, m in (("ref", ref_model), ("teacher", teacher), ("critic", self.critic)) if m is not None})
-        self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target)
+        self._offloader = Offloader(self._state_tensors, self.device, park_of(cfg, self.device))
+        # stream_optimizer_state_to_disk: each AdamW's moments in files between steps (disk_adam.py), else resident
+        self.moments = {"actor": moments_of(cfg, self.optimizer, "actor", self.device)}
+        if self.critic is not None:
+            self.moments["critic"] = moments_of(cfg, self.critic.optimizer, "critic", self.device)
         self.writer = CheckpointWriter(cfg.checkpoint.async_save)  # save(): now, or in a background thread
 
     @property
@@ -215,7 +222,7 @@ class TorchEngine:
         grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
         check(grad_norm)
         if self.apply_updates:
-            optimizer.step()
+            self.moments[model].step()  # optimizer.step(), or streamed through the moments' files
         return as_float(grad_norm)
 
     # ---- weights, checkpoints, export ----------------------------------------------------------------
@@ -238,10 +245,21 @@ class TorchEngine:
         return {"device": self.device.type, "main_dtype": str(p.main_dtype).removeprefix("torch."),
                 "autocast": str(p.model_dtype).removeprefix("torch.") if p.mixed else "off"}
 
+    def _moments_resident(self) -> contextlib.ExitStack:
+        """stream_optimizer_state_to_disk: every optimizer's moments back in its state inside (disk_adam.py)."""
+        stack = contextlib.ExitStack()
+        for moments in self.moments.values():
+            stack.enter_context(moments.resident())
+        return stack
+
     def save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
         """An atomic checkpoint <save_dir>/<rollout_id>/ of policy, optimizer, RNG, extra modules and ``state``; with
         ppo the critic's own first, <critic_save>/<rollout_id>/ (the actor's ``latest``, written last, commits both).
-        Data parallel: every rank gathers the full tensors, rank 0 writes them."""
+        Data parallel: every rank gathers the full tensors, rank 0 writes them. Streamed moments: read back for it."""
+        with self._moments_resident():
+            self._save(save_dir, rollout_id, state)
+
+    def _save(self, save_dir: Path, rollout_id: int, state: dict) -> None:
         c = self.checkpoint
         model, optimizer = self._checkpoint_parts()
         if self.lora.enabled:
@@ -269,6 +287,10 @@ class TorchEngine:
         """Load the latest complete checkpoint of load_dir (-> its meta), or None when there is none; with ppo the
         critic's checkpoint of the same rollout from critic_load (or, from an actor checkpoint that holds its critic,
         from there)."""
+        with self._moments_resident():  # streamed moments: the loaded ones are written to their files after
+            return self._restore(load_dir)
+
+    def _restore(self, load_dir: Path) -> dict | None:
         from miles_core import checkpoint as ckpt
 
         info = ckpt.find_latest(load_dir)

@@ -33,7 +33,7 @@ def test_torch_backend_refuses_megatron_fields(field, value):
 
 
 @pytest.mark.parametrize("values, match", [
-    ({"offload_train_target": "disk"}, "offload_train_target disk is not supported yet .*torch_memory_saver's disk backend"),
+    ({"offload_train_target": "disk"}, "offload_train_target disk is where offload_train parks .* offload_train is off"),
     ({"context_parallel_size": 2, "actor_num_gpus_per_node": 2}, "context_parallel_size 2 is not supported yet"),
     ({"sequence_parallel": True}, "sequence_parallel is not supported yet"),
     ({"recompute_granularity": "full"}, "needs recompute_method"),

@@ -38,6 +38,7 @@ from miles_core.config.rules import check_model_divides
 from miles_core.device import resolve_device
 from miles_core.models.shape import shape_from_config
 from miles_core.training.batch import TokenBatch
+from miles_core.training.disk import park_of
 from miles_core.training.engine import LossFn, Piece, RolloutTensors
 from miles_core.training.lora import LoraAdapters, base_checksum
 from miles_core.training.offload import Offloader, Rematerialize, module_tensors, optimizer_tensors
@@ -100,7 +101,7 @@ class MegatronEngine:
         if cfg.parallel.rematerialize_param_from_master_weight:  # refused at load without fp32 main weights (rules.py)
             remat = Rematerialize(self._rematerialized, self._param_buffers, self._cast_main_to_params,
                                   check=cfg.parallel.check_rematerialize_param_from_master_weight)
-        self._offloader = Offloader(self._state_tensors, self.device, cfg.parallel.offload_train_target, remat)
+        self._offloader = Offloader(self._state_tensors, self.device, park_of(cfg, self.device), remat)
 
     # ---- building ------------------------------------------------------------------------------
     def _stage(self, hf_state: dict[str, torch.Tensor], args: ModelArgs | None = None, tconfig=None):

@@ -192,27 +192,35 @@ def test_recompute_loss_function_runs_the_loss_again_in_the_backward_with_the_sa
 def test_offload_and_onload_park_every_stage_and_change_no_number(megatron_world, tmp_path, lm, cfg, samples):
     """offload_train on the Megatron trainer (bf16: megatron-core's optimizer with fp32 main weights; ppo: the critic's
     stage and optimizer too): offload leaves no byte of the train state on the device, onload brings it back, and two
-    rollouts with an offload / onload between them equal two without, bit for bit."""
+    rollouts with an offload / onload between them equal two without, bit for bit; offload_train_target cpu parks
+    the bytes in host copies, disk in files (<run_dir>/train_offload/train_state/rank0, removed on onload)."""
     lm(seed=0).save_pretrained(tmp_path)
-    config = cfg(dtype="bfloat16", advantage_estimator="ppo", **MEGATRON)
     rewards = [s.reward for s in samples]
+    files = tmp_path / "run" / "train_offload" / "train_state" / "rank0"
     runs = []
-    for offload in (False, True):
+    for target in (None, "cpu", "disk"):
+        over = {} if target is None else {"offload_train": True, "offload_train_target": target}
+        config = cfg(dtype="bfloat16", advantage_estimator="ppo", run_dir=str(tmp_path / "run"), **MEGATRON, **over)
         mega = MegatronTrainer(config, tmp_path, pad_id=PAD)
         losses = [mega.train_rollout(samples, rewards, 0).steps[0]]
-        if offload:
+        if target is not None:
             resident = mega.where()
             mega.offload()
             parked = mega.where()
-            assert parked.offloaded and parked.host_bytes == resident.device_bytes > 0 and resident.host_bytes == 0
+            on_disk = sum(f.stat().st_size for f in files.glob("*.bin")) if target == "disk" else 0
+            assert parked.offloaded and parked.device_bytes == 0 and resident.host_bytes == 0
+            assert (parked.host_bytes, parked.disk_bytes) == ((0, resident.device_bytes) if target == "disk" else
+                                                              (resident.device_bytes, 0))
+            assert on_disk == parked.disk_bytes
             mega.onload()
-            assert mega.where() == resident
+            assert mega.where() == resident and not list(files.glob("*"))
         losses.append(mega.train_rollout(samples, rewards, 1).steps[0])
         runs.append((losses, dict(mega.named_tensors())))
         mega.close()
-    (l0, w0), (l1, w1) = runs
-    assert l0 == l1
-    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    (l0, w0), *offloaded = runs
+    for l1, w1 in offloaded:
+        assert l0 == l1
+        assert all(torch.equal(w0[k], w1[k]) for k in w0)
 
 
 def test_padded_vocab_size_pads_the_embedding_and_changes_no_log_prob(megatron_world, tmp_path, cfg, samples):
