@@ -119,7 +119,7 @@ def env_report(cfg: TrainConfig, tracker: MlflowTracker):
     (the artifact replaced, params it did not have added)."""
     from miles_core.tracking.env_report import collect, log_report
 
-    report = collect(cfg.misc.env_report)
+    report = collect(cfg.misc.launcher_env_report)
     if report is not None:
         log_report(tracker, report)
     return report

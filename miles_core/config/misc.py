@@ -155,6 +155,13 @@ class MiscConfig(Group):
         return f"{self.dump_details}/rollout_data/{{rollout_id}}.pt" if self.dump_details else self.save_debug_rollout_data
 
     @property
+    def launcher_env_report(self) -> dict | None:
+        """env_report decoded (JSON, or base64 of JSON; None when empty): the launcher's report."""
+        from .rules_events import decode_env_report
+
+        return decode_env_report(self.env_report)
+
+    @property
     def event_dir(self) -> str | None:
         """The event dir: dump_details' events/, else save_debug_event_data (the reference's miles_validate_args)."""
         return f"{self.dump_details}/events" if self.dump_details else self.save_debug_event_data

@@ -26,8 +26,6 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from miles_core.config.rules_events import decode_env_report
-
 log = logging.getLogger(__name__)
 PREFIX = "ENV_REPORT_JSON="
 
@@ -84,9 +82,9 @@ def git_repo(package_name: str, location: str) -> GitRepo | None:
     return GitRepo(package_name=package_name, location=location, commit=commit, dirty=bool(diff_stat), diff_stat=diff_stat)
 
 
-def collect(raw: str, role: str = "driver", rank: int = 0) -> NodeEnvReport | None:
-    """This process's node report, None when ``raw`` (env_report) is empty (the reference collects nothing then)."""
-    launcher = decode_env_report(raw)
+def collect(launcher: dict | None, role: str = "driver", rank: int = 0) -> NodeEnvReport | None:
+    """This process's node report beside ``launcher`` (env_report decoded: MiscConfig.launcher_env_report), None when
+    there is none (env_report empty: the reference collects nothing then)."""
     if launcher is None:
         return None
     pip, editable = [], []

@@ -17,12 +17,14 @@ LAUNCHER = {"flavor": "ci", "nodes": 2}
 
 
 def test_an_empty_report_collects_nothing():
-    assert collect("") is None
+    cfg = load_config("tiny", {"env_report": ""})
+    assert cfg.misc.launcher_env_report is None and collect(cfg.misc.launcher_env_report) is None
 
 
 def test_both_forms_decode_to_the_launchers_report():
-    assert collect(json.dumps(LAUNCHER)).launcher_env_report == LAUNCHER
-    report = collect(base64.b64encode(json.dumps(LAUNCHER).encode()).decode())
+    assert load_config("tiny", {"env_report": json.dumps(LAUNCHER)}).misc.launcher_env_report == LAUNCHER
+    encoded = load_config("tiny", {"env_report": base64.b64encode(json.dumps(LAUNCHER).encode()).decode()})
+    report = collect(encoded.misc.launcher_env_report)
     assert report.launcher_env_report == LAUNCHER and report.role == "driver"
     names = {p["name"] for p in report.full_pip_list}
     assert {"torch", "mlflow"} <= names
