@@ -56,7 +56,7 @@ class MiscConfig(Group):
         None, description="Dump everything under this dir, as the reference: rollout_data/{rollout_id}.pt "
                           "(save_debug_rollout_data), train_data/{rollout_id}_{rank}.pt (save_debug_train_data) and "
                           "trajectory/{rollout_id}.jsonl (save_debug_trajectory_data) and events/ (save_debug_event_data).")
-    # ---- the reference's event logger and analyzer (miles_core/runtime/events.py; docs/guide/debugging.md)
+    # ---- the reference's event logger and analyzer (miles_core/runtime/events.py; docs/guide/coming-from-the-reference.md)
     save_debug_event_data: str | None = Field(
         None, description="Write the run's typed events to this dir, one JSON-lines file per process (main.jsonl: rollouts, "
                           "train steps, weight syncs, checkpoints, metrics; actor_cell0_rank0.jsonl: the trainer's checksums), "

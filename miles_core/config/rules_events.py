@@ -1,5 +1,5 @@
 """The event logger's fields' cross-field rules (save_debug_event_data, save_local_weight_checksum, enable_event_analyzer,
-env_report; miles_core/runtime/events.py, docs/guide/debugging.md), checked by rules.check_rules."""
+env_report; miles_core/runtime/events.py, docs/guide/coming-from-the-reference.md), checked by rules.check_rules."""
 
 from __future__ import annotations
 
