@@ -137,6 +137,8 @@ def test_dump_details_writes_events_under_it(tmp_path):
      "save_local_weight_checksum records each weight sync"),
     ({"save_debug_event_data": "ev", "save_local_weight_checksum": True, "rollout_engine": "sglang", "runtime": "ray"},
      "save_local_weight_checksum with rollout_engine sglang is not supported yet"),
+    ({"save_debug_event_data": "ev", "save_local_weight_checksum": True, "lora_rank": 4, "target_modules": "all-linear", "lora_sync_from_tensor": True},
+     "save_local_weight_checksum with lora_sync_from_tensor is not supported yet"),
     ({"env_report": "not json"}, "env_report 'not json' is neither a JSON object nor base64 of one"),
 ])
 def test_event_options_are_checked_at_load_naming_the_field(over, match):

@@ -53,10 +53,12 @@ def test_checksums_over_http_are_the_trainers_digests_and_a_differing_engine_is_
     from miles_core.runtime.events import MAIN, TRAINER, InferenceEngineWeightChecksumEvent as Held
     from miles_core.runtime.events import TrainEngineLocalWeightChecksumEvent as Sent
     from miles_core.weights.disk import adapter_checksums
+    from miles_core.weights.sync import WeightSender
 
     a, b = make_client(start_server().url), make_client(start_server().url)
     trainer = dict(AutoModelForCausalLM.from_pretrained(model_dir).state_dict())
-    want = adapter_checksums(trainer.items())
+    want = WeightSender(lambda: trainer.items()).checksums()  # the trainer's side of a sync (train rank 0)
+    assert want == adapter_checksums(trainer.items())
     raw = a.request("POST", "/weights_checker", json={"action": "checksum"}).json()
     assert raw["ranks"][0]["checksums"] == want and raw["ranks"][0]["parallelism_info"]["tp_size"] == 1
     name = "model.layers.0.self_attn.o_proj.weight"
