@@ -63,11 +63,10 @@ class RunEvents:
     def saved(self, rollout_id: int) -> None:
         if self.log is None:
             return
-        from miles_core.checkpoint.load import list_checkpoints
-
         self.log.log(ev.CheckpointSavedEvent, rollout_id=rollout_id, save_dir=str(self.save_dir))
         ev.snapshot(self.dir, self.save_dir, rollout_id)
-        ev.prune_snapshots(self.save_dir, {i.rollout_id for i in list_checkpoints(self.save_dir)} | {rollout_id})
+        kept = {int(p.name) for p in self.save_dir.iterdir() if p.is_dir() and p.name.isdigit()}  # retention's survivors
+        ev.prune_snapshots(self.save_dir, kept | {rollout_id})  # (async_save: this one may still be a .tmp- dir)
 
     def restored(self, meta: dict) -> None:
         if self.log is None:

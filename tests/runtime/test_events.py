@@ -144,3 +144,15 @@ def test_dump_details_writes_events_under_it(tmp_path):
 def test_event_options_are_checked_at_load_naming_the_field(over, match):
     with pytest.raises(ValueError, match=match):
         load_config("tiny", {**BASE, **over})
+
+
+def test_snapshots_of_checkpoints_retention_removed_are_dropped(tmp_path):
+    from miles_core.checkpoint.load import list_checkpoints
+    from miles_core.runtime.events import EventLog, MAIN, WeightSyncEvent, prune_snapshots, snapshot
+
+    EventLog(tmp_path / "events").log(WeightSyncEvent, MAIN, rollout_id=None, weight_version=1)
+    for i in (0, 1, 2):
+        assert (snapshot(tmp_path / "events", tmp_path / "save", i) / "main.jsonl").is_file()
+    prune_snapshots(tmp_path / "save", {2})
+    assert sorted(p.name for p in (tmp_path / "save" / "debug_events").iterdir()) == ["2"]
+    assert list_checkpoints(tmp_path / "save") == []  # debug_events/ is no checkpoint dir
