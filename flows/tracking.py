@@ -34,6 +34,8 @@ MUTABLE_PARAMS |= {"misc.run_dir"}
 # nor are the trackers that watch it (a resume may turn a mirror on or off, or move its endpoint)
 MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_wandb", "wandb_mode", "wandb_dir", "use_tensorboard", "tensorboard_dir",
                                              "use_prometheus", "prometheus_port", "prometheus_host")}
+# nor is the launcher's report of the environment it runs in (env_report: each launch writes its own)
+MUTABLE_PARAMS |= {"misc.env_report"}
 FAILURE_TAGS = ("miles.failure", "miles.resume_from_rollout", "miles.interrupted")
 
 
@@ -88,10 +90,12 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
     params = config_params(cfg, derived)
     if run_id is None:
         tracker.log_params(params)
+        report = env_report(cfg, tracker)
         _opened(tracker.run_id, cfg.tracking_uri, cfg.load_dir)
         log.info("MLflow run %s opened in %s", tracker.run_id, cfg.tracking_uri)
-        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
+        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params, report), plot_dir=cfg.run_dir / "plots")
     refuse_changed_params(tracker.client, run_id, params, log)
+    report = env_report(cfg, tracker)
     tracker.client.set_terminated(run_id, status="RUNNING")
     _opened(run_id, cfg.tracking_uri, cfg.load_dir)
     tags = tracker.client.get_run(run_id).data.tags
@@ -100,7 +104,7 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
             tracker.client.delete_tag(run_id, tag)
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
     log.info("resuming MLflow run %s: steps already logged (not logged again) up to %s", run_id, marks)
-    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params), plot_dir=cfg.run_dir / "plots")
+    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params, report), plot_dir=cfg.run_dir / "plots")
 
 
 def _artifact_root(cfg: TrainConfig) -> str:
@@ -109,8 +113,23 @@ def _artifact_root(cfg: TrainConfig) -> str:
     return (store.parent / "mlruns").absolute().as_uri()
 
 
-def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict) -> list:
-    """Tag the run with this flow run (flows/links.py), then open the mirrors the config turns on."""
+def env_report(cfg: TrainConfig, tracker: MlflowTracker):
+    """env_report set: the driver's node report (pip packages, git state, the launcher's report) printed and logged to
+    MLflow (miles_core/tracking/env_report.py); -> it, or None when env_report is empty. A resumed run logs it again
+    (the artifact replaced, params it did not have added)."""
+    from miles_core.tracking.env_report import collect, log_report
+
+    report = collect(cfg.misc.launcher_env_report)
+    if report is not None:
+        log_report(tracker, report)
+    return report
+
+
+def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict, report=None) -> list:
+    """Tag the run with this flow run (flows/links.py), then open the mirrors the config turns on (their config: the
+    params, and the launcher's env report as launcher_env_report, the reference's W&B config key)."""
+    if report is not None:
+        params = {**params, "launcher_env_report": report.launcher_env_report}
     tag_run(tracker)
     name = tracker.client.get_run(tracker.run_id).info.run_name
     mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name,

@@ -15,6 +15,7 @@ A save dir:
         .complete                 JSON manifest {files: {relative path: bytes}}, written last
       .tmp-<rollout_id>-<pid>/    a save in progress (or one killed mid-write): skipped, reported
       .trash-<name>-<pid>/        a directory being deleted: skipped, reported
+      debug_events/<rollout_id>/  the event dir as of that checkpoint (save_debug_event_data; runtime/events.py): not scanned
 
 A checkpoint dir is complete when its `.complete` manifest matches the files on disk, `meta.json`
 parses and names the same rollout id, and the required files exist (`checkpoint_problem`).
@@ -44,6 +45,7 @@ META_FILE = "meta.json"
 EXTRA_DIR = "extra"
 EXTRA_OPTIMIZER_SUFFIX = ".optimizer.pt"
 RESERVED_META_KEYS = ("rollout_id", "format_version", "created_at", "contents")
+NOT_CHECKPOINTS = ("debug_events",)  # dirs of a save dir that hold no checkpoint, skipped without a warning
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def scan_numbered_dirs(root: Path, problem: Callable[[Path], str | None], what: 
         return []
     found = []
     for entry in sorted(root.iterdir()):
-        if not entry.is_dir():
+        if not entry.is_dir() or entry.name in NOT_CHECKPOINTS:
             continue
         rollout_id = parse_rollout_id(entry.name)
         if entry.name.startswith(TMP_PREFIX):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -54,8 +55,27 @@ class MiscConfig(Group):
     dump_details: str | None = Field(
         None, description="Dump everything under this dir, as the reference: rollout_data/{rollout_id}.pt "
                           "(save_debug_rollout_data), train_data/{rollout_id}_{rank}.pt (save_debug_train_data) and "
-                          "trajectory/{rollout_id}.jsonl (save_debug_trajectory_data); the reference's events/ (its event "
-                          "logger) has no counterpart in miles and is not written.")
+                          "trajectory/{rollout_id}.jsonl (save_debug_trajectory_data) and events/ (save_debug_event_data).")
+    # ---- the reference's event logger and analyzer (miles_core/runtime/events.py; docs/guide/coming-from-the-reference.md)
+    save_debug_event_data: str | None = Field(
+        None, description="Write the run's typed events to this dir, one JSON-lines file per process (main.jsonl: rollouts, "
+                          "train steps, weight syncs, checkpoints, metrics; actor_cell0_rank0.jsonl: the trainer's checksums), "
+                          "as the reference's event logger; snapshotted into each checkpoint (<save>/debug_events/<rollout_id>/) "
+                          "and restored from it on resume.")
+    save_local_weight_checksum: bool = Field(
+        False, description="With save_debug_event_data: at each weight sync the trainer records a sha256 of every tensor it "
+                           "sends and each engine one of every tensor it holds after the sync (our engines: in process or "
+                           "over HTTP), as events.")
+    enable_event_analyzer: bool = Field(
+        False, description="Check the event dir before each train step and at the run's end, as the reference: every engine "
+                           "holds what the trainer sent and all engines hold the same weights; a mismatch fails the run naming "
+                           "the first tensor and the weight version.")
+    env_report: str = Field(
+        default_factory=lambda: os.environ.get("MILES_SCRIPT_ENV_REPORT", ""),
+        description="The launcher's environment report, JSON (or base64 of JSON; default: $MILES_SCRIPT_ENV_REPORT). Set, "
+                    "the run collects its pip packages and the git state of each editable one (the reference's node "
+                    "report), prints it as ENV_REPORT_JSON=..., logs it to MLflow (env_report/ artifact, "
+                    "launcher_env_report.* params) and the launcher's report into the W&B config.")
     debug_rollout_only: bool = Field(
         False, description="Generate (and score) rollouts only: no train step, no checkpoint, no weight sync (the engines keep "
                            "the weights they loaded, weight_version 0); the trainer is built but never steps.")
@@ -133,6 +153,18 @@ class MiscConfig(Group):
     def rollout_dump(self) -> str | None:
         """The rollout dump's path template: dump_details' rollout_data/, else save_debug_rollout_data."""
         return f"{self.dump_details}/rollout_data/{{rollout_id}}.pt" if self.dump_details else self.save_debug_rollout_data
+
+    @property
+    def launcher_env_report(self) -> dict | None:
+        """env_report decoded (JSON, or base64 of JSON; None when empty): the launcher's report."""
+        from .rules_events import decode_env_report
+
+        return decode_env_report(self.env_report)
+
+    @property
+    def event_dir(self) -> str | None:
+        """The event dir: dump_details' events/, else save_debug_event_data (the reference's miles_validate_args)."""
+        return f"{self.dump_details}/events" if self.dump_details else self.save_debug_event_data
 
     @property
     def trajectory_dump(self) -> str | None:

@@ -171,15 +171,10 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                     "implement; use torch.cuda.memory._record_memory_history around a run yourself"),
     "profile_target": "the reference's profiler follows Megatron-LM's --use-pytorch-profiler, which miles does not "
                       "implement; the perf/* metrics time every phase (docs/performance.md)",
-    **dict.fromkeys(["save_debug_event_data", "enable_event_analyzer", "save_local_weight_checksum"],
-                    "the reference's event logger (miles/utils/audit_utils) is not part of miles; ci_save_model_hash records "
-                    "per-layer weight hashes at each checkpoint"),
     **dict.fromkeys(["enable_witness", "witness_buffer_size"],
                     "the reference's forward/backward witness parameters (Megatron model patches) are not implemented"),
     "ci_ft_test_actions": "the reference's fault-tolerant train cells are not part of miles; fault injection is "
                           "MILES_FAULT_INJECT (miles_core/faults.py) and the engines' /debug/fail",
-    "env_report": "the reference's launcher report (pip inspect and git state per actor, into the W&B config) is not "
-                  "collected; miles logs its config and derived values as MLflow params",
     "debug_deterministic_collective": "the reference's det_nccl process-group backend is not implemented; the collectives "
                                       "follow device (NCCL with cuda, gloo with cpu)",
     # network and fault tolerance

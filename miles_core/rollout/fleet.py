@@ -27,6 +27,7 @@ class WeightSource(Protocol):
 
     def tensors(self) -> Iterable[tuple[str, torch.Tensor]]: ...
     def adapter(self) -> tuple[dict, list[tuple[str, torch.Tensor]]]: ...  # lora_sync_from_tensor: config + PEFT tensors
+    def checksums(self) -> dict[str, str]: ...  # {name: sha256 hex} of what tensors() sends (save_local_weight_checksum)
 
 
 class EngineFleet(Protocol):

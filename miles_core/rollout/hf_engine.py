@@ -355,9 +355,9 @@ class HFEngine(SeededGenerate):
         return pull(local_checkpoint_dir, source_dir, target_version)
 
     def check_weights(self, action: str, skip_list: Sequence[str] | None = None, allow_quant_error: bool = False,
-                      selector: str = "all") -> str:
-        """SGLang's weights checker (snapshot | reset_tensors | compare; rollout/weight_checker.py): one model, no
-        quantized tensors, so every selector but "draft" checks it and allow_quant_error changes nothing."""
+                      selector: str = "all") -> str | dict:
+        """SGLang's weights checker (snapshot | reset_tensors | compare | checksum; rollout/weight_checker.py): one model,
+        no quantized tensors, so every selector but "draft" checks it and allow_quant_error changes nothing."""
         from .weight_checker import WeightChecker
 
         if selector == "draft":
@@ -365,6 +365,10 @@ class HFEngine(SeededGenerate):
         if getattr(self, "_weight_checker", None) is None:
             self._weight_checker = WeightChecker(self.model)
         return self._weight_checker.handle(action, tuple(skip_list or ()))
+
+    def weight_checksums(self) -> list[dict[str, str]]:
+        """[{tensor name: sha256 hex}] of the weights this engine holds (one engine; save_local_weight_checksum)."""
+        return [self.check_weights("checksum")["checksums"]]
 
     def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: dict,
                                        named_tensors: Iterable[tuple[str, torch.Tensor]],

@@ -54,6 +54,7 @@ class RolloutEngine(Protocol):
     def flush_cache(self) -> None: ...
     def check_weights(self, action: str, skip_list: list[str] | None = None, allow_quant_error: bool = False,
                       selector: str = "all") -> object: ...  # SGLang's /weights_checker: snapshot | reset_tensors | compare
+    def weight_checksums(self) -> list[dict[str, str]]: ...  # /weights_checker checksum: {name: sha256 hex} per engine
 
 
 class AdapterEngine(Protocol):

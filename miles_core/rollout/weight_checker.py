@@ -4,6 +4,9 @@ the reference's check_weight_update_equal.
     snapshot       keep a CPU copy of every parameter as loaded
     reset_tensors  overwrite every parameter with random values (a tensor the next sync misses cannot pass)
     compare        every parameter equals its snapshot (names with a ``skip`` substring: reported, not failed)
+    checksum       a digest of every tensor the engine holds (SGLang's ChecksumInfo: checksums, per_gpu_checksum,
+                   parallelism_info); ours hashes each tensor of the state dict (tied aliases included, as a sync sends
+                   them) with weights/disk.py tensor_sha256, the trainer's digest (save_local_weight_checksum)
 
 The engine's tensors are plain floating tensors (no quantized dtypes), so ``allow_quant_error`` changes nothing here.
 """
@@ -15,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-ACTIONS = ("snapshot", "reset_tensors", "compare")
+ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
 log = logging.getLogger(__name__)
 
 
@@ -29,8 +32,10 @@ class WeightChecker:
         self.snapshot: dict[str, torch.Tensor] | None = None
 
     @torch.no_grad()
-    def handle(self, action: str, skip: Sequence[str] = ()) -> str:
-        """-> a one-line report; raises WeightCheckError when compare fails."""
+    def handle(self, action: str, skip: Sequence[str] = ()) -> str | dict:
+        """-> a one-line report (checksum: the ChecksumInfo dict); raises WeightCheckError when compare fails."""
+        if action == "checksum":
+            return checksum_info(self.model, skip)
         params = dict(self.model.named_parameters())
         if action == "snapshot":
             self.snapshot = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
@@ -56,3 +61,25 @@ class WeightChecker:
             raise WeightCheckError(f"weights checker: {len(failed)} of {len(params)} parameters differ from the snapshot after "
                                    f"the weight update: {failed[:5]}")
         return f"{len(params) - len(differ)} of {len(params)} parameters equal the snapshot ({len(skipped)} skipped)"
+
+
+def checksum_info(model: torch.nn.Module, skip: Sequence[str] = ()) -> dict:
+    """SGLang's ChecksumInfo of the one model copy (rank 0 of 1): {checksums: {name: sha256 hex}, per_gpu_checksum,
+    parallelism_info}; names with a ``skip`` substring are left out, as SGLang's skip_tensor_list."""
+    import hashlib
+
+    from miles_core.weights.disk import tensor_sha256
+
+    sums = {n: tensor_sha256(t) for n, t in model.state_dict().items() if not any(s in n for s in skip)}
+    overall = hashlib.sha256("".join(n + sums[n] for n in sorted(sums)).encode()).hexdigest()
+    one = {"tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1, "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}
+    return {"checksums": sums, "per_gpu_checksum": overall, "parallelism_info": one}
+
+
+def merge_ranks(ranks: list[dict]) -> dict[str, str]:
+    """One engine's {name: digest} from its ranks' ChecksumInfo: one rank as it is, several with a ``rank<r>/`` prefix
+    (the reference's checksum_utils._merge_inference_engine_ranks: TP shards of one name never clobber)."""
+    if len(ranks) == 1:
+        return dict(ranks[0]["checksums"])
+    ordered = sorted(ranks, key=lambda r: r["parallelism_info"]["rank"])
+    return {f"rank{r['parallelism_info']['rank']}/{n}": v for r in ordered for n, v in r["checksums"].items()}

@@ -23,6 +23,11 @@ class LocalWeights:
     def adapter(self):
         return self.trainer.adapter_tensors()
 
+    def checksums(self) -> dict[str, str]:
+        from miles_core.weights.disk import adapter_checksums
+
+        return adapter_checksums(self.trainer.named_tensors())
+
 
 def hf_engine_fleet(cfg: TrainConfig, data: RunData) -> InProcessFleet:
     """One HFEngine on hf_checkpoint (the trainer's starting weights; the first sync makes them the trainer's), on

@@ -36,6 +36,7 @@ from miles_core.training.protocol import Trainer, TrainOutput
 
 from . import ci_checks, debug_data
 from .rollout_store import RolloutFile, RolloutStore
+from .run_events import RunEvents
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Runtime:
         self.last_trained: int | None = None  # the last rollout trained on (or restored): an eval's rollout id
         self._offloads_trainer, self._trainer_offloaded = cfg.offloads_trainer, False
         self._unpruned: int | None = None  # the rollout of a checkpoint still being written (async_save)
+        self.events = RunEvents(cfg)  # save_debug_event_data (run_events.py); does nothing without an event dir
 
     # ---- facts --------------------------------------------------------------------------------------
     @property
@@ -195,6 +197,7 @@ class Runtime:
         metrics = self._generation_metrics(rollout, dt)
         self.rollouts.write(rollout_id, RolloutFile(samples=rollout.samples, metrics=metrics, weight_version=version,
                                                     cursor_after=self.source.state_dict()))
+        self.events.rollout(rollout_id, version, len(rollout.samples), metrics)
         return metrics
 
     def _recorded(self, rollout_id: int) -> list[Sample]:
@@ -255,6 +258,7 @@ class Runtime:
         """debug_rollout_only: no train step (nothing returned)."""
         if self.cfg.misc.debug_rollout_only:
             return TrainOutput(rollout={}, steps=[])
+        self.events.before_train(rollout_id)  # enable_event_analyzer: the syncs so far held what was sent
         samples = self.load_rollout(rollout_id)
         rewards = [reward_value(s.reward, self.cfg.rollout.reward_key) for s in samples]
         self.fleet.before_train()
@@ -264,6 +268,7 @@ class Runtime:
             ci_checks.check_train(self.cfg.misc, rollout_id, out.rollout, out.steps, self.cfg.num_steps_per_rollout,
                                   lora=self.cfg.lora.lora_rank > 0)
         self.last_trained = rollout_id
+        self.events.train(rollout_id, out)
         return TrainOutput(rollout=out.rollout | staleness_metrics(samples, self.weight_version) | wake, steps=out.steps)
 
     # ---- 4. save / restore -------------------------------------------------------------------------
@@ -284,6 +289,7 @@ class Runtime:
         self._unpruned = rollout_id
         if not self.cfg.checkpoint.async_save:  # the checkpoint is complete: prune now
             self.wait_saves()
+        self.events.saved(rollout_id)  # save_debug_event_data: the event dir as of this checkpoint, beside it
         return {"perf/save_model_time": time.perf_counter() - t0}
 
     def wait_saves(self) -> None:
@@ -316,6 +322,7 @@ class Runtime:
             self._user_source().load(data_of)
         self.weight_version = meta["weight_version"]
         self.last_trained = data_of
+        self.events.restored(meta)  # the checkpoint's event dir back (save_debug_event_data)
         self.restore_async(meta)
         self.sync_weights()  # the sync that followed this save in the interrupted run (version + 1)
         return meta
@@ -358,6 +365,7 @@ class Runtime:
             self.weight_version += 1
             if check:
                 self._check_weights("compare")
+            self.events.sync(self.last_trained, self.weight_version, self.weights, self.engine)
         metrics = {**metrics, **self.offload_trainer()}  # the engines generate next
         if self.cfg.misc.ci_test:  # the reference's FSDP actor: the engines serve the version just sent
             served = self.engine.get_weight_version()
@@ -452,6 +460,7 @@ class Runtime:
         MetricChecker.dispose)."""
         if self.metric_checker is not None:
             self.metric_checker.dispose()
+        self.events.check("at the run's end")
 
     def close(self) -> None:
         """Wait for a checkpoint still being written (async_save), then stop background generation, the fleet and what

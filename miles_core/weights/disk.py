@@ -69,5 +69,6 @@ def tensor_sha256(t: torch.Tensor) -> str:
 
 
 def adapter_checksums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
-    """{name: tensor_sha256}: SGLang's ``expected_checksums`` of /load_lora_adapter_from_tensors."""
+    """{name: tensor_sha256}: SGLang's ``expected_checksums`` of /load_lora_adapter_from_tensors; also the trainer's
+    digests of a whole sync (save_local_weight_checksum)."""
     return {n: tensor_sha256(t) for n, t in named}

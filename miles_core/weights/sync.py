@@ -215,6 +215,12 @@ class WeightSender:
         config, tensors = self._adapter()
         return config, [(k, host_copy(v)) for k, v in tensors]
 
+    def checksums(self) -> dict[str, str]:
+        """{name: sha256 hex} of the tensors a sync sends, hashed where they are (save_local_weight_checksum)."""
+        from .disk import adapter_checksums
+
+        return adapter_checksums(self._named())
+
     def save_adapter(self, path: str) -> str:
         """The adapter as a PEFT dir at ``path`` (atomic), for engines that read it (/load_lora_adapter). -> path."""
         from .disk import save_adapter_dir

@@ -23,6 +23,9 @@ ENV_NOTES: dict[str, str] = {
     "MILES_ENGINE_API_KEY": "The API key an engine server requires (`Authorization: Bearer <key>`); the launcher "
                             "(`launch_server_process(api_key=...)`) sets it in the server's environment, never on its command line. "
                             "In a run over `rollout_external_engine_addrs`: the key those servers were started with, sent on every call.",
+    "MILES_SCRIPT_ENV_REPORT": "The default of `env_report`, as the reference's: the launcher's environment report (a JSON "
+                               "object, or base64 of one); set, the run logs its pip packages and git state to MLflow "
+                               "(docs/guide/coming-from-the-reference.md).",
     "MILES_DEBUG": "`1`: the `miles` CLI prints full tracebacks (as `miles --debug`); otherwise an error is one short "
                    "message, exit code 2 for a config or input error, 1 for a failure while running.",
     "MILES_FAULT_INJECT": "Tests only: `<stage>@<id>[x<attempts>]`, comma-separated (stages generate, train, save, sync, eval, "

@@ -147,6 +147,15 @@ class HTTPEngineClient(SeededGenerate):
             payload["skip_tensor_list"] = list(skip_list)  # SGLang's name for the reference's skip list
         return str(self.request("POST", "/weights_checker", json=payload).json().get("message", ""))
 
+    def weight_checksums(self) -> list[dict[str, str]]:
+        """[{tensor name: digest}] of this engine: /weights_checker {action: checksum}, its ranks merged (weight_checker.py)."""
+        from miles_core.rollout.weight_checker import merge_ranks
+
+        body = self.request("POST", "/weights_checker", json={"action": "checksum"}).json()
+        if not body.get("success") or not body.get("ranks"):
+            raise EngineHTTPError(self.base_url + "/weights_checker", f"checksum answered no ranks: {str(body)[:200]}")
+        return [merge_ranks(body["ranks"])]
+
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.request("POST", "/release_memory_occupation", json={"tags": tags} if tags else {})
 

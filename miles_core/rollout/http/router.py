@@ -293,6 +293,13 @@ class EngineRouter(SeededGenerate):
         self._broadcast("check_weights", lambda c: c.check_weights(action, skip_list, allow_quant_error, selector),
                         [s for s in self.slots if s.healthy])
 
+    def weight_checksums(self) -> list[dict[str, str]]:
+        """[{tensor name: digest}] per healthy engine, in slot order (save_local_weight_checksum)."""
+        got: dict[int, list[dict[str, str]]] = {}
+        ok = self._broadcast("weight_checksums", lambda c: got.__setitem__(id(c), c.weight_checksums()),
+                             [s for s in self.slots if s.healthy])
+        return [sums for s in self.slots if s in ok for sums in got[id(s.client)]]
+
     def abort(self) -> None:
         self._broadcast("abort", lambda c: c.abort())
 

@@ -17,7 +17,7 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
                                         and of the reference's patched SGLang; ours: OUR_ROUTES)
     POST /init_weights_update_group     POST /update_weights_from_distributed, /destroy_weights_update_group
     POST /update_weight_version         GET|POST /get_weights_by_name      (ours: the whole tensor)
-    GET|POST /weights_checker {action: snapshot|reset_tensors|compare, skip_tensor_list}
+    GET|POST /weights_checker {action: snapshot|reset_tensors|compare|checksum, skip_tensor_list}
     POST /load_lora_adapter {lora_name, lora_path: a PEFT dir}   POST /unload_lora_adapter
     POST /load_lora_adapter_from_tensors (ours: base64 safetensors, wire.py; SGLang's expected_checksums)
     GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
@@ -529,6 +529,9 @@ class EngineServer:
                                              bool(body.get("allow_quant_error")), body.get("selector") or "all")
         except (WeightCheckError, ValueError) as e:
             return _error(400, str(e))
+        if isinstance(message, dict):  # checksum: SGLang's ChecksumInfo, per rank (this server holds one copy)
+            return web.json_response({"success": True, "message": f"checksums of {len(message['checksums'])} tensors",
+                                      "ranks": [message]})
         return web.json_response({"success": True, "message": message})
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:

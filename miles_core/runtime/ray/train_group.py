@@ -37,7 +37,7 @@ TRAINER_CALLS: dict[Callable, str] = {
 }
 SENDER_CALLS: dict[Callable, str] = {
     WeightSender.tensors: LEAD, WeightSender.meta: LEAD, WeightSender.broadcast: LEAD, WeightSender.save: LEAD,  # read named_tensors
-    WeightSender.publish_delta: LEAD,
+    WeightSender.publish_delta: LEAD, WeightSender.checksums: LEAD,
     WeightSender.adapter: LEAD, WeightSender.save_adapter: LEAD,  # read adapter_tensors
     WeightSender.master_address: RANK0, WeightSender.init_broadcast: RANK0,
 }
