@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from .train import TrainConfig
 
 
+ENV_REPORT_ENV = "MILES_SCRIPT_ENV_REPORT"  # env_report's default, as the reference's
+
+
 def decode_env_report(raw: str) -> dict | None:
     """The launcher's report: base64 of a JSON object, or the JSON object itself, as the reference's decode_env_report
     (miles/utils/env_report.py); None when empty. Raises ValueError for anything else (the reference only warns)."""

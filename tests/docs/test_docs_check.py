@@ -383,6 +383,7 @@ def test_every_env_var_miles_reads_has_the_codes_parser_or_is_free_text():
     (envvalues.ANY_TEXT); the defaults miles sets pass their parsers (Prefect's settings model for PREFECT_*)."""
     from flows import errors
     from miles_core import env, faults
+    from miles_core.config.rules_events import ENV_REPORT_ENV, decode_env_report
     from miles_core.tracking import catalog
     from tools.docs import envvalues, facts
 
@@ -390,7 +391,8 @@ def test_every_env_var_miles_reads_has_the_codes_parser_or_is_free_text():
     missing = sorted(miles_reads - set(envvalues.parsers()) - set(envvalues.ANY_TEXT))
     assert not missing, f"env vars read by the code without a parser in tools/docs/envvalues.py: {missing}"
     assert envvalues.parsers() == {faults.FAULT_ENV: faults.parse, catalog.CHECK_ENV: catalog.check_mode,
-                                   env.ALLOW_HUB_ENV: env.allow_hub, errors.DEBUG_ENV: errors.debug_value}
+                                   env.ALLOW_HUB_ENV: env.allow_hub, errors.DEBUG_ENV: errors.debug_value,
+                                   ENV_REPORT_ENV: decode_env_report}
     defaults = {n: v.default for n, v in facts.env_vars().items() if v.default and v.default.startswith("'")}
     bad = {n: envvalues.problem(n, d.strip("'")) for n, d in defaults.items() if envvalues.problem(n, d.strip("'"))}
     assert not bad, bad

@@ -33,10 +33,11 @@ def parsers() -> dict[str, Callable[[str], Any]]:
     """Variable -> the code's parser of its text (raises ValueError, or pydantic's ValidationError, on a bad value)."""
     from flows import errors
     from miles_core import env, faults
+    from miles_core.config.rules_events import ENV_REPORT_ENV, decode_env_report
     from miles_core.tracking import catalog
 
     return {faults.FAULT_ENV: faults.parse, catalog.CHECK_ENV: catalog.check_mode, env.ALLOW_HUB_ENV: env.allow_hub,
-            errors.DEBUG_ENV: errors.debug_value}
+            errors.DEBUG_ENV: errors.debug_value, ENV_REPORT_ENV: decode_env_report}
 
 
 @lru_cache(maxsize=None)
