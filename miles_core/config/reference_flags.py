@@ -171,11 +171,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                      "dumper_source_patcher_config_inference", "dumper_source_patcher_config_train"],
                     "SGLang's tensor dumper (sglang.srt.debug_utils.dumper) and its Megatron forward hooks are not wired into "
                     "miles' engines or trainers; dump the data with save_debug_rollout_data / save_debug_train_data"),
-    **dict.fromkeys(["memory_snapshot_dir", "memory_snapshot_num_steps", "memory_recorder"],
-                    "the reference's memory snapshot follows Megatron-LM's --record-memory-history, which miles does not "
-                    "implement; use torch.cuda.memory._record_memory_history around a run yourself"),
-    "profile_target": "the reference's profiler follows Megatron-LM's --use-pytorch-profiler, which miles does not "
-                      "implement; the perf/* metrics time every phase (docs/performance.md)",
     **dict.fromkeys(["save_debug_event_data", "enable_event_analyzer", "save_local_weight_checksum"],
                     "the reference's event logger (miles/utils/audit_utils) is not part of miles; ci_save_model_hash records "
                     "per-layer weight hashes at each checkpoint"),
