@@ -18,6 +18,10 @@ MEMRAY_WHY = ("the reference's memray recorder (host memory, native stacks) need
 def profile_rules(c: "TrainConfig") -> None:
     m = c.misc
     _unused_options(m)
+    on = [n for n in ("use_pytorch_profiler", "record_memory_history") if getattr(m, n)]
+    if on and m.debug_rollout_only:
+        raise ValueError(f"{' and '.join(on)} with debug_rollout_only: the trainer never steps, so there is nothing to "
+                         "profile (a profiler left recording for the whole run); drop one of them")
     if m.use_pytorch_profiler:
         _profiler_rules(c)
     if m.record_memory_history:

@@ -106,6 +106,7 @@ BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "buil
     ({"record_memory_history": True, "device": "cuda", "memory_recorder": "memray"}, "memory_recorder memray is not supported yet"),
     ({"record_memory_history": True, "device": "cuda", "profile_target": ["train_actor"]},
      "record_memory_history records over train_overall"),
+    ({"use_pytorch_profiler": True, "debug_rollout_only": True}, "use_pytorch_profiler with debug_rollout_only"),
     ({"profile_target": ["train_all"]}, "profile_target"),
 ])
 def test_refusals_name_the_field(over, match):
