@@ -34,6 +34,7 @@ from miles_core.preflight import preflight
 from miles_core.runtime import registry
 from miles_core.runtime.stage_ledger import StageLedger
 from miles_core.tracking import progress
+from miles_core.training.profiler import profile_files
 from tasks.convert import convert
 from tasks.export import export_live
 from tasks.prepare import prepare
@@ -244,6 +245,8 @@ def _track_rollout(run: TrainRun, i: int, metrics: dict[str, float], steps: list
     tracker.log(metrics, "rollout/step", i)
     if cfg.tracking.log_samples and due(_samples_interval(cfg), i, run.num_rollout) and i > tracker.marks.get("rollout/step", -1):
         tracker.mlflow.log_table(timed(sample_rows, cfg)(run.key, i, cfg.tracking.log_samples), f"samples/rollout_{i:05d}.json")
+    if cfg.misc.use_pytorch_profiler or cfg.misc.record_memory_history:  # the traces and snapshots written so far
+        tracker.mlflow.log_new_files(profile_files(cfg), "profile")
 
 
 def _samples_interval(config: TrainConfig) -> int:

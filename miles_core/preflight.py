@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from miles_core.config import ConfigError, TrainConfig
+from miles_core.config.rules_profile import NO_CUDA_HISTORY
 from miles_core.data import DataError, PromptSpec, check_rows
 from miles_core.data.dataset import split_slice
 
@@ -63,6 +64,9 @@ def _device(cfg: TrainConfig) -> None:
         raise PreflightError(str(e)) from None
     if device.type == "cuda":
         check_gpu_supported(cfg)
+    elif cfg.misc.record_memory_history:
+        raise PreflightError(f"record_memory_history with device {cfg.cluster.device}, which is cpu here (torch sees no CUDA "
+                             f"device): {NO_CUDA_HISTORY}; run it on a GPU machine, or drop record_memory_history")
 
 
 def check_gpu_supported(cfg: TrainConfig) -> None:

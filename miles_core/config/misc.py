@@ -109,6 +109,37 @@ class MiscConfig(Group):
                            "a sha256 of each adapter tensor (SGLang's expected_checksums) and the engine refuses a load whose "
                            "tensors do not hash to them, a name missing or extra; the sync fails naming them. The LoRA "
                            "counterpart of check_weight_update_equal (docs/guide/lora.md).")
+    # ---- profiling (the reference's debug group, with the Megatron-LM flags it reads; miles_core/training/profiler.py)
+    use_pytorch_profiler: bool = Field(
+        False, description="Trace the profile_target parts of training with torch.profiler (CPU ops, and CUDA kernels on a GPU; "
+                           "shapes, stacks, memory, FLOPs) on the steps [profile_step_start, profile_step_end), into "
+                           "<tensorboard_dir>/<target>_rank_<rank>.<ns>.pt.trace.json.gz (chrome://tracing, Perfetto, "
+                           "TensorBoard), logged to MLflow under profile/ (Megatron-LM's --use-pytorch-profiler).")
+    profile_step_start: int = Field(
+        10, ge=0, description="The first profiled step: a train_rollout call of this trainer process (train_overall, counted "
+                              "from 0), a micro-batch of the pass (train_actor, train_log_probs).")
+    profile_step_end: int = Field(12, ge=1, description="The step after the last profiled one (> profile_step_start).")
+    profile_target: list[Literal["train_overall", "train_actor", "train_log_probs"]] = Field(
+        ["train_overall"], min_length=1, description="What use_pytorch_profiler traces: train_overall (the trainer's life, a "
+        "step per rollout trained), train_actor (each optimizer step's micro-batches, a step each), train_log_probs (each "
+        "forward-only pass: old policy, reference, ...; a step per micro-batch). train_overall cannot be combined with the other "
+        "two (torch.profiler does not nest). record_memory_history needs train_overall in it.")
+    record_memory_history: bool = Field(
+        False, description="device cuda: record the CUDA caching allocator's history from the trainer's build "
+                           "(torch.cuda.memory._record_memory_history) and dump a snapshot after memory_snapshot_num_steps "
+                           "rollouts, and at a CUDA out-of-memory error (Megatron-LM's --record-memory-history); "
+                           "view it at pytorch.org/memory_viz.")
+    memory_snapshot_path: str = Field(
+        "snapshot.pickle", description="The memory snapshot file's name, after memory_snapshot_time<t>_rank<r>_ "
+                                       "(Megatron-LM's --memory-snapshot-path).")
+    memory_snapshot_dir: str = Field(
+        ".", description="Where record_memory_history's snapshots go; a relative dir is under the run dir.")
+    memory_snapshot_num_steps: int | None = Field(
+        None, ge=1, description="Dump the memory snapshot (and stop recording) after training rollout "
+                                "memory_snapshot_num_steps - 1; unset: only at an out-of-memory error.")
+    memory_recorder: Literal["torch", "memray"] = Field(
+        "torch", description="What records record_memory_history: torch (the CUDA allocator's history); memray (the "
+                             "reference's host-memory recorder) is not supported yet.")
     # ---- the reference's ci group: the checks its CI runs (docs/guide/debugging.md)
     ci_test: bool = Field(
         False, description="Run the reference's CI checks: the first optimizer step of each rollout is on-policy (|train/ppo_kl| < 1e-9, "

@@ -166,11 +166,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                      "dumper_source_patcher_config_inference", "dumper_source_patcher_config_train"],
                     "SGLang's tensor dumper (sglang.srt.debug_utils.dumper) and its Megatron forward hooks are not wired into "
                     "miles' engines or trainers; dump the data with save_debug_rollout_data / save_debug_train_data"),
-    **dict.fromkeys(["memory_snapshot_dir", "memory_snapshot_num_steps", "memory_recorder"],
-                    "the reference's memory snapshot follows Megatron-LM's --record-memory-history, which miles does not "
-                    "implement; use torch.cuda.memory._record_memory_history around a run yourself"),
-    "profile_target": "the reference's profiler follows Megatron-LM's --use-pytorch-profiler, which miles does not "
-                      "implement; the perf/* metrics time every phase (docs/performance.md)",
     **dict.fromkeys(["enable_witness", "witness_buffer_size"],
                     "the reference's forward/backward witness parameters (Megatron model patches) are not implemented"),
     "ci_ft_test_actions": "the reference's fault-tolerant train cells are not part of miles; fault injection is "

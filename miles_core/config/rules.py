@@ -16,6 +16,7 @@ from .data import REFERENCE_DATA_SOURCES
 from .rules_disk import disk_offload_rules
 from .rules_events import event_rules
 from .rules_lora import LORA_SERVER_ARGS, lora_rules  # noqa: F401  (LORA_SERVER_ARGS: launch.py names it here)
+from .rules_profile import profile_rules
 
 if TYPE_CHECKING:
     from .train import TrainConfig
@@ -765,5 +766,5 @@ def _not_supported(c: "TrainConfig") -> None:
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
                  _sglang_rules, _champion_rule, _promotion_rules, lora_rules, _torch_only_options, _ci_rules,
-                 _debug_data_rules, event_rules, _tracking_rules, _start_rules):
+                 _debug_data_rules, event_rules, _tracking_rules, _start_rules, profile_rules):
         rule(c)

@@ -114,6 +114,17 @@ class TrainConfig(Group):
         return Path(d).absolute() if d else self.run_dir / "train_offload"
 
     @property
+    def tensorboard_root(self) -> Path:
+        """tensorboard_dir, or <run_dir>/tensorboard: TensorBoard's event files and use_pytorch_profiler's traces."""
+        return Path(self.tracking.tensorboard_dir).absolute() if self.tracking.tensorboard_dir else self.run_dir / "tensorboard"
+
+    @property
+    def memory_snapshot_root(self) -> Path:
+        """memory_snapshot_dir, a relative one under the run dir (the reference's is under its working dir)."""
+        path = Path(self.misc.memory_snapshot_dir)
+        return path if path.is_absolute() else self.run_dir / path
+
+    @property
     def tracking_uri(self) -> str:
         return self.tracking.mlflow_tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
 

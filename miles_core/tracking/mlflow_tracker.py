@@ -102,6 +102,14 @@ class MlflowTracker:
     def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, local_dir, artifact_path=artifact_path)
 
+    def log_new_files(self, paths: list[Path], artifact_path: str) -> list[Path]:
+        """Log the files of ``paths`` the run has no artifact of that name for under ``artifact_path``; -> those logged."""
+        have = {Path(a.path).name for a in self.client.list_artifacts(self.run_id, artifact_path)}
+        new = [p for p in paths if p.name not in have]
+        for p in new:
+            self.client.log_artifact(self.run_id, str(p), artifact_path=artifact_path)
+        return new
+
 
 def histories(client, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
     """key -> (step, value) sorted by step (the last value logged at a step wins), for the keys the run has."""

@@ -23,6 +23,7 @@ def build_torch_trainer(ctx: TrainerContext) -> Trainer:
     from miles_core.models import resolve_model_path
 
     from .precision import Precision
+    from .profiler import TrainProfiler
     from .lora import adapters_of
     from .teacher import load_teacher
     from .torch_trainer import TorchTrainer
@@ -30,6 +31,7 @@ def build_torch_trainer(ctx: TrainerContext) -> Trainer:
     cfg = ctx.cfg
     torch.manual_seed(cfg.misc.seed)
     device = resolve_device(cfg.cluster.device)
+    profiler = TrainProfiler.of(cfg, rank=ctx.rank)  # before the models load: record_memory_history sees them allocated
     precision = Precision.of(cfg.misc.dtype, device)
     dtype = precision.model_dtype  # forward-only models; the trained ones keep main weights (training/precision.py)
     policy = load_hf_model(ctx.model_path, dtype=precision.main_dtype).to(device)  # the critic (ppo) follows it
@@ -39,7 +41,7 @@ def build_torch_trainer(ctx: TrainerContext) -> Trainer:
         ref = load_hf_model(ref_path, dtype=dtype).to(device).eval()
     teacher = load_teacher(cfg, dtype, policy.config.vocab_size, make_engine=ctx.make_engine, device=device)
     return TorchTrainer(policy, cfg, pad_id=ctx.tokenizer.pad_token_id, ref_model=ref, teacher=teacher, parallel=parallel_of(ctx),
-                        lora=adapters_of(cfg.lora, cfg.checkpoint.hf_checkpoint))
+                        lora=adapters_of(cfg.lora, cfg.checkpoint.hf_checkpoint), profiler=profiler)
 
 
 def parallel_of(ctx: TrainerContext):

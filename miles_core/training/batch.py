@@ -98,11 +98,12 @@ def at_response(x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def forward_only(fn, batch: TokenBatch, micro_batch_size: int) -> torch.Tensor:
-    """fn(piece) -> [n, t] over micro-batches, right-padded and concatenated to [N, T] (no grad)."""
+def forward_only(fn, batch: TokenBatch, micro_batch_size: int, loop=iter) -> torch.Tensor:
+    """fn(piece) -> [n, t] over micro-batches, right-padded and concatenated to [N, T] (no grad); ``loop`` wraps the
+    micro-batches' start rows (a profiler's steps: profiler.TrainProfiler.loop)."""
     T = batch.loss_mask.shape[1]
     parts = []
-    for s in range(0, len(batch), micro_batch_size):
+    for s in loop(range(0, len(batch), micro_batch_size)):
         out = fn(batch.slice(s, s + micro_batch_size))
         parts.append(torch.nn.functional.pad(out, (0, T - out.shape[1])))
     return torch.cat(parts)

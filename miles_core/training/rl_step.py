@@ -12,6 +12,8 @@ One rollout (train_rollout):
        (finite.py), AdamW at schedule.learning_rate; with ppo the critic's value_loss step after the actor's
        (only the critic before num_critic_only_steps rollouts)
     4. the rollout metrics (rollout/*, perf/*: perf.py) -> TrainOutput, equal on every rank
+    Profiling (use_pytorch_profiler's train_overall, record_memory_history's snapshot): a step of ``profiler`` per
+    rollout (profiler.py)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from miles_core.rollout.metrics import correct_sample_metrics
 from .batch import TokenBatch, make_batch, per_token
 from .engine import LossFn, Piece, RolloutTensors, StepShape, TrainEngine
 from .perf import PhaseTimer, perf_metrics
+from .profiler import TrainProfiler
 from .protocol import TrainOutput
 from .teacher import HttpTeacher
 from .schedule import learning_rate
@@ -41,8 +44,9 @@ from .train_dump import save_train_data
 class RLTrainer:
     """The Trainer protocol (protocol.py) over one engine: the step here, the models in ``engine``."""
 
-    def __init__(self, engine: TrainEngine, cfg: TrainConfig):
+    def __init__(self, engine: TrainEngine, cfg: TrainConfig, profiler: TrainProfiler | None = None):
         self.engine = engine
+        self.profiler = TrainProfiler.of(cfg) if profiler is None else profiler  # use_pytorch_profiler, record_memory_history
         self.algo = cfg.algo
         # use_kl_loss with kl_loss_coef 0 loads no reference model (REFERENCE §3), so the loss has no KL term
         no_ref_kl = "ref" not in engine.roles and cfg.algo.use_kl_loss
@@ -59,6 +63,7 @@ class RLTrainer:
             raise ValueError("skip_actor_forward_only takes logp_old from the step's own train-mode forward, which "
                              "differs from the old policy's under dropout: use a model without dropout (attention_dropout, "
                              "hidden_dropout, lora_dropout 0), or drop skip_actor_forward_only")
+        self.profiler.started()  # train_overall's profiler, from the built trainer on (the reference's on_init_end)
 
     @property
     def collective(self) -> bool:
@@ -109,6 +114,7 @@ class RLTrainer:
             engine.update_ref()  # the KL terms of the next rollouts pull toward the policy as it is now
         rollout |= self._perf(batch, train_wait, time.perf_counter() - t0)
         self.timer.end_rollout()
+        self.profiler.step(rollout_id)  # train_overall's next step; the memory snapshot when due
         rollout, steps = engine.from_last_stage((rollout, steps))
         return TrainOutput(rollout=rollout, steps=steps)
 

@@ -30,6 +30,7 @@ from .engine import LossFn, Piece, RolloutTensors
 from .lora import AdapterView, NoAdapters
 from .offload import Offloader, module_tensors, optimizer_tensors
 from .precision import Precision
+from .profiler import TrainProfiler
 from .rl_step import RLTrainer
 from .schedule import reset_adam_state
 from .teacher import Teacher, TopK
@@ -44,8 +45,9 @@ class TorchEngine:
     last_stage = True
 
     def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None, teacher: Teacher | None = None,
-                 parallel=None, lora=None):
+                 parallel=None, lora=None, profiler: TrainProfiler | None = None):
         self.parallel = parallel or SingleProcess()
+        self.profiler = profiler or TrainProfiler()  # profile_target train_actor / train_log_probs: the micro-batch loops
         self.lora = lora or NoAdapters()  # LoRA adapters (lora.py): injected before the policy is wrapped
         model = self.lora.apply(model)
         self.device = next(model.parameters()).device  # where the policy lives (miles_core/device.py); batches go there
@@ -98,7 +100,7 @@ class TorchEngine:
         fn = lambda piece: response_log_probs(model, piece, self.temperature, with_entropy=False, chunk_size=chunk,
                                                  pad_to=self.pad_to)[0]  # noqa: E731
         with self.precision.autocast():
-            return forward_only(fn, batch, self.micro_batch_size)
+            return forward_only(fn, batch, self.micro_batch_size, loop=self._log_probs_loop)
 
     def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
         """Data parallel: each rank computes its share of the rows, gathered so every rank has all of them."""
@@ -116,8 +118,11 @@ class TorchEngine:
             return logp
 
         with self.precision.autocast():
-            logp = forward_only(fn, batch, self.micro_batch_size)
+            logp = forward_only(fn, batch, self.micro_batch_size, loop=self._log_probs_loop)
         return logp, torch.cat(entropies)
+
+    def _log_probs_loop(self, starts):
+        return self.profiler.loop("train_log_probs", starts)
 
     @torch.no_grad()
     def opd_topk_reverse_kl(self, batch: TokenBatch, samples: list, teacher=None) -> torch.Tensor:
@@ -167,7 +172,7 @@ class TorchEngine:
         plan = self._plan(batch, mine) if actor else [mine[s : s + self.micro_batch_size] for s in range(0, len(mine), self.micro_batch_size)]
         forward = self._actor_piece if actor else self._critic_piece
         totals: dict[str, float] = {}
-        for idx in plan:
+        for idx in (self.profiler.loop("train_actor", plan) if actor else plan):
             loss, metrics = loss_fn(forward(batch.take(idx), idx))
             loss.backward()
             for name, v in metrics.items():
@@ -397,8 +402,10 @@ class TorchTrainer(RLTrainer):
     """The RL step (rl_step.RLTrainer, not redefined here) over a TorchEngine built from these models."""
 
     def __init__(self, model, cfg: TrainConfig, pad_id: int, ref_model=None, teacher: Teacher | None = None, parallel=None,
-                 lora=None):
-        super().__init__(TorchEngine(model, cfg, pad_id, ref_model=ref_model, teacher=teacher, parallel=parallel, lora=lora), cfg)
+                 lora=None, profiler: TrainProfiler | None = None):
+        profiler = TrainProfiler.of(cfg) if profiler is None else profiler  # one for the step and the engine's loops
+        engine = TorchEngine(model, cfg, pad_id, ref_model=ref_model, teacher=teacher, parallel=parallel, lora=lora, profiler=profiler)
+        super().__init__(engine, cfg, profiler=profiler)
 
 
 def merged_model(config, state: dict[str, torch.Tensor]) -> torch.nn.Module:
