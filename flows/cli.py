@@ -51,8 +51,8 @@ def _is_bool(annotation: Any) -> bool:
 
 
 def _is_list(annotation: Any) -> bool:
-    args = typing.get_args(annotation) or (annotation,)
-    return any(typing.get_origin(a) is list for a in args)
+    """list[X] itself, or a union holding one (list[X] | None)."""
+    return any(typing.get_origin(a) is list for a in (annotation, *typing.get_args(annotation)))
 
 
 def config_options() -> list[inspect.Parameter]:

@@ -25,6 +25,12 @@ def test_flag_overrides_recipe_value():
     assert "- q" in result.output
 
 
+def test_a_list_field_without_none_takes_a_space_separated_value_too():
+    """list[Literal[...]] fields (offload_rollout_level, profile_target) split as list[str] | None ones do."""
+    out = parse_overrides({"offload_rollout_level": "kv_cache weight", "profile_target": "train_actor train_log_probs"})
+    assert out == {"offload_rollout_level": ["kv_cache", "weight"], "profile_target": ["train_actor", "train_log_probs"]}
+
+
 def test_broken_invariant_is_a_clean_error():
     result = runner.invoke(app, ["config", "tiny", "--global-batch-size", "7"])
     assert result.exit_code == 2

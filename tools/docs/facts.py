@@ -95,7 +95,7 @@ def invalid_field_value(name: str, text: str) -> str | None:
 
     field = next(m.model_fields[name] for m in GROUPS.values() if name in m.model_fields)
     value: Any = yaml.safe_load(text) if text.strip() else text
-    is_list = any(typing.get_origin(a) is list for a in (typing.get_args(field.annotation) or (field.annotation,)))
+    is_list = any(typing.get_origin(a) is list for a in (field.annotation, *typing.get_args(field.annotation)))
     if is_list and not isinstance(value, list):
         value = text.split()
     if field.annotation is str or _strip_optional(field.annotation)[0] is str:
