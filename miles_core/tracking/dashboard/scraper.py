@@ -5,7 +5,9 @@ rollout/http/metrics.py), parsed as Prometheus text, kept by name, one EngineSam
 As the reference's SglangScraper (miles/dashboard/sglang_scraper.py) in its direct mode: a family's name is compared
 with ':' read as '_' (SGLang's ``sglang:num_running_reqs`` is ``sglang_num_running_reqs``), against
 dashboard_sglang_metrics or ``DEFAULT_METRICS``; of the labels only ``engine_type`` is kept (prefill / decode /
-unified). A failed engine leaves a gap for that scrape (never a made-up value) and a rate-limited warning. The
+unified). Ours also keeps a sample whose own name is listed: a counter's family is ``sglang_generation_tokens`` in
+Prometheus' parser, its sample ``sglang_generation_tokens_total`` - either name selects it (the reference: the
+family's only); a sample is recorded under its own name, a family's ``_created`` samples are left out. A failed engine leaves a gap for that scrape (never a made-up value) and a rate-limited warning. The
 engine list is asked for at every scrape: an engine restarted on another port is followed. The router mode (one
 ``GET <router>/engine_metrics``) has no counterpart: miles' router is in-process (refused at load).
 """
@@ -63,10 +65,11 @@ class EngineScraper:
 
         out = []
         for family in text_string_to_metric_families(text):
-            name = family.name.replace(":", "_")
-            if name not in self.names:
-                continue
+            whole = family.name.replace(":", "_") in self.names
             for s in family.samples:
+                name = s.name.replace(":", "_")
+                if not (name in self.names or whole and not name.endswith("_created")):
+                    continue
                 labels = {k: v for k, v in s.labels.items() if k in KEPT_LABELS}
                 out.append(EngineSample(ts=ts, addr=addr, metric=name, labels=labels, value=float(s.value)))
         return out
