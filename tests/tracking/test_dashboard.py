@@ -31,6 +31,12 @@ SAMPLER = "host" if not torch.cuda.is_available() else None  # a GPU machine: nv
 
 
 @pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One SQLite store for the module's runs (creating one costs seconds of schema migrations)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
 def engine(tiny_model_dir, one_torch_thread):
     handle = serve_in_thread(HFEngine.from_pretrained(tiny_model_dir, batching="exact"), model_path=str(tiny_model_dir),
                              enable_metrics=True)
@@ -39,12 +45,12 @@ def engine(tiny_model_dir, one_torch_thread):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, engine, prefect_harness):
+def run(tmp_path_factory, engine, store, prefect_harness):
     """One tiny run of 2 rollouts over the engine, with the dashboard on at short intervals."""
     from flows.train import train
 
     cfg = load_config("tiny", {"run_dir": str(tmp_path_factory.mktemp("dash") / "run"), "num_rollout": 2,
-                               "eval_interval": None, "skip_eval_before_train": True, "log_samples": 0,
+                               "eval_interval": None, "skip_eval_before_train": True, "log_samples": 0, "mlflow_tracking_uri": store,
                                "rollout_external_engine_addrs": [engine.url.removeprefix("http://")],
                                "use_miles_dashboard": True, "dashboard_sglang_metrics": KEPT, **FAST})
     summary = train(cfg)
@@ -124,8 +130,8 @@ def _scrape(url: str) -> dict[str, float]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def test_forwarded_samples_are_gauges_on_the_prometheus_endpoint(tmp_path, engine):
-    cfg = load_config("tiny", {"run_dir": str(tmp_path / "run"), "use_miles_dashboard": True, "use_prometheus": True,
+def test_forwarded_samples_are_gauges_on_the_prometheus_endpoint(tmp_path, engine, store):
+    cfg = load_config("tiny", {"run_dir": str(tmp_path / "run"), "mlflow_tracking_uri": store, "use_miles_dashboard": True, "use_prometheus": True,
                                "prometheus_port": 0, "dashboard_forward_prometheus": True, **FAST})
     tracker = open_run(cfg, None, {}, engine_urls=lambda: [engine.url])
     prom = next(m for m in tracker.mirrors if m.name == "prometheus")
@@ -142,8 +148,8 @@ def test_forwarded_samples_are_gauges_on_the_prometheus_endpoint(tmp_path, engin
     tracker.end("FINISHED")
 
 
-def test_without_forwarding_the_prometheus_endpoint_has_no_dashboard_gauges(tmp_path, engine):
-    cfg = load_config("tiny", {"run_dir": str(tmp_path / "run"), "use_miles_dashboard": True, "use_prometheus": True,
+def test_without_forwarding_the_prometheus_endpoint_has_no_dashboard_gauges(tmp_path, engine, store):
+    cfg = load_config("tiny", {"run_dir": str(tmp_path / "run"), "mlflow_tracking_uri": store, "use_miles_dashboard": True, "use_prometheus": True,
                                "prometheus_port": 0, **FAST})
     tracker = open_run(cfg, None, {}, engine_urls=lambda: [engine.url])
     dash = next(m for m in tracker.mirrors if m.name == "dashboard")
@@ -181,3 +187,15 @@ def test_direct_and_auto_load(tmp_path):
         c = build_config({**BASE, "use_miles_dashboard": True, "dashboard_sglang_scrape_mode": mode,
                           "dashboard_sglang_metrics": "sglang:num_queue_reqs, sglang_gen_throughput"})
         assert c.tracking.dashboard_metric_names == ("sglang_num_queue_reqs", "sglang_gen_throughput")
+
+
+def test_the_engines_miles_launches_serve_metrics_with_the_dashboard():
+    from miles_core.rollout.sglang.launch import EngineLaunch, launch_command
+    from miles_core.runtime.ray.engines import hf_server_args
+
+    spec = EngineLaunch(model_path="/m", host="h", port=1, api_key="K")
+    sglang = {"runtime": "ray", "rollout_engine": "sglang"}
+    for on in (False, True):
+        dash = {"use_miles_dashboard": True} if on else {}
+        assert ("--enable-metrics" in launch_command(load_config("tiny", {**sglang, **dash}), spec)) is on
+        assert ("--enable-metrics" in hf_server_args(load_config("tiny", {"runtime": "ray", **dash}))) is on
