@@ -51,7 +51,8 @@ class DashboardMirror:
         self._lock = threading.Lock()
         self.store.write_meta({
             "run_name": spec.run_name, "mlflow_run_id": spec.mlflow_run_id, "start_ts": time.time(),
-            "device_sampler": self.sampler.source, "scrape_mode": "direct", "metric_names": sorted(names),
+            "device_sampler": self.sampler.source, "scrape_mode": "direct",  # auto resolves to it (router is refused at load)
+            "configured_scrape_mode": t.dashboard_sglang_scrape_mode, "metric_names": sorted(names),
             "intervals": {"flush": t.dashboard_flush_interval, "gpu_sample": t.dashboard_gpu_sample_interval,
                           "sglang_scrape": t.dashboard_sglang_scrape_interval},
             "forward_prometheus": t.dashboard_forward_prometheus,
