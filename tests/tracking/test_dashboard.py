@@ -121,8 +121,14 @@ def test_miles_dashboard_serves_the_run_as_json_on_localhost(run):
 
 
 def test_a_run_dir_without_a_dashboard_is_named_with_the_field(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
     with pytest.raises(FileNotFoundError, match="use_miles_dashboard"):
         make_server(tmp_path)
+    result = CliRunner().invoke(app, ["dashboard", str(tmp_path), "--port", "0"], env={"COLUMNS": "400"})
+    assert result.exit_code == 2 and "use_miles_dashboard" in result.output, result.output
 
 
 def _scrape(url: str) -> dict[str, float]:
