@@ -265,6 +265,28 @@ def report_cmd(
     console.print(f"report: {page}")
 
 
+@app.command("dashboard")
+def dashboard_cmd(
+    run_dir: str = typer.Argument(..., help="The run dir of a train run with use_miles_dashboard (finished or running)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (0.0.0.0 to expose it beyond this machine)."),
+    port: int = typer.Option(7788, "--port", help="Port (0: a free one, printed)."),
+) -> None:
+    """Serve the run's dashboard telemetry (<run-dir>/dashboard/) as JSON over HTTP until interrupted."""
+    from pathlib import Path
+
+    from miles_core.tracking.dashboard.server import make_server
+
+    with _one_message():  # a run dir without a dashboard: one message, exit 2
+        server = make_server(Path(run_dir).absolute(), host, port)
+    console.print(f"dashboard of {run_dir}: http://{host}:{server.server_address[1]}/ (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how this command ends
+    finally:
+        server.server_close()
+
+
 CONVERSIONS = ("hf-to-torch-dist", "torch-dist-to-hf")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from flows.hooks import OPENED, Opened  # absolute: a deployment loads flows/train.py under another module name
 from miles_core.config import ConfigError, TrainConfig
@@ -36,6 +37,9 @@ MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_wandb", "wandb_mode", "wandb_d
                                              "use_prometheus", "prometheus_port", "prometheus_host")}
 # nor is the launcher's report of the environment it runs in (env_report: each launch writes its own)
 MUTABLE_PARAMS |= {"misc.env_report"}
+MUTABLE_PARAMS |= {f"tracking.{k}" for k in ("use_miles_dashboard", "dashboard_flush_interval", "dashboard_gpu_sample_interval",
+                                             "dashboard_sglang_scrape_interval", "dashboard_sglang_scrape_mode",
+                                             "dashboard_sglang_metrics", "dashboard_forward_prometheus")}
 FAILURE_TAGS = ("miles.failure", "miles.resume_from_rollout", "miles.interrupted")
 
 
@@ -77,8 +81,9 @@ def check_resume_early(cfg: TrainConfig) -> None:
         refuse_changed_params(mlflow_client(cfg.tracking_uri), run_id, cfg.model_dump(mode="json"), attach_prefect_logs())
 
 
-def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
-    """New run with params, or re-attach ``run_id`` (or the run dir's unfinished run) after checking the params did not change."""
+def open_run(cfg: TrainConfig, run_id: str | None, derived: dict, engine_urls: Callable[[], list[str]] = lambda: []) -> RunTracker:
+    """New run with params, or re-attach ``run_id`` (or the run dir's unfinished run) after checking the params did not change.
+    ``engine_urls``: the run's HTTP engines now (the dashboard scrapes them; none for an in-process engine)."""
     log = attach_prefect_logs()
     if run_id is None and not cfg.tracking.mlflow_new_run:
         run_id = unfinished_run(cfg)
@@ -93,7 +98,7 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
         report = env_report(cfg, tracker)
         _opened(tracker.run_id, cfg.tracking_uri, cfg.load_dir)
         log.info("MLflow run %s opened in %s", tracker.run_id, cfg.tracking_uri)
-        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params, report), plot_dir=cfg.run_dir / "plots")
+        return RunTracker(tracker, mirrors=_mirrors(cfg, tracker, params, engine_urls, report), plot_dir=cfg.run_dir / "plots")
     refuse_changed_params(tracker.client, run_id, params, log)
     report = env_report(cfg, tracker)
     tracker.client.set_terminated(run_id, status="RUNNING")
@@ -104,7 +109,7 @@ def open_run(cfg: TrainConfig, run_id: str | None, derived: dict) -> RunTracker:
             tracker.client.delete_tag(run_id, tag)
     marks = {axis: max((m.step for m in tracker.client.get_metric_history(run_id, axis)), default=-1) for axis in AXES}
     log.info("resuming MLflow run %s: steps already logged (not logged again) up to %s", run_id, marks)
-    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params, report), plot_dir=cfg.run_dir / "plots")
+    return RunTracker(tracker, marks, _mirrors(cfg, tracker, params, engine_urls, report), plot_dir=cfg.run_dir / "plots")
 
 
 def _artifact_root(cfg: TrainConfig) -> str:
@@ -125,7 +130,8 @@ def env_report(cfg: TrainConfig, tracker: MlflowTracker):
     return report
 
 
-def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict, report=None) -> list:
+def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict, engine_urls: Callable[[], list[str]],
+             report=None) -> list:
     """Tag the run with this flow run (flows/links.py), then open the mirrors the config turns on (their config: the
     params, and the launcher's env report as launcher_env_report, the reference's W&B config key)."""
     if report is not None:
@@ -133,7 +139,8 @@ def _mirrors(cfg: TrainConfig, tracker: MlflowTracker, params: dict, report=None
     tag_run(tracker)
     name = tracker.client.get_run(tracker.run_id).info.run_name
     mirrors = open_mirrors(MirrorSpec(tracking=cfg.tracking, run_dir=cfg.run_dir, mlflow_run_id=tracker.run_id, run_name=name,
-                                       params=params, steps_per_rollout=cfg.num_steps_per_rollout))
+                                       params=params, steps_per_rollout=cfg.num_steps_per_rollout, engine_urls=engine_urls,
+                                       log_artifacts=tracker.log_artifacts))
     tracker.set_tags({f"miles.{m.name}": m.link for m in mirrors if m.link})
     return mirrors
 

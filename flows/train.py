@@ -122,7 +122,8 @@ def train(config: TrainConfig) -> dict:
         check_resume(config, reattach, derived)  # changed params are named before "nothing to do"
         _refuse_nothing_to_do(config, start, n)
         mark_crashed(config.run_dir, held=True)  # a killed run before this one left its MLflow run RUNNING
-        run = TrainRun(run_key, config, n, facts["model_path"], open_run(config, reattach, derived), StageLedger(config.run_dir))
+        tracker = open_run(config, reattach, derived, engine_urls=registry.get_runtime(run_key).engine_urls)
+        run = TrainRun(run_key, config, n, facts["model_path"], tracker, StageLedger(config.run_dir))
         run.ledger.forget_after(start - 1)
         _record_run(config, run.tracker)
         if not meta:

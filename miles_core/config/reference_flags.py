@@ -39,8 +39,6 @@ UNSUPPORTED_GROUPS: dict[str, str] = {
     "wandb": "this W&B option is not implemented by the W&B mirror (miles_core/tracking/wandb_tracker.py)",
     "tensorboard": "the TensorBoard writer reads use_tensorboard and tensorboard_dir; this naming option is not wired yet",
     "prometheus": "the Prometheus exporter reads use_prometheus and prometheus_port; this option is not wired yet",
-    "dashboard": "the reference's own dashboard (miles/dashboard: GPU, SGLang and train telemetry) is not part of miles: use "
-                 "the MLflow UI (every metric), the Prefect UI (stages, logs) and use_prometheus (every metric as a gauge)",
     "debug": "this debugging option of the reference is not implemented",
     "rollout_buffer": "the reference's external rollout-buffer service (a separate server its buffer rollout function fetches "
                       "trajectories from over HTTP, rollout_buffer_url) has no counterpart: miles generates every rollout "

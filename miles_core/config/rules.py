@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .algo import parse_teacher_urls
 from .cluster import ClusterConfig
 from .data import REFERENCE_DATA_SOURCES
+from .rules_dashboard import dashboard_rules
 from .rules_disk import disk_offload_rules
 from .rules_events import event_rules
 from .rules_lora import LORA_SERVER_ARGS, lora_rules  # noqa: F401  (LORA_SERVER_ARGS: launch.py names it here)
@@ -766,5 +767,5 @@ def _not_supported(c: "TrainConfig") -> None:
 def check_rules(c: "TrainConfig") -> None:
     for rule in (_not_supported, _batch_invariant, _algo_rules, _rollout_rules, _runtime_rules, _async_rules, _parallel_rules,
                  _sglang_rules, _champion_rule, _promotion_rules, lora_rules, _torch_only_options, _ci_rules,
-                 _debug_data_rules, event_rules, _tracking_rules, _start_rules, profile_rules):
+                 _debug_data_rules, event_rules, _tracking_rules, dashboard_rules, _start_rules, profile_rules):
         rule(c)

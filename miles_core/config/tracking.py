@@ -78,3 +78,29 @@ class TrackingConfig(Group):
     prometheus_run_name: str | None = Field(
         None, description="The run_name label of every Prometheus gauge (default: the MLflow run name).")
     prometheus_host: str = Field("127.0.0.1", description="Address the /metrics endpoint binds to (0.0.0.0 to expose it beyond this machine).")
+    # ---- the run's telemetry dashboard (docs/guide/trackers.md#dashboard; miles_core/tracking/dashboard/)
+    use_miles_dashboard: bool = Field(
+        False, description="Collect the run's telemetry under <run_dir>/dashboard/ (append-only JSONL): every row the trackers "
+                           "log, GPU samples (host CPU and memory on a CPU run), the HTTP engines' SGLang /metrics; logged to "
+                           "MLflow under dashboard/ at the end; `miles dashboard <run_dir>` serves it as JSON on 127.0.0.1.")
+    dashboard_flush_interval: float = Field(5.0, gt=0, allow_inf_nan=False, description="Seconds between the dashboard's flushes to its JSONL files.")
+    dashboard_gpu_sample_interval: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="Seconds between two samples of every GPU (NVML: utilization, memory, power; "
+                                                    "without NVML, torch.cuda's device memory) or, with no GPU, of the host (CPU %, memory).")
+    dashboard_sglang_scrape_interval: float = Field(2.0, gt=0, allow_inf_nan=False, description="Seconds between two scrapes of every HTTP engine's /metrics.")
+    dashboard_sglang_scrape_mode: Literal["auto", "router", "direct"] = Field(
+        "auto", description="How the engines' metrics are fetched: direct (each engine's /metrics), router (an SGLang router's "
+                            "/engine_metrics: not supported yet, miles' router is in-process) or auto (direct here).")
+    dashboard_sglang_metrics: str | None = Field(
+        None, description="Comma-separated SGLang metric names the scraper keeps (sglang_x and sglang:x are one name); default: "
+                          "num_running_reqs, num_queue_reqs, gen_throughput, token_usage, cache_hit_rate and the PD queue ones.")
+    dashboard_forward_prometheus: bool = Field(
+        False, description="Also set the dashboard's latest GPU / host / engine values as gauges on the use_prometheus endpoint "
+                           "(miles_dashboard_*), for an external Grafana.")
+
+    @property
+    def dashboard_metric_names(self) -> tuple[str, ...] | None:
+        """dashboard_sglang_metrics as names (sglang:x written sglang_x, as the scraper compares them); None: the default list."""
+        if self.dashboard_sglang_metrics is None:
+            return None
+        return tuple(n.strip().replace(":", "_") for n in self.dashboard_sglang_metrics.split(",") if n.strip())

@@ -118,6 +118,12 @@ class Runtime:
         """The RolloutEngine the stages generate with (the fleet's)."""
         return self.fleet.engine
 
+    def engine_urls(self) -> list[str]:
+        """The base URLs of the fleet's HTTP engines now (the dashboard scrapes their /metrics); none in process."""
+        from miles_core.rollout.http import HTTPFleet
+
+        return [s.url for s in self.fleet.router.slots] if isinstance(self.fleet, HTTPFleet) else []
+
     @property
     def num_prompts(self) -> int:
         return self.data.num_prompts

@@ -14,7 +14,7 @@ and ``close``. The libraries are imported inside their modules, only when the mi
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -47,6 +47,9 @@ class MirrorSpec:
     run_name: str
     params: dict[str, Any]
     steps_per_rollout: int = 1  # num_steps_per_rollout: train steps per rollout (wandb_always_use_train_step)
+    engine_urls: Callable[[], list[str]] = lambda: []  # the HTTP engines' base URLs now (the dashboard's scraper)
+    log_artifacts: Callable[[str, str], None] | None = None  # (local dir, artifact path) into the MLflow run
+    peers: tuple = ()  # the mirrors opened before this one (the dashboard forwards to the Prometheus mirror)
 
 
 def _wandb(spec: MirrorSpec) -> Mirror:
@@ -67,11 +70,21 @@ def _prometheus(spec: MirrorSpec) -> Mirror:
     return PrometheusMirror.open(spec)
 
 
+def _dashboard(spec: MirrorSpec) -> Mirror:
+    from .dashboard.collector import DashboardMirror
+
+    forward = None
+    if spec.tracking.dashboard_forward_prometheus:  # the rules: only with use_prometheus, opened before it (MIRRORS' order)
+        forward = next(m for m in spec.peers if m.name == "prometheus").set_gauges
+    return DashboardMirror(spec, forward=forward)
+
+
 # config switch -> opener; the order is the order mirrors are opened and logged to
 MIRRORS: dict[str, Callable[[MirrorSpec], Mirror]] = {
     "use_wandb": _wandb,
     "use_tensorboard": _tensorboard,
     "use_prometheus": _prometheus,
+    "use_miles_dashboard": _dashboard,
 }
 
 
@@ -83,7 +96,7 @@ def open_mirrors(spec: MirrorSpec) -> list[Mirror]:
     try:
         for switch, opener in MIRRORS.items():
             if getattr(spec.tracking, switch):
-                opened.append(opener(spec))
+                opened.append(opener(replace(spec, peers=tuple(opened))))
     except Exception:
         for m in opened:
             m.close("FAILED")

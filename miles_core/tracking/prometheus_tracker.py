@@ -45,10 +45,14 @@ class PrometheusMirror:
         return cls(t.prometheus_host, t.prometheus_port, {"run_id": spec.mlflow_run_id, "run_name": t.prometheus_run_name or spec.run_name})
 
     def log(self, metrics: dict[str, float], axis: str, step: int) -> None:
-        for key, value in metrics.items():
-            self._gauge(key).labels(**self.labels).set(float(value))
+        self.set_gauges(metrics)
 
     log_extra = log
+
+    def set_gauges(self, metrics: dict[str, float]) -> None:
+        """The latest values, at no step (the dashboard's forwarded samples: dashboard_forward_prometheus)."""
+        for key, value in metrics.items():
+            self._gauge(key).labels(**self.labels).set(float(value))
 
     def _gauge(self, key: str):
         from prometheus_client import Gauge

@@ -14,12 +14,15 @@ waits for the batch in flight, and the next batch sees the new weights.
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from miles_core.rollout.protocol import GenerateRequest, GenerateResult
 
 from miles_core.rollout.hf_engine import HFEngine
+
+from .metrics import GenerationCounts
 
 
 @dataclass(eq=False)
@@ -41,6 +44,7 @@ class Batcher:
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.completed = 0
+        self.counts = GenerationCounts()  # tokens and requests answered (GET /metrics)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -97,6 +101,7 @@ class Batcher:
 
     async def _run_batch(self, batch: list[Item]) -> None:
         self.running = batch
+        t0 = time.perf_counter()
         try:
             results = await self.run(
                 self.engine.generate_seeded, [i.request for i in batch], [i.seed for i in batch], lambda k: batch[k].aborted
@@ -110,5 +115,7 @@ class Batcher:
                 if not item.future.done():
                     item.future.set_result(res)
             self.completed += len(batch)
+            self.counts.add_batch(sum(r.prompt_tokens for r in results), sum(r.completion_tokens for r in results), len(batch),
+                                  time.perf_counter() - t0)
         finally:
             self.running = []

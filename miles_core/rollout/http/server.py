@@ -23,6 +23,7 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
     GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
     GET  /model_info (+ /get_model_info) GET  /server_info (+ /get_server_info)  (fields: a subset; tp_size)
     POST /debug/fail                    (ours: rollout/sglang/protocol.py OUR_ROUTES; only with --enable-fault-injection)
+    GET  /metrics                       (only with --enable-metrics, as SGLang: SGLang's metric names, rollout/http/metrics.py)
 
 --tp-size N: the engine takes N ranks (rank_offset + tp_rank) in a weight broadcast group, as SGLang's TP
 workers do (one model here: every rank receives each tensor, rank 0's copy is loaded).
@@ -68,6 +69,7 @@ from miles_core.rollout.weight_checker import WeightCheckError
 
 from . import wire
 from .batcher import Batcher
+from .metrics import render
 from miles_core.weights.delta import DeltaError
 
 from .engine import BATCHING, HFEngine, ShardOutsideModelDir, iter_hf_weights, request_seed
@@ -85,6 +87,7 @@ PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInp
 class ServerOptions:
     model_path: str | None = None  # reported by /get_model_info
     enable_fault_injection: bool = False  # serve POST /debug/fail
+    enable_metrics: bool = False  # serve GET /metrics (SGLang's --enable-metrics; rollout/http/metrics.py)
     batch_wait_s: float = 0.002  # dynamic batching: wait this long for more requests
     health_timeout_s: float = 20.0  # /health_generate: a decode step (busy) or a probe (idle) within this
     exit_on_crash: bool = False  # fault "crash": exit the process (True) or drop every connection (a thread server)
@@ -137,6 +140,8 @@ class EngineServer:
                 app.router.add_route(method, path, handler)
         if self.options.enable_fault_injection:
             app.router.add_post("/debug/fail", self.debug_fail)
+        if self.options.enable_metrics:  # SGLang mounts prometheus_client's app there (add_prometheus_middleware)
+            app.router.add_get("/metrics", self.metrics)
         return app
 
     def routes(self) -> list[tuple[tuple[str, ...], str, object]]:
@@ -597,6 +602,11 @@ class EngineServer:
             "events": self.events[-100:],
         })
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        b = self.batcher
+        body = render(self.options.model_path or "default", len(b.running), len(b.pending), b.counts)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")  # prometheus_client's text format 0.0.4
+
     async def debug_fail(self, request: web.Request) -> web.Response:
         body = await _json(request)
         mode, on, after = body.get("mode"), body.get("on", "now"), body.get("after", 0)
@@ -671,13 +681,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"require Authorization: Bearer <key> (default: ${API_KEY_ENV}; prefer the env var, argv is public)")
     p.add_argument("--enable-weights-cpu-backup", action="store_true",
                    help="a release of the weights keeps them in host memory and the resume puts them back (SGLang's flag)")
+    p.add_argument("--enable-metrics", action="store_true", help="serve GET /metrics: SGLang's metric names (SGLang's flag)")
     p.add_argument("--enable-fault-injection", action="store_true", default=bool(os.environ.get(FAULT_ENV)),
                    help=f"serve POST /debug/fail (tests only; also on when {FAULT_ENV} is set)")
     return p.parse_args(argv)
 
 
 async def _serve(engine: HFEngine, args: argparse.Namespace, model_path: str) -> None:
-    options = ServerOptions(model_path=model_path, enable_fault_injection=args.enable_fault_injection,
+    options = ServerOptions(model_path=model_path, enable_fault_injection=args.enable_fault_injection, enable_metrics=args.enable_metrics,
                             batch_wait_s=args.batch_wait_ms / 1000, health_timeout_s=args.health_timeout,
                             exit_on_crash=True, api_key=args.api_key, tp_size=args.tp_size,
                             weights_cpu_backup=args.enable_weights_cpu_backup)

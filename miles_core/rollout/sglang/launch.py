@@ -65,6 +65,8 @@ def launch_command(cfg: "TrainConfig", spec: EngineLaunch, python: str = sys.exe
             "--random-seed", str(cfg.misc.seed + spec.engine_index)]
     if cfg.cluster.rollout_offload_tags:  # SGLang releases memory only with its memory saver
         argv.append("--enable-memory-saver")
+    if cfg.tracking.use_miles_dashboard:  # the dashboard scrapes every engine's /metrics (tracking/dashboard/scraper.py)
+        argv.append("--enable-metrics")
     if spec.nnodes > 1:
         argv += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank), "--dist-init-addr", spec.dist_init_addr]
     for name, value in lora_server_args(cfg).items():

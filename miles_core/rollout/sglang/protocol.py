@@ -23,6 +23,9 @@ from typing import Any
 SNAPSHOT_FILE = Path(__file__).with_name("protocol.json")
 OUR_ROUTES = {"/debug/fail": ("POST",),  # served only with --enable-fault-injection
               "/pull_weights": ("POST",)}  # disk-delta (SGLang serves it after 0.5.23: srt/weight_sync/local_checkpoint.py)
+# SGLang's routes mounted rather than decorated (so not in the snapshot's routes): /metrics, prometheus_client's app
+# with --enable-metrics (utils/common.py add_prometheus_middleware); our server's: rollout/http/metrics.py
+MOUNTED_ROUTES = {"/metrics": ("GET",)}
 OUR_BODIES = {"/update_weights_from_tensor": "a safetensors file (Content-Type application/octet-stream)"}
 
 
@@ -81,7 +84,7 @@ def route_problems(routes: list[tuple[tuple[str, ...], str]], snapshot: dict[str
     snapshot = snapshot or protocol()
     problems = []
     for methods, path in routes:
-        allowed = snapshot["routes"].get(path, {}).get("methods") or OUR_ROUTES.get(path)
+        allowed = snapshot["routes"].get(path, {}).get("methods") or OUR_ROUTES.get(path) or MOUNTED_ROUTES.get(path)
         if allowed is None:
             problems.append(f"{path}: not an SGLang {snapshot['sglang_version']} route, nor one of ours {sorted(OUR_ROUTES)}")
         elif set(methods) - set(allowed):

@@ -33,10 +33,12 @@ class ServerSpec:
 
 def hf_server_args(cfg) -> list[str]:
     """The arguments of our server for this config: dtype, device (resolved in the server process, on the actor's
-    own GPU when it has one), threads, exact batching; the base's CPU backup with lora_base_cpu_backup."""
+    own GPU when it has one), threads, exact batching; the base's CPU backup with lora_base_cpu_backup; /metrics with
+    use_miles_dashboard (its scraper reads them)."""
     threads = cfg.cluster.num_threads or 1
-    return ["--dtype", cfg.misc.dtype, "--device", cfg.cluster.device, "--num-threads", str(threads), "--batching", "exact",
-            "--tp-size", str(cfg.cluster.rollout_num_gpus_per_engine)] + ["--enable-weights-cpu-backup"] * cfg.lora.lora_base_cpu_backup
+    return (["--dtype", cfg.misc.dtype, "--device", cfg.cluster.device, "--num-threads", str(threads), "--batching", "exact",
+             "--tp-size", str(cfg.cluster.rollout_num_gpus_per_engine)] + ["--enable-weights-cpu-backup"] * cfg.lora.lora_base_cpu_backup
+            + ["--enable-metrics"] * cfg.tracking.use_miles_dashboard)
 
 
 def start_hf_server(spec: ServerSpec):

@@ -18,7 +18,7 @@ import torch
 from http_helpers import requests_for
 from miles_core.rollout.http import EngineRouter, HTTPEngineClient
 from miles_core.rollout.http.server import EngineServer, ServerOptions
-from miles_core.rollout.sglang.protocol import OUR_ROUTES, Call, protocol, request_problems, route_problems
+from miles_core.rollout.sglang.protocol import MOUNTED_ROUTES, OUR_ROUTES, Call, protocol, request_problems, route_problems
 from miles_core.weights.sync import MODES, DeltaOptions, WeightSender, WeightSync
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -130,7 +130,7 @@ def test_the_session_rule_answers_with_sglang_messages(start_server):
 
 
 def test_the_engines_pages_name_only_sglang_routes_or_ours():
-    known = set(protocol()["routes"]) | set(OUR_ROUTES)
+    known = set(protocol()["routes"]) | set(OUR_ROUTES) | set(MOUNTED_ROUTES)
     for page in ("docs/engines.md", "docs/advanced/weight-sync.md"):
         named = set(re.findall(r"`(?:GET |POST |GET\|POST )?(/[a-z_]+(?:/[a-z_]+)?)", (ROOT / page).read_text()))
         assert named and named - known == set(), (page, sorted(named - known))
