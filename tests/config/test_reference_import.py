@@ -92,9 +92,9 @@ def test_refused_flag_fails_naming_its_reason_from_the_compat_table(tmp_path):
     from tools.docs.compat import fields
 
     code, output, _ = _import(tmp_path, "--", "--prompt-data", "builtin://arith", "--rollout-batch-size", "2",
-                              "--n-samples-per-prompt", "2", "--use-miles-dashboard")
+                              "--n-samples-per-prompt", "2", "--use-session-server")
     assert code == 2
-    assert f"refused: --use-miles-dashboard: {refusal('use_miles_dashboard', fields())}" in output
+    assert f"refused: --use-session-server: {refusal('use_session_server', fields())}" in output
 
 
 def test_given_twice_last_wins_and_says_so(tmp_path):
