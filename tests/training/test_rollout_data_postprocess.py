@@ -12,8 +12,8 @@ import torch
 
 from flows.recipes import load_config
 from miles_core.config import ConfigError
-from miles_core.training.torch_trainer import TorchTrainer
 from ._samples import uneven_samples as _samples
+from ._steps import one_step
 
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
 SEEN = {}
@@ -65,18 +65,8 @@ def base(tiny_model_dir):
 def _step(base, tok, samples, hook=None, **over):
     """One train_rollout; -> (the gradients at optimizer.step, the weights after, the step's metrics)."""
     model = copy.deepcopy(base)
-    cfg = load_config("tiny", {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "lr": 1e-3,
-                               "rollout_data_postprocess_path": hook, **over})
-    trainer = TorchTrainer(model, cfg, pad_id=tok.pad_token_id)
-    grads, step = [], trainer.engine.optimizer.step
-
-    def record(*a, **kw):
-        grads.extend(p.grad.detach().clone() for p in model.parameters())
-        return step(*a, **kw)
-
-    trainer.engine.optimizer.step = record
-    _, steps = trainer.train_rollout(samples, REWARDS)
-    return grads, [p.detach().clone() for p in model.parameters()], steps[0]
+    _, step, grads, _ = one_step(model, tok, samples, REWARDS, rollout_data_postprocess_path=hook, **over)
+    return grads, [p.detach().clone() for p in model.parameters()], step
 
 
 def test_doubled_advantages_double_the_policy_gradient(base, tiny_tokenizer):

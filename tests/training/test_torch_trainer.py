@@ -11,11 +11,10 @@ import torch
 from flows.recipes import load_config
 from miles_core.training.torch_trainer import TorchTrainer
 from ._samples import uneven_samples as _samples
+from ._steps import one_step, tiny_trainer
 
 
-def _trainer(model, tok, **over):
-    cfg = load_config("tiny", {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "lr": 1e-3, **over})
-    return TorchTrainer(model, cfg, pad_id=tok.pad_token_id)
+_trainer = tiny_trainer
 
 
 def test_micro_batches_equal_one_batch(tiny_model_dir, tiny_tokenizer):
@@ -76,18 +75,7 @@ def test_num_steps_per_rollout_gives_that_many_steps(tiny_model_dir, tiny_tokeni
 
 
 # ---- the speed-ups are exact ---------------------------------------------------------------------
-def _one_step(model, tok, samples, rewards, **over):
-    """One train_rollout; -> (rollout metrics, step metrics, gradients at optimizer.step, the trainer)."""
-    trainer = _trainer(model, tok, **over)
-    grads, step = [], trainer.engine.optimizer.step
-
-    def record(*a, **kw):
-        grads.extend(p.grad.detach().clone() for p in model.parameters())
-        return step(*a, **kw)
-
-    trainer.engine.optimizer.step = record
-    rollout, steps = trainer.train_rollout(samples, rewards)
-    return rollout, steps[0], grads, trainer
+_one_step = one_step
 
 
 def test_skipping_the_old_logprob_pass_gives_the_same_loss_and_gradients(tiny_model_dir, tiny_tokenizer, monkeypatch):
