@@ -107,6 +107,12 @@ class TrainConfig(Group):
         return Path(self.checkpoint.export).absolute() if self.checkpoint.export else self.run_dir / "export"
 
     @property
+    def dumper_root(self) -> Path:
+        """dumper_dir: the reference's default /tmp/dumper is <run_dir>/dumper here (nothing outside the run dir)."""
+        d = self.misc.dumper_dir
+        return self.run_dir / "dumper" if d == type(self.misc).model_fields["dumper_dir"].default else Path(d).absolute()
+
+    @property
     def tracking_uri(self) -> str:
         return self.tracking.mlflow_tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
 
