@@ -390,6 +390,10 @@ def check_config(cfg) -> None:
     phase's pairs or the inference source patcher with that phase off are refused rather than ignored."""
     m = cfg.misc
     sglang = cfg.cluster.rollout_engine == "sglang"
+    if phase_values(m, "inference")["enable"] and cfg.rollout.async_mode == "fully":
+        raise ValueError("dumper_inference (dumper_enable) with async_mode fully is not supported yet: its engines generate "
+                         "between rollouts, so no rollout's dumps could be told apart (the reference refuses it too); use "
+                         "another async_mode, or turn the inference phase off (dumper_inference: ['enable=false'])")
     for phase, field in PHASE_FIELDS.items():
         values = phase_values(m, phase)
         if getattr(m, field) and not values["enable"]:
@@ -424,10 +428,14 @@ def sglang_env(cfg) -> dict[str, str]:
     return env
 
 
-def engine_bodies(cfg, n_engines: int) -> list[dict[str, Any]] | None:
-    """The /dumper/configure body for each engine before a rollout's generation (the reference's configure_sglang):
-    enabled, under cfg.dumper_root as engines/engine_<i>, plus the phase's pairs; None with the phase off."""
+def configure_engines(cfg, engine) -> None:
+    """Before a rollout's generation (the reference's configure_sglang): <dumper_root>/engines wiped, then engine i
+    configured at /dumper/configure with {enable, dir: dumper_root, exp_name: engines/engine_<i>, the phase's pairs}
+    (``engine.configure_dumper(body_of)``: the HF engine is engine 0, the router's slot i engine i); nothing with the
+    inference phase off."""
     values = phase_values(cfg.misc, "inference")
     if not values["enable"]:
-        return None
-    return [{"enable": True, "dir": str(cfg.dumper_root), "exp_name": f"engines/engine_{i}", **values} for i in range(n_engines)]
+        return
+    remove_dir(cfg.dumper_root / "engines")
+    engine.configure_dumper(lambda i: {"enable": True, "dir": str(cfg.dumper_root), "exp_name": f"engines/engine_{i}",
+                                       **values})

@@ -147,6 +147,11 @@ class HTTPEngineClient(SeededGenerate):
             payload["skip_tensor_list"] = list(skip_list)  # SGLang's name for the reference's skip list
         return str(self.request("POST", "/weights_checker", json=payload).json().get("message", ""))
 
+    def dumper_control(self, method: str, body: dict) -> list[dict]:
+        """SGLang's /dumper/{method} (configure, reset, get_state; served by SGLang with DUMPER_SERVER_PORT=reuse, and
+        by ours): one result per rank."""
+        return self.request("POST", f"/dumper/{method}", json=body).json()
+
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.request("POST", "/release_memory_occupation", json={"tags": tags} if tags else {})
 
