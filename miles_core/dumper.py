@@ -396,8 +396,9 @@ def check_config(cfg) -> None:
                          "another async_mode, or turn the inference phase off (dumper_inference: ['enable=false'])")
     for phase, field in PHASE_FIELDS.items():
         values = phase_values(m, phase)
-        if getattr(m, field) and not values["enable"]:
-            raise ValueError(f"{field} is set but its phase is off: add enable=true to it, or set dumper_enable (or drop {field})")
+        if set(values) - {"enable"} and not values["enable"]:  # options of a phase that never runs
+            raise ValueError(f"{field} sets {', '.join(sorted(set(values) - {'enable'}))} but its phase is off: add enable=true "
+                             f"to it, or set dumper_enable (or drop {field})")
         if not (phase == "inference" and sglang):
             check_keys(values, field)
             DumperOptions(**values)
