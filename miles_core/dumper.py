@@ -419,13 +419,12 @@ def sglang_env(cfg) -> dict[str, str]:
     values = phase_values(cfg.misc, "inference")
     if not values["enable"]:
         return {}
-    prefix = facts()["env_prefix"]
-    env = {f"{prefix}SERVER_PORT": "reuse"}
+    env = {"DUMPER_SERVER_PORT": "reuse"}  # DumperConfig.from_env's names: DUMPER_ + the field (tests/test_dumper.py)
     if mode := values.get("non_intrusive_mode"):
-        env[f"{prefix}NON_INTRUSIVE_MODE"] = str(mode)
+        env["DUMPER_NON_INTRUSIVE_MODE"] = str(mode)
     patcher = cfg.misc.dumper_source_patcher_config_inference or values.get("source_patcher_config")
     if patcher:
-        env[f"{prefix}SOURCE_PATCHER_CONFIG"] = str(patcher)
+        env["DUMPER_SOURCE_PATCHER_CONFIG"] = str(patcher)
     return env
 
 
