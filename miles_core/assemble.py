@@ -13,7 +13,7 @@ parameter), so a typo fails in seconds naming the field:
   custom_loss_function_path, custom_tis_function_path, eval_function_path, the Megatron plugin hooks;
 - rollout_function_path (the reference's signature) and data_source_path (a class with its DataSource methods);
 - the dumper's key=value pairs (dumper_inference / _fwd_only / _fwd_bwd) against SGLang's DumperConfig snapshot
-  (miles_core/dumper.py check_config);
+  (miles_core/rollout/dumper.py check_config);
 - champion_metric against the metrics catalog; with train_backend megatron, the parallel sizes against
   the model's shape (its config.json).
 
@@ -144,7 +144,7 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
 
 
 def _dumper_rule(c: TrainConfig) -> None:
-    from miles_core.dumper import check_config
+    from miles_core.rollout.dumper import check_config
 
     check_config(c)
 

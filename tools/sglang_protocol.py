@@ -12,7 +12,7 @@ Called by ``python -m tools.sglang_snapshot`` (``make sglang-snapshot``), which 
   the updates refused outside ``begin_weight_update() .. end_weight_update()`` and SGLang's messages;
 - ``init_custom_process_group``: the source of SGLang's function (``utils/common.py``), so a test can run
   SGLang's own receiver side on CPU without importing sglang (its module needs pybase64 and more);
-- ``dumper``: the tensor dumper of ``debug_utils/dumper.py`` (miles_core/dumper.py writes its layout): the fields
+- ``dumper``: the tensor dumper of ``debug_utils/dumper.py`` (miles_core/rollout/dumper.py writes its layout): the fields
   and defaults of ``DumperConfig`` (the key=value pairs of dumper_inference / _fwd_only / _fwd_bwd, the DUMPER_*
   environment variables), its env prefix, the fields its non-intrusive hooks dump in mode "core" (the plugins'
   ``core_fields``), their name prefix and the methods of ``/dumper/{method}``.

@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 
-from miles_core.dumper import Dumper, check_keys
+from .dumper import Dumper, check_keys
 
 from .adapters import ServedAdapters
 from .lean_decode import LeanDecoder, lean_supported
@@ -382,7 +382,7 @@ class HFEngine(SeededGenerate):
             self.adapters.unload(lora_name)
         self.adapters.load(self.model, lora_name, config_dict, named_tensors, expected_checksums)
 
-    # ---- tensor dumps (miles_core/dumper.py) ----------------------------------------------------------------
+    # ---- tensor dumps (dumper.py) -----------------------------------------------------------------------
     def dumper_control(self, method: str, body: dict) -> list[dict]:
         """SGLang's /dumper/{method}: configure (DumperConfig fields; the non-intrusive hooks go on at the first enabled
         configure, in its non_intrusive_mode), reset (hooks off, step 0), get_state; -> one result per rank (one)."""

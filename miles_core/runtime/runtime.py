@@ -21,7 +21,7 @@ from miles_core import checkpoint as ckpt
 from miles_core.config import TrainConfig
 from miles_core.data import DataSource, Sample
 from miles_core.evaluation import EvalSuite, PointResult, SnapshotEvaluator, load_hf_engine, run_on_engine
-from miles_core.dumper import configure_engines
+from miles_core.rollout.dumper import configure_engines
 from miles_core.rewards import RewardOptions, reward_value
 from miles_core.rollout.fleet import EngineFleet, WeightSource
 from miles_core.rollout.custom_rollout import RolloutDataSourceWithBuffer, RolloutFunction, make_data_source, run_rollout_function

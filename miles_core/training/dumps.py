@@ -1,5 +1,5 @@
 """The trainer's tensor dumps (dumper_enable, dumper_fwd_only, dumper_fwd_bwd): SGLang's dumper layout
-(miles_core/dumper.py) around the RL step's passes, as the reference's DumperMegatronUtil
+(miles_core/rollout/dumper.py) around the RL step's passes, as the reference's DumperMegatronUtil
 (miles/utils/dumper_utils.py) does around its forward_only and train.
 
 One phase scope per pass, on the module the engine names for the role (``TrainEngine.dump_module``):
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from miles_core.dumper import Dumper, phase_options, remove_dir
+from miles_core.rollout.dumper import Dumper, phase_options, remove_dir
 
 
 class TrainDumps:

@@ -22,7 +22,7 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
     POST /load_lora_adapter_from_tensors (ours: base64 safetensors, wire.py; SGLang's expected_checksums)
     GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
     GET  /model_info (+ /get_model_info) GET  /server_info (+ /get_server_info)  (fields: a subset; tp_size)
-    POST /dumper/{configure|reset|get_state}   (SGLang's tensor dumper control: miles_core/dumper.py)
+    POST /dumper/{configure|reset|get_state}   (SGLang's tensor dumper control: miles_core/rollout/dumper.py)
     POST /debug/fail                    (ours: rollout/sglang/protocol.py OUR_ROUTES; only with --enable-fault-injection)
 
 --tp-size N: the engine takes N ranks (rank_offset + tp_rank) in a weight broadcast group, as SGLang's TP

@@ -49,9 +49,9 @@ def start_hf_server(spec: ServerSpec):
 
 def start_sglang_server(spec: ServerSpec):
     """python -m sglang.launch_server with the config's passthrough arguments (rollout/sglang/launch.py); with the
-    inference dumps on, SGLang's DUMPER_* environment (miles_core/dumper.py sglang_env: its /dumper/{method} route on
+    inference dumps on, SGLang's DUMPER_* environment (miles_core/rollout/dumper.py sglang_env: its /dumper/{method} route on
     the server's port, the hook mode, the source patcher's YAML)."""
-    from miles_core.dumper import sglang_env
+    from miles_core.rollout.dumper import sglang_env
     from miles_core.rollout.sglang.launch import EngineLaunch, require_sglang
     from miles_core.rollout.sglang.process import SGLangProcess, free_port
 

@@ -1,4 +1,4 @@
-"""dumper_inference on our engine server (SGLang's /dumper/{method}, miles_core/dumper.py): configured through the router
+"""dumper_inference on our engine server (SGLang's /dumper/{method}, miles_core/rollout/dumper.py): configured through the router
 before a rollout as the reference's configure_sglang does, the engine dumps each forward pass (prefill, then one per
 decode step) under <dumper_dir>/engines/engine_<i>/ in SGLang's layout; the prefill's logits are the model's own."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flows.recipes import load_config
-from miles_core.dumper import configure_engines
+from miles_core.rollout.dumper import configure_engines
 from miles_core.rollout.http import EngineRouter
 from miles_core.rollout.http.client import EngineHTTPError
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams

@@ -1,4 +1,4 @@
-"""miles_core/dumper.py: SGLang's dumper layout and options (the pinned wheel's DumperConfig, snapshotted in
+"""miles_core/rollout/dumper.py: SGLang's dumper layout and options (the pinned wheel's DumperConfig, snapshotted in
 rollout/sglang/protocol.json), the three phases of a run under the run dir, SGLang's DUMPER_* environment, and the
 refusals at load, each naming its field."""
 
@@ -9,7 +9,7 @@ import torch
 
 from miles_core.assemble import build_config
 from miles_core.config import ConfigError
-from miles_core.dumper import Dumper, DumperOptions, facts, parse_pairs, sglang_env
+from miles_core.rollout.dumper import Dumper, DumperOptions, facts, parse_pairs, sglang_env
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
 

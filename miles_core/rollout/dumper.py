@@ -419,7 +419,7 @@ def sglang_env(cfg) -> dict[str, str]:
     values = phase_values(cfg.misc, "inference")
     if not values["enable"]:
         return {}
-    env = {"DUMPER_SERVER_PORT": "reuse"}  # DumperConfig.from_env's names: DUMPER_ + the field (tests/test_dumper.py)
+    env = {"DUMPER_SERVER_PORT": "reuse"}  # DumperConfig.from_env's names: DUMPER_ + the field (tests/rollout/test_dumper.py)
     if mode := values.get("non_intrusive_mode"):
         env["DUMPER_NON_INTRUSIVE_MODE"] = str(mode)
     patcher = cfg.misc.dumper_source_patcher_config_inference or values.get("source_patcher_config")
