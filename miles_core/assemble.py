@@ -145,8 +145,10 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
 
 def _dumper_rule(c: TrainConfig) -> None:
     from miles_core.rollout.dumper import check_config
+    from miles_core.training.source_patch import check_patch_file
 
     check_config(c)
+    check_patch_file(c.misc)
 
 
 def _extension_rule(c: TrainConfig) -> None:

@@ -81,7 +81,9 @@ class MiscConfig(Group):
         None, description="rollout_engine sglang: a YAML file of SGLang's source patcher (functions edited to call "
                           "dumper.dump), given to every SGLang server (DUMPER_SOURCE_PATCHER_CONFIG).")
     dumper_source_patcher_config_train: str | None = Field(
-        None, description="A YAML file of SGLang's source patcher for the trainer's code (not supported yet).")
+        None, description="With dumper_enable: a YAML file of SGLang's source patcher applied to the trainer's code when it "
+                          "is built (functions edited to call dumper.dump, which dumps into the trainer's current phase; "
+                          "miles_core/training/source_patch.py).")
     debug_rollout_only: bool = Field(
         False, description="Generate (and score) rollouts only: no train step, no checkpoint, no weight sync (the engines keep "
                            "the weights they loaded, weight_version 0); the trainer is built but never steps.")

@@ -31,9 +31,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "offload_train_disk_dir": "it applies only with offload_train_target disk: " + NO_DISK_OFFLOAD,
     "sglang_router_ip": ROUTER_WHY,
     "sglang_router_port": ROUTER_WHY,
-    "dumper_source_patcher_config_train": "SGLang's source patcher edits functions to call SGLang's dumper singleton, which "
-                                          "the trainer does not import (miles' dumper: miles_core/rollout/dumper.py); dump with "
-                                          "dumper_fwd_only / dumper_fwd_bwd non_intrusive_mode=all instead",
 }
 # Estimators whose baseline is the group mean: with one sample per prompt every advantage is 0.
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")

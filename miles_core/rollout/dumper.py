@@ -199,9 +199,11 @@ class Dumper:
         self.ctx = {k: v for k, v in (self.ctx | values).items() if v is not None}
 
     # ---- dumping ------------------------------------------------------------------------------------------
-    def dump(self, name: str, value, dims: str | None = None, dims_grad: str | None = None, **tags) -> None:
+    def dump(self, name: str, value, save: bool = True, dims: str | None = None, dims_grad: str | None = None, **tags) -> None:
         """``value`` (a tensor, or a callable returning one) under ``name``; with enable_grad also its gradient, when
-        the backward reaches it (``grad__<name>``, at the step it was dumped in)."""
+        the backward reaches it (``grad__<name>``, at the step it was dumped in). ``save`` False: nothing written."""
+        if not save:
+            return
         value_meta = {"dims": dims} if dims is not None else {}
         grad_meta = dict(value_meta)
         if dims_grad is not None:
@@ -405,8 +407,9 @@ def check_config(cfg) -> None:
     if m.dumper_source_patcher_config_inference is not None:
         if not sglang:
             raise ValueError(f"dumper_source_patcher_config_inference is not supported yet with rollout_engine "
-                             f"{cfg.cluster.rollout_engine}: SGLang's source patcher edits SGLang's own functions, run in "
-                             "SGLang servers only; use rollout_engine sglang, or drop it")
+                             f"{cfg.cluster.rollout_engine}: miles' own engines apply no source patches yet (SGLang "
+                             "servers apply it themselves; the trainer's code: dumper_source_patcher_config_train); use "
+                             "rollout_engine sglang, or drop it")
         if not phase_values(m, "inference")["enable"]:
             raise ValueError("dumper_source_patcher_config_inference applies only with the inference phase on: set "
                              "dumper_enable (or dumper_inference enable=true), or drop it")

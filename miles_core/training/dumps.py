@@ -25,6 +25,8 @@ import torch
 
 from miles_core.rollout.dumper import Dumper, phase_options, remove_dir
 
+from .source_patch import SourcePatches
+
 
 class TrainDumps:
     """The dumps of one trainer process: ``rank`` / ``world_size`` / ``parallel_info`` name and tag its files."""
@@ -33,6 +35,8 @@ class TrainDumps:
         self.cfg = cfg
         self.dumper = Dumper(rank=rank, world_size=world_size, parallel_info=parallel_info)
         self._wiped: set[str] = set()
+        patch_file = cfg.misc.dumper_source_patcher_config_train  # the functions it edits dump into this dumper
+        self.patches = SourcePatches(patch_file, self.dumper) if patch_file else None
 
     @contextlib.contextmanager
     def phase(self, phase: str, module: torch.nn.Module | None, rollout_id: int, prefix: str = ""):

@@ -14,8 +14,7 @@ from miles_core.preflight import PreflightError, preflight
 from tools.docs import facts
 
 BASE = {"rollout_batch_size": 2, "n_samples_per_prompt": 2, "prompt_data": "builtin://arith"}
-VALUES = {"min_lr": 1e-7, "offload_train_disk_dir": "/tmp/x", "sglang_router_ip": "10.0.0.1", "sglang_router_port": 30000,
-          "dumper_source_patcher_config_train": "patcher.yaml"}  # a non-default value per NOT_SUPPORTED entry
+VALUES = {"min_lr": 1e-7, "offload_train_disk_dir": "/tmp/x", "sglang_router_ip": "10.0.0.1", "sglang_router_port": 30000}  # a non-default value per NOT_SUPPORTED entry
 
 
 def test_every_field_is_read_by_code_or_refused_at_load():

@@ -100,3 +100,54 @@ def test_nothing_is_dumped_with_the_dumper_off(tiny_model_dir, tiny_tokenizer, t
     assert not (tmp_path / "d").exists() and not list(tmp_path.rglob("*.pt"))
     default = load_config("tiny", {"run_dir": str(tmp_path / "run")})
     assert default.dumper_root == tmp_path / "run" / "dumper"  # the reference's /tmp/dumper: inside the run dir here
+
+
+PATCH = """patches:
+  - target: transformers.models.qwen2.modeling_qwen2.Qwen2MLP.forward
+    edits:
+      - match: "return down_proj"
+        prepend: "dumper.dump('mlp_output', down_proj, dims='b t h')"
+"""
+
+
+def test_a_source_patch_dumps_what_its_yaml_names_inside_the_trainer_s_phases(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """dumper_source_patcher_config_train: SGLang's patch format, the edited function dumping into the current phase."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    original = Qwen2MLP.forward.__code__
+    (tmp_path / "patch.yaml").write_text(PATCH)
+    cfg = load_config("tiny", {"rollout_batch_size": 2, "n_samples_per_prompt": 4, "num_steps_per_rollout": 2,
+                               "micro_batch_size": 8, "dumper_enable": True, "dumper_dir": str(tmp_path / "d"),
+                               "dumper_source_patcher_config_train": str(tmp_path / "patch.yaml"),
+                               "dumper_fwd_only": ["filter=name == 'mlp_output'"], "dumper_fwd_bwd": ["enable=false"]})
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer = TorchTrainer(model, cfg, pad_id=tiny_tokenizer.pad_token_id)
+    try:
+        assert Qwen2MLP.forward.__code__ is not original
+        with torch.no_grad():  # outside a phase the patched code dumps nothing
+            model(input_ids=torch.tensor([[5, 6, 7]]))
+        assert not (tmp_path / "d").exists()
+        trainer.train_rollout(uneven_samples(tiny_tokenizer), REWARDS, 0)
+    finally:
+        trainer.dumps.patches.restore()
+    assert Qwen2MLP.forward.__code__ is original
+    dumps = [(_tags(p), torch.load(p, weights_only=False)) for p in (tmp_path / "d" / "fwd_only" / "rollout_0").glob("*.pt")]
+    assert sorted(int(t["layer_id"]) for t, _ in dumps) == list(range(model.config.num_hidden_layers))  # one per layer
+    assert all(t["name"] == "mlp_output" and d["meta"]["dims"] == "b t h" for t, d in dumps)
+    assert all(d["value"].shape[-1] == model.config.hidden_size for _, d in dumps)
+    assert not (tmp_path / "d" / "fwd_bwd").exists()
+
+
+@pytest.mark.parametrize(("values", "match"), [
+    ({}, "dumper_source_patcher_config_train applies only with dumper_enable"),
+    ({"dumper_enable": True, "dumper_source_patcher_config_train": "missing.yaml"}, "missing.yaml is not a file"),
+])
+def test_a_source_patch_file_is_checked_at_load_naming_the_field(values, match, tmp_path):
+    values = {"dumper_source_patcher_config_train": str(tmp_path / "p.yaml"), **values}
+    (tmp_path / "p.yaml").write_text(PATCH)
+    with pytest.raises(ValueError, match=match):
+        load_config("tiny", values)
+    (tmp_path / "p.yaml").write_text("patches:\n  - target: x\n    edits: []\n    extra: 1\n")
+    with pytest.raises(ValueError, match="is not a source-patcher YAML"):
+        load_config("tiny", {"dumper_enable": True, "dumper_source_patcher_config_train": str(tmp_path / "p.yaml")})
