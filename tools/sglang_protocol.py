@@ -186,4 +186,14 @@ def dumper_facts(src) -> dict[str, Any]:
                if isinstance(n, ast.Compare) and ast.unparse(n.left) == "method" and isinstance(n.comparators[0], ast.Constant)]
     env_prefix = ast.literal_eval(_returned(_method(config, "_env_prefix")))
     return {"source": DUMPER, "config": fields, "env_prefix": env_prefix, "core_fields": sorted(core),
-            "non_intrusive_prefix": prefix, "methods": methods}
+            "non_intrusive_prefix": prefix, "methods": methods, "route_condition": _dumper_route_condition(src)}
+
+
+def _dumper_route_condition(src) -> str:
+    """The module-level ``if`` of http_server.py under which SGLang registers ``/dumper/{method}`` (an env var)."""
+    for node in src.tree(HTTP_SERVER).body:
+        if isinstance(node, ast.If) and any(_route(d) and _route(d)[0] == "/dumper/{method}"
+                                             for fn in node.body if isinstance(fn, ast.AsyncFunctionDef | ast.FunctionDef)
+                                             for d in fn.decorator_list):
+            return ast.unparse(node.test)
+    return ""

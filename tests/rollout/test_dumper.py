@@ -4,6 +4,8 @@ refusals at load, each naming its field."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -98,5 +100,7 @@ def test_sglang_servers_get_the_reference_s_dumper_environment(tmp_path):
     assert env == {"DUMPER_SERVER_PORT": "reuse", "DUMPER_NON_INTRUSIVE_MODE": "all", "DUMPER_SOURCE_PATCHER_CONFIG": "patch.yaml"}
     config, prefix = facts()["config"], facts()["env_prefix"]
     assert {k.removeprefix(prefix).lower() for k in env} <= set(config)  # DumperConfig's own env names (from_env)
+    route_on = facts()["route_condition"]  # http_server.py: the condition SGLang registers /dumper/{method} under
+    assert eval(route_on, {"os": SimpleNamespace(environ=env)}) and not eval(route_on, {"os": SimpleNamespace(environ={})})
     with pytest.raises(ConfigError, match="applies only with the inference phase on"):
         build_config({**ray_sglang, "dumper_source_patcher_config_inference": "patch.yaml"})
