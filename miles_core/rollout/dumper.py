@@ -148,9 +148,11 @@ def _recompute_meta(status: str) -> dict[str, int]:
 
 
 def _compact(value):
-    """A view is saved as its own tensor, not with the storage it views (SGLang's _clone_if_view)."""
+    """A view is saved as its own tensor, not with the storage it views (SGLang's _clone_if_view); a DTensor (an FSDP2
+    parameter or gradient) as this rank's shard."""
     if isinstance(value, torch.Tensor):
         value = value.detach()
+        value = value.to_local() if hasattr(value, "to_local") else value
         if value.untyped_storage().nbytes() > value.nelement() * value.element_size():
             return value.clone()
     return value
