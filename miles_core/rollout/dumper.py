@@ -409,9 +409,10 @@ def check_config(cfg) -> None:
     if m.dumper_source_patcher_config_inference is not None:
         if not sglang:
             raise ValueError(f"dumper_source_patcher_config_inference is not supported yet with rollout_engine "
-                             f"{cfg.cluster.rollout_engine}: miles' own engines apply no source patches yet (SGLang "
-                             "servers apply it themselves; the trainer's code: dumper_source_patcher_config_train); use "
-                             "rollout_engine sglang, or drop it")
+                             f"{cfg.cluster.rollout_engine}: miles' own engines apply no source patches yet (the HF "
+                             "engine shares the trainer's process and code, so a patched function would dump from both; "
+                             "SGLang servers apply it themselves; the trainer's code: dumper_source_patcher_config_train); "
+                             "use rollout_engine sglang, or drop it")
         if not phase_values(m, "inference")["enable"]:
             raise ValueError("dumper_source_patcher_config_inference applies only with the inference phase on: set "
                              "dumper_enable (or dumper_inference enable=true), or drop it")
