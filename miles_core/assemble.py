@@ -13,6 +13,8 @@ parameter), so a typo fails in seconds naming the field:
   dynamic_sampling_filter_path,
   custom_loss_function_path, custom_tis_function_path, eval_function_path, the Megatron plugin hooks;
 - rollout_function_path (the reference's signature) and data_source_path (a class with its DataSource methods);
+- the dumper's key=value pairs (dumper_inference / _fwd_only / _fwd_bwd) against SGLang's DumperConfig snapshot
+  (miles_core/rollout/dumper.py check_config);
 - champion_metric against the metrics catalog; with train_backend megatron, the parallel sizes against
   the model's shape (its config.json).
 
@@ -143,6 +145,14 @@ def extension_points(c: TrainConfig) -> dict[str, tuple[str, Mapping[str, Callab
     return {k: v for k, v in points.items() if v[0]}
 
 
+def _dumper_rule(c: TrainConfig) -> None:
+    from miles_core.rollout.dumper import check_config
+    from miles_core.training.source_patch import check_patch_file
+
+    check_config(c)
+    check_patch_file(c.misc)
+
+
 def _extension_rule(c: TrainConfig) -> None:
     for field, (path, table) in extension_points(c).items():
         resolve(path, table, field)
@@ -151,7 +161,7 @@ def _extension_rule(c: TrainConfig) -> None:
 # in the order the config's own rules used to run them (rm_type before multi-turn before extension points)
 REGISTRY_RULES: tuple[Callable[[TrainConfig], None], ...] = (
     _loss_rule, _rm_type_rule, _model_shape_rule, _champion_metric_rule, _multi_turn_rule, _extension_rule,
-    _custom_rollout_rule)
+    _custom_rollout_rule, _dumper_rule)
 
 
 def check(c: TrainConfig, source: str = "config") -> TrainConfig:

@@ -11,7 +11,11 @@ Called by ``python -m tools.sglang_snapshot`` (``make sglang-snapshot``), which 
 - ``session``: the weight-update session rule of ``managers/scheduler_components/weight_updater.py``:
   the updates refused outside ``begin_weight_update() .. end_weight_update()`` and SGLang's messages;
 - ``init_custom_process_group``: the source of SGLang's function (``utils/common.py``), so a test can run
-  SGLang's own receiver side on CPU without importing sglang (its module needs pybase64 and more).
+  SGLang's own receiver side on CPU without importing sglang (its module needs pybase64 and more);
+- ``dumper``: the tensor dumper of ``debug_utils/dumper.py`` (miles_core/rollout/dumper.py writes its layout): the fields
+  and defaults of ``DumperConfig`` (the key=value pairs of dumper_inference / _fwd_only / _fwd_bwd, the DUMPER_*
+  environment variables), its env prefix, the fields its non-intrusive hooks dump in mode "core" (the plugins'
+  ``core_fields``), their name prefix and the methods of ``/dumper/{method}``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ IO_STRUCT = "sglang/srt/managers/io_struct.py"
 SAMPLING = "sglang/srt/sampling/sampling_params.py"
 WEIGHT_UPDATER = "sglang/srt/managers/scheduler_components/weight_updater.py"
 COMMON = "sglang/srt/utils/common.py"
+DUMPER = "sglang/srt/debug_utils/dumper.py"
 DECORATORS = {"get": ["GET"], "post": ["POST"], "put": ["PUT"], "delete": ["DELETE"]}
 
 
@@ -146,4 +151,49 @@ def protocol(src, version: str, wheel_name: str) -> dict[str, Any]:
         "requests": request_fields(src, {r["request"] for r in table.values() if r["request"]}),
         "session": session_rule(src),
         "init_custom_process_group": function_source(src, COMMON, "init_custom_process_group"),
+        "dumper": dumper_facts(src),
     }
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _returned(fn: ast.FunctionDef) -> ast.expr:
+    return next(n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None)
+
+
+def dumper_facts(src) -> dict[str, Any]:
+    """DumperConfig's fields (name -> type, default), its env prefix, the core fields and name prefix of the
+    non-intrusive hooks and the control methods (``_DumperHttpManager._handle_request_inner``)."""
+    tree = src.tree(DUMPER)
+    config = _class(tree, "DumperConfig")
+    fields = {n.target.id: {"annotation": ast.unparse(n.annotation), "default": ast.literal_eval(n.value)}
+              for n in config.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    core: set[str] = set()
+    for plugin in ("_SGLangPlugin", "_MegatronPlugin"):
+        call = _returned(_method(_class(tree, plugin), "core_fields"))  # frozenset({...})
+        core |= set(ast.literal_eval(call.args[0]))
+    hooks = _class(tree, "_NonIntrusiveDumper")
+    prefix = next(ast.literal_eval(n.value) for n in hooks.body
+                  if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_NAME_PREFIX")
+    handler = _method(_class(tree, "_DumperHttpManager"), "_handle_request_inner")
+    methods = [ast.literal_eval(n.comparators[0]) for n in ast.walk(handler)
+               if isinstance(n, ast.Compare) and ast.unparse(n.left) == "method" and isinstance(n.comparators[0], ast.Constant)]
+    env_prefix = ast.literal_eval(_returned(_method(config, "_env_prefix")))
+    return {"source": DUMPER, "config": fields, "env_prefix": env_prefix, "core_fields": sorted(core),
+            "non_intrusive_prefix": prefix, "methods": methods, "route_condition": _dumper_route_condition(src)}
+
+
+def _dumper_route_condition(src) -> str:
+    """The module-level ``if`` of http_server.py under which SGLang registers ``/dumper/{method}`` (an env var)."""
+    for node in src.tree(HTTP_SERVER).body:
+        if isinstance(node, ast.If) and any(_route(d) and _route(d)[0] == "/dumper/{method}"
+                                             for fn in node.body if isinstance(fn, ast.AsyncFunctionDef | ast.FunctionDef)
+                                             for d in fn.decorator_list):
+            return ast.unparse(node.test)
+    return ""

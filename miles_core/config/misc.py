@@ -76,6 +76,34 @@ class MiscConfig(Group):
                     "the run collects its pip packages and the git state of each editable one (the reference's node "
                     "report), prints it as ENV_REPORT_JSON=..., logs it to MLflow (env_report/ artifact, "
                     "launcher_env_report.* params) and the launcher's report into the W&B config.")
+    # ---- the reference's tensor dumper (SGLang's dumper layout; docs/guide/debugging.md, tensor dumps)
+    dumper_enable: bool = Field(
+        False, description="Dump tensors in SGLang's dumper layout (sglang.srt.debug_utils.dumper) in all three phases: the "
+                           "engines' forward passes (inference), the trainer's forward-only passes (fwd_only: old, ref, teacher "
+                           "log-probs, critic values) and its training forward + backward (fwd_bwd); dumper_inference / "
+                           "dumper_fwd_only / dumper_fwd_bwd can turn a phase off (enable=false) or on without it.")
+    dumper_dir: str = Field(
+        "/tmp/dumper", description="The dumps' base dir: engines/engine_<i>/, fwd_only/[ref_|teacher_|critic_]rollout_<id>/, "
+                                   "fwd_bwd/[critic_]rollout_<id>/. The default (the reference's /tmp/dumper) means "
+                                   "<run_dir>/dumper here, so nothing is written outside the run dir; another value is used "
+                                   "as given (relative to the working dir).")
+    dumper_inference: list[str] | None = Field(
+        None, description="The inference phase's dumper options as key=value pairs of SGLang's DumperConfig (e.g. "
+                          "['non_intrusive_mode=all', 'filter=layer_id is None or layer_id < 3']), sent to every engine "
+                          "(/dumper/configure) before each rollout's generation.")
+    dumper_fwd_only: list[str] | None = Field(
+        None, description="The trainer's forward-only phase's dumper options (key=value pairs of DumperConfig).")
+    dumper_fwd_bwd: list[str] | None = Field(
+        None, description="The trainer's forward + backward phase's dumper options (key=value pairs of DumperConfig; "
+                          "enable_grad dumps each dumped activation's gradient, enable_model_value / enable_model_grad each "
+                          "parameter and its gradient after the backward).")
+    dumper_source_patcher_config_inference: str | None = Field(
+        None, description="rollout_engine sglang: a YAML file of SGLang's source patcher (functions edited to call "
+                          "dumper.dump), given to every SGLang server (DUMPER_SOURCE_PATCHER_CONFIG).")
+    dumper_source_patcher_config_train: str | None = Field(
+        None, description="With dumper_enable: a YAML file of SGLang's source patcher applied to the trainer's code when it "
+                          "is built (functions edited to call dumper.dump, which dumps into the trainer's current phase; "
+                          "miles_core/training/source_patch.py).")
     debug_rollout_only: bool = Field(
         False, description="Generate (and score) rollouts only: no train step, no checkpoint, no weight sync (the engines keep "
                            "the weights they loaded, weight_version 0); the trainer is built but never steps.")

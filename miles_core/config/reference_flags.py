@@ -160,10 +160,6 @@ UNSUPPORTED_FLAGS: dict[str, str] = {
                              "ckpt_step); opd_teacher_load here is an HF dir or builtin://: export that step (export_interval) "
                              "and point opd_teacher_load at its export",
     # the debug group: what stays refused, by component
-    **dict.fromkeys(["dumper_enable", "dumper_dir", "dumper_inference", "dumper_fwd_only", "dumper_fwd_bwd",
-                     "dumper_source_patcher_config_inference", "dumper_source_patcher_config_train"],
-                    "SGLang's tensor dumper (sglang.srt.debug_utils.dumper) and its Megatron forward hooks are not wired into "
-                    "miles' engines or trainers; dump the data with save_debug_rollout_data / save_debug_train_data"),
     **dict.fromkeys(["enable_witness", "witness_buffer_size"],
                     "the reference's forward/backward witness parameters (Megatron model patches) are not implemented"),
     "ci_ft_test_actions": "the reference's fault-tolerant train cells are not part of miles; fault injection is "

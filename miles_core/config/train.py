@@ -125,6 +125,12 @@ class TrainConfig(Group):
         return path if path.is_absolute() else self.run_dir / path
 
     @property
+    def dumper_root(self) -> Path:
+        """dumper_dir: the reference's default /tmp/dumper is <run_dir>/dumper here (nothing outside the run dir)."""
+        d = self.misc.dumper_dir
+        return self.run_dir / "dumper" if d == type(self.misc).model_fields["dumper_dir"].default else Path(d).absolute()
+
+    @property
     def tracking_uri(self) -> str:
         return self.tracking.mlflow_tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
 

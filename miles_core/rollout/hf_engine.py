@@ -39,6 +39,8 @@ from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 
+from .dumper import Dumper, check_keys
+
 from .adapters import ServedAdapters
 from .lean_decode import LeanDecoder, lean_supported
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
@@ -172,6 +174,9 @@ class HFEngine(SeededGenerate):
         self._running.set()
         self.in_weight_session = False
         self.adapters = ServedAdapters()  # LoRA adapters served unmerged (rollout/adapters.py)
+        self.dumper = Dumper()  # tensor dumps of the forward passes (dumper_inference: SGLang's /dumper/{method})
+        self._dump_hooked = False
+        self.model.register_forward_hook(lambda *_: self.dumper.step())  # a step per forward pass, as SGLang's model runner
 
     @classmethod
     def from_pretrained(cls, path, dtype: str = "float32", device: str = "cpu", **engine_kwargs) -> "HFEngine":
@@ -230,6 +235,7 @@ class HFEngine(SeededGenerate):
         self._mark_aborted(aborted, done, reason)
         rows = list(range(B))  # request index of each row still in the decode batch (and its KV cache)
         logits, past, attn, pos = self._prefill(requests, device)  # [B, V], cache of B rows, [B, P], [B, 1]
+        lean = lean and not self.dumper.options.enable  # dumps need every decode step through the model's modules
         lean = LeanDecoder(self.model, past, attn, sampler.steps) if self.lean_decode and lean else None
         for step in range(sampler.steps):
             if all(done):
@@ -392,6 +398,29 @@ class HFEngine(SeededGenerate):
         if lora_name in self.adapters.loaded:
             self.adapters.unload(lora_name)
         self.adapters.load(self.model, lora_name, config_dict, named_tensors, expected_checksums)
+
+    # ---- tensor dumps (dumper.py) -----------------------------------------------------------------------
+    def dumper_control(self, method: str, body: dict) -> list[dict]:
+        """SGLang's /dumper/{method}: configure (DumperConfig fields; the non-intrusive hooks go on at the first enabled
+        configure, in its non_intrusive_mode), reset (hooks off, step 0), get_state; -> one result per rank (one)."""
+        if method == "configure":
+            check_keys(body, "/dumper/configure")
+            self.dumper.configure(**body)
+            if self.dumper.options.enable and not self._dump_hooked:
+                self.dumper.hook(self.model)
+                self._dump_hooked = True
+            return [{}]
+        if method == "reset":
+            self.dumper.reset()
+            self._dump_hooked = False
+            return [{}]
+        if method == "get_state":
+            return [self.dumper.state()]
+        raise ValueError(f"unknown dumper control method {method!r}: configure, reset or get_state")
+
+    def configure_dumper(self, body_of: Callable[[int], dict]) -> None:
+        """dumper_inference before a rollout: this engine is engine 0."""
+        self.dumper_control("configure", body_of(0))
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = version

@@ -21,6 +21,7 @@ from miles_core import checkpoint as ckpt
 from miles_core.config import TrainConfig
 from miles_core.data import DataSource, Sample
 from miles_core.evaluation import EvalSuite, PointResult, SnapshotEvaluator, load_hf_engine, run_on_engine
+from miles_core.rollout.dumper import configure_engines
 from miles_core.rewards import RewardOptions, reward_value
 from miles_core.rollout.fleet import EngineFleet, WeightSource
 from miles_core.rollout.custom_rollout import RolloutDataSourceWithBuffer, RolloutFunction, make_data_source, run_rollout_function
@@ -183,12 +184,14 @@ class Runtime:
         elif self.cfg.misc.train_only:
             rollout = Rollout(rollout_id, self._recorded(rollout_id))
         elif r.rollout_function_path is not None:
+            configure_engines(self.cfg, self.engine)  # dumper_inference: this rollout's engine dumps
             if self._rollout_fn is None:
                 self._rollout_fn = RolloutFunction(r.rollout_function_path, self.reference_args(), self.reference_source())
             rollout = run_rollout_function(self._rollout_fn, self.engine, self.tokenizer, self.rollout_spec(), self.data.rewards,
                                            rollout_id, version, self.decode)
             rollout = self._maybe_inject(rollout)
         else:
+            configure_engines(self.cfg, self.engine)
             rollout = generate_rollout(self.engine, self.source, self.rollout_spec(), self.data.rewards, rollout_id, self.decode)
             rollout = self._maybe_inject(rollout)
         dt = time.perf_counter() - t0

@@ -14,6 +14,8 @@ One rollout (train_rollout):
     4. the rollout metrics (rollout/*, perf/*: perf.py) -> TrainOutput, equal on every rank
     Profiling (use_pytorch_profiler's train_overall, record_memory_history's snapshot): a step of ``profiler`` per
     rollout (profiler.py)
+Each pass of 1 and each backward of 3 runs in a tensor-dump scope (dumps.py: dumper_fwd_only / dumper_fwd_bwd),
+which does nothing with those phases off.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from miles_core.data.sample import Sample
 from miles_core.rollout.metrics import correct_sample_metrics
 
 from .batch import TokenBatch, make_batch, per_token
+from .dumps import TrainDumps
 from .engine import LossFn, Piece, RolloutTensors, StepShape, TrainEngine
 from .perf import PhaseTimer, perf_metrics
 from .profiler import TrainProfiler
@@ -54,6 +57,8 @@ class RLTrainer:
         self.shape = StepShape(cfg.global_batch_size, cfg.algo.micro_batch_size, cfg.num_steps_per_rollout)
         self.timer, self.peak_tflops = PhaseTimer(), cfg.cluster.mfu_peak_tflops
         self.train_dump = cfg.misc.train_dump  # save_debug_train_data (or dump_details'): the path template, or None
+        self.dumps = TrainDumps(cfg, **engine.dump_ranks())  # the tensor dumps of the passes (dumper_enable)
+        self._rollout_id = 0  # the rollout being trained: its dumps' dir
         self.steps_done = 0
         # log_correct_samples: rollout/correct_* against rollout_max_response_len (rollout/metrics.correct_sample_metrics)
         self.correct_len = cfg.rollout.rollout_max_response_len if cfg.tracking.log_correct_samples else None
@@ -91,6 +96,7 @@ class RLTrainer:
         self._resident("train_rollout")
         engine = self.engine
         engine.start_rollout(rollout_id)
+        self._rollout_id = rollout_id
         batch = make_batch(samples, engine.pad_id).to(engine.device)
         train_wait = self.timer.start_rollout()
         t0 = time.perf_counter()
@@ -132,12 +138,12 @@ class RLTrainer:
         elif self.on_policy:
             old = None  # filled by the optimizer step from its own forward
         elif self.algo.use_rollout_entropy:
-            with self.timer.phase("log_probs"):
+            with self.timer.phase("log_probs"), self._dumped("fwd_only", "actor"):
                 old, entropy = engine.actor_log_probs_and_entropy(batch)
         else:
-            with self.timer.phase("log_probs"):
+            with self.timer.phase("log_probs"), self._dumped("fwd_only", "actor"):
                 old = engine.log_probs("actor", batch)
-        with self.timer.phase("ref_log_probs", when="ref" in engine.roles):
+        with self.timer.phase("ref_log_probs", when="ref" in engine.roles), self._dumped("fwd_only", "ref"):
             ref = engine.log_probs("ref", batch)
         teacher, opd_kl = None, None
         with self.timer.phase("teacher_log_probs", when="teacher" in engine.roles or self.http_teacher is not None):
@@ -145,14 +151,22 @@ class RLTrainer:
                 opd_kl = engine.opd_topk_reverse_kl(batch, samples, self.http_teacher)  # [N, T]
             else:
                 teacher = self._teacher_log_probs(batch, samples)
-        return RolloutTensors(old=old, ref=ref, teacher=teacher, values=engine.values(batch),
-                              entropy=entropy, opd_kl=opd_kl)
+        with self._dumped("fwd_only", "critic"):
+            values = engine.values(batch)
+        return RolloutTensors(old=old, ref=ref, teacher=teacher, values=values, entropy=entropy, opd_kl=opd_kl)
+
+    def _dumped(self, phase: str, role: str):
+        """The tensor-dump scope of one pass of ``role``'s model (dumps.py): <phase>/<role>_rollout_<id>, the actor's
+        without a prefix."""
+        prefix = "" if role == "actor" else f"{role}_"
+        return self.dumps.phase(phase, self.engine.dump_module(role), self._rollout_id, prefix)
 
     def _teacher_log_probs(self, batch: TokenBatch, samples: list[Sample]) -> torch.Tensor | None:
         """OPD: from the teacher (model or engine), the HTTP teachers (opd_teacher_urls), else from the samples'
         teacher_log_probs; None without OPD."""
         if "teacher" in self.engine.roles:
-            return self.engine.log_probs("teacher", batch)
+            with self._dumped("fwd_only", "teacher"):
+                return self.engine.log_probs("teacher", batch)
         if not self.algo.use_opd:
             return None
         if self.http_teacher is not None:
@@ -188,14 +202,16 @@ class RLTrainer:
         return metrics
 
     def _actor_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
-        totals = self.engine.backward("actor", batch, rows, self._actor_loss(batch, tensors, reduce))
+        with self._dumped("fwd_bwd", "actor"):  # parameters and gradients dumped before the clip and the update
+            totals = self.engine.backward("actor", batch, rows, self._actor_loss(batch, tensors, reduce))
         lr = learning_rate(self.algo.lr, self.algo.lr_warmup_iters, self.steps_done)
         check = partial(finite.check_loss_and_grad, totals.get("loss"), step=self.steps_done)
         grad_norm = self.engine.optimizer_step("actor", lr, check)
         return {**{f"train/{k}": v for k, v in totals.items()}, "train/grad_norm": grad_norm, "train/lr-pg_0": lr}
 
     def _critic_step(self, batch: TokenBatch, tensors: RolloutTensors, rows: range, reduce: Reducer) -> dict[str, float]:
-        totals = self.engine.backward("critic", batch, rows, self._value_loss(tensors, reduce))
+        with self._dumped("fwd_bwd", "critic"):
+            totals = self.engine.backward("critic", batch, rows, self._value_loss(tensors, reduce))
         lr = learning_rate(self.algo.critic_lr or self.algo.lr, self.algo.critic_lr_warmup_iters, self.steps_done)
         check = partial(finite.check_loss_and_grad, totals.get("critic-value_loss"), model="critic")
         grad_norm = self.engine.optimizer_step("critic", lr, check)

@@ -153,6 +153,19 @@ class TorchEngine:
     def from_last_stage(self, obj):
         return obj
 
+    # ---- tensor dumps (dumps.py) ------------------------------------------------------------------------
+    def dump_module(self, role: str) -> torch.nn.Module | None:
+        """The model of ``role`` (actor, ref, teacher, critic) whose passes are dumped; None without one, and on a
+        data-parallel rank but 0 (its share of the rows is not dumped, as the reference's DP rank > 0)."""
+        if self.parallel.rank != 0:
+            return None
+        critic = None if self.critic is None else self.critic.module
+        return {"actor": self.model, "ref": self.ref_model, "teacher": getattr(self.teacher, "model", None), "critic": critic}[role]
+
+    def dump_ranks(self) -> dict:
+        """rank, world_size and parallel_info of this process's dump files (the dumper's static meta)."""
+        return {"rank": self.parallel.rank, "world_size": self.parallel.world, "parallel_info": {}}
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 

@@ -67,7 +67,7 @@ def test_reference_metrics_we_do_not_log_are_explained():
 @pytest.mark.parametrize("key, value, match", [
     ("use_routing_replay", True, "not supported yet: MoE routing replay"),
     ("multi_lora_n_adapters", 2, "not supported yet: miles trains one adapter per run"),
-    ("dumper_enable", True, "not supported yet: SGLang.s tensor dumper"),
+    ("enable_witness", True, "not supported yet: the reference.s forward/backward witness"),
 ])
 def test_a_reference_flag_we_lack_fails_with_its_reason(key, value, match):
     with pytest.raises(ConfigError, match=match):

@@ -156,6 +156,11 @@ class HTTPEngineClient(SeededGenerate):
             raise EngineHTTPError(self.base_url + "/weights_checker", f"checksum answered no ranks: {str(body)[:200]}")
         return [merge_ranks(body["ranks"])]
 
+    def dumper_control(self, method: str, body: dict) -> list[dict]:
+        """SGLang's /dumper/{method} (configure, reset, get_state; served by SGLang with DUMPER_SERVER_PORT=reuse, and
+        by ours): one result per rank."""
+        return self.request("POST", f"/dumper/{method}", json=body).json()
+
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.request("POST", "/release_memory_occupation", json={"tags": tags} if tags else {})
 

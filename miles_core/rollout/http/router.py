@@ -303,6 +303,13 @@ class EngineRouter(SeededGenerate):
     def abort(self) -> None:
         self._broadcast("abort", lambda c: c.abort())
 
+    def configure_dumper(self, body_of: Callable[[int], dict]) -> None:
+        """dumper_inference before a rollout: engine i (its slot) gets body_of(i) at /dumper/configure; every engine must
+        take it (the reference's configure_sglang)."""
+        index = {id(s.client): i for i, s in enumerate(self.slots)}
+        self._broadcast("dumper configure", lambda c: c.dumper_control("configure", body_of(index[id(c)])),
+                        [s for s in self.slots if s.healthy])
+
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self._broadcast("release_memory_occupation", lambda c: c.release_memory_occupation(tags))
 

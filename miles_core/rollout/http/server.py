@@ -22,6 +22,7 @@ tests/rollout/sglang/test_protocol.py), request fields, weight-update session ru
     POST /load_lora_adapter_from_tensors (ours: base64 safetensors, wire.py; SGLang's expected_checksums)
     GET|POST /release_memory_occupation GET|POST /resume_memory_occupation
     GET  /model_info (+ /get_model_info) GET  /server_info (+ /get_server_info)  (fields: a subset; tp_size)
+    POST /dumper/{configure|reset|get_state}   (SGLang's tensor dumper control: miles_core/rollout/dumper.py)
     POST /debug/fail                    (ours: rollout/sglang/protocol.py OUR_ROUTES; only with --enable-fault-injection)
     GET  /metrics                       (only with --enable-metrics, as SGLang: SGLang's metric names, rollout/http/metrics.py)
 
@@ -168,6 +169,7 @@ class EngineServer:
             (both, "/resume_memory_occupation", self.resume_memory_occupation),
             (get, "/model_info", self.model_info), (get, "/get_model_info", self.model_info),
             (get, "/server_info", self.server_info), (get, "/get_server_info", self.server_info),
+            (post, "/dumper/{method}", self.dumper_control),
         ]
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -538,6 +540,15 @@ class EngineServer:
             return web.json_response({"success": True, "message": f"checksums of {len(message['checksums'])} tensors",
                                       "ranks": [message]})
         return web.json_response({"success": True, "message": message})
+
+    async def dumper_control(self, request: web.Request) -> web.Response:
+        """SGLang's dumper control (configure, reset, get_state) -> one result per rank; a bad method or key answers 400."""
+        body = await _json(request, default={})
+        try:
+            result = await self.batcher.run(self.engine.dumper_control, request.match_info["method"], body)
+        except (ValueError, TypeError) as e:
+            return _error(400, str(e))
+        return web.json_response(result)
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
         """Marks the tags released (generate answers 503 until resumed); weights: a CUDA model moves to

@@ -50,14 +50,18 @@ def start_hf_server(spec: ServerSpec):
 
 
 def start_sglang_server(spec: ServerSpec):
-    """python -m sglang.launch_server with the config's passthrough arguments (rollout/sglang/launch.py)."""
+    """python -m sglang.launch_server with the config's passthrough arguments (rollout/sglang/launch.py); with the
+    inference dumps on, SGLang's DUMPER_* environment (miles_core/rollout/dumper.py sglang_env: its /dumper/{method} route on
+    the server's port, the hook mode, the source patcher's YAML)."""
+    from miles_core.rollout.dumper import sglang_env
     from miles_core.rollout.sglang.launch import EngineLaunch, require_sglang
     from miles_core.rollout.sglang.process import SGLangProcess, free_port
 
     require_sglang(spec.cfg)
     launch = EngineLaunch(model_path=spec.model_path, host=spec.host, port=free_port(spec.host), api_key=spec.api_key,
                           engine_index=spec.index)
-    return SGLangProcess.start(spec.cfg, launch, spec.cfg.run_dir / "engines", env=spec.server_env()).wait_ready()
+    env = {**spec.server_env(), **sglang_env(spec.cfg)}
+    return SGLangProcess.start(spec.cfg, launch, spec.cfg.run_dir / "engines", env=env).wait_ready()
 
 
 ENGINE_SERVERS = {"hf": start_hf_server, "sglang": start_sglang_server}  # by rollout_engine: the server each engine actor runs

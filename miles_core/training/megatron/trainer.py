@@ -209,6 +209,28 @@ class MegatronEngine:
     def from_last_stage(self, obj):
         return parallel.from_last_stage(obj)
 
+    def dump_module(self, role: str):
+        """The stage of ``role`` whose passes are dumped (DDP-wrapped for actor and critic); None without one, and
+        on a data-parallel rank but 0 (every tensor / pipeline rank of data-parallel rank 0 writes its own files)."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_rank() != 0:
+            return None
+        critic = None if self.critic is None else self.critic.module
+        return {"actor": self.model, "ref": self.ref_model, "teacher": self.teacher_model, "critic": critic}[role]
+
+    def dump_ranks(self) -> dict:
+        """rank, world_size and megatron_parallel_info (the ranks and sizes SGLang's comparator unshards by)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        info = {"tp_rank": ps.get_tensor_model_parallel_rank(), "tp_size": ps.get_tensor_model_parallel_world_size(),
+                "pp_rank": ps.get_pipeline_model_parallel_rank(), "pp_size": ps.get_pipeline_model_parallel_world_size(),
+                "dp_rank": ps.get_data_parallel_rank(), "dp_size": ps.get_data_parallel_world_size(),
+                "cp_rank": ps.get_context_parallel_rank(), "cp_size": ps.get_context_parallel_world_size(),
+                "ep_rank": ps.get_expert_model_parallel_rank(), "ep_size": ps.get_expert_model_parallel_world_size()}
+        return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "parallel_info": {"megatron": info}}
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
