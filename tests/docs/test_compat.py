@@ -21,7 +21,7 @@ def test_every_reference_flag_has_a_status():
     assert set(ALIASES.values()) <= fields()
 
 
-HONOURED_SAME_NAME = 271  # raise it when a flag becomes a field; a fall means a field was dropped or refused again
+HONOURED_SAME_NAME = 278  # raise it when a flag becomes a field; a fall means a field was dropped or refused again
 
 
 def test_the_count_of_honoured_same_name_flags_does_not_fall():
@@ -30,7 +30,7 @@ def test_the_count_of_honoured_same_name_flags_does_not_fall():
     assert len(same) >= HONOURED_SAME_NAME, f"{len(same)} reference flags are honoured fields, fewer than {HONOURED_SAME_NAME}"
 
 
-OWN_HONOURED_SAME_NAME = 256  # of the reference's 348 own flags (flags.tsv kind add), aliases included; issue 34 asked for >= 250
+OWN_HONOURED_SAME_NAME = 263  # of the reference's 348 own flags (flags.tsv kind add), aliases included; issue 34 asked for >= 250
 
 
 def test_the_count_of_the_reference_own_flags_honoured_does_not_fall():

@@ -28,9 +28,9 @@ def keyed_process(model_dir):
 
 
 def _routes() -> list[tuple[str, str]]:
-    """(method, path) of every route the server registers (fault injection on, so /debug/fail too)."""
+    """(method, path) of every route the server registers (fault injection and metrics on: /debug/fail and /metrics too)."""
     server = EngineServer.__new__(EngineServer)  # app() reads only the options
-    server.options = type("O", (), {"max_body_bytes": 2**20, "enable_fault_injection": True})()
+    server.options = type("O", (), {"max_body_bytes": 2**20, "enable_fault_injection": True, "enable_metrics": True})()
     out = []
     for route in server.app().router.routes():
         method = "POST" if route.method in ("*", "POST", "PUT") else route.method
@@ -44,7 +44,8 @@ GUARDED = [r for r in ROUTES if not r[1].startswith(OPEN_PATHS)]
 
 def test_every_route_but_the_probes_is_guarded():
     # the list this test covers is the server's own route table: a new endpoint is guarded unless it is a probe
-    assert {p for _, p in ROUTES} - {p for _, p in GUARDED} == {"/health", "/health_generate"}
+    # SGLang 0.5.23's decide_request_auth (srt/utils/auth.py:93-104) lets /health*, /ready* and /metrics* through
+    assert {p for _, p in ROUTES} - {p for _, p in GUARDED} == {"/health", "/health_generate", "/metrics"}
     assert {"/generate", "/update_weights_from_tensor", "/update_weights_from_distributed", "/release_memory_occupation",
             "/update_weight_version", "/debug/fail", "/abort_request", "/pause_generation"} <= {p for _, p in GUARDED}
 
