@@ -92,7 +92,7 @@ class TrackingConfig(Group):
         "auto", description="How the engines' metrics are fetched: direct (each engine's /metrics), router (an SGLang router's "
                             "/engine_metrics: not supported yet, miles' router is in-process) or auto (direct here).")
     dashboard_sglang_metrics: str | None = Field(
-        None, description="Comma-separated SGLang metric names the scraper keeps (sglang_x and sglang:x are one name); default: "
+        None, description="Comma-separated SGLang metric names the scraper keeps (the : after sglang may be written _); default: "
                           "num_running_reqs, num_queue_reqs, gen_throughput, token_usage, cache_hit_rate and the PD queue ones.")
     dashboard_forward_prometheus: bool = Field(
         False, description="Also set the dashboard's latest GPU / host / engine values as gauges on the use_prometheus endpoint "
