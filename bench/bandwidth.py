@@ -12,6 +12,10 @@ Decode floor: a decode step of a batch of ``b`` rows at context ``c`` must read 
     bytes(b, c) = itemsize * (P_matmul + 2 * n_layers * kv_heads * head_dim * c * b)
     floor(b, c) = bytes(b, c) / bandwidth
 
+A step also does ``flops(b, c) = b * (2 * P_matmul + 4 * n_layers * hidden * c)`` of arithmetic, so its compute floor
+is flops(b, c) / the fp32 matmul peak (bench/flops.py, measured in the same run): with enough rows (b of 16 on one
+CPU thread) that floor is the higher one, and the step is held to the higher of the two ("binding floor").
+
 ``decode-floor`` measures, on a real model, the engine's decode step two ways against that floor, in one
 run with the bandwidth: the model step alone (``LeanDecoder.step``, the static-KV-cache step the engine runs:
 miles_core/rollout/lean_decode.py) and the engine's whole per-token time (``HFEngine.generate`` of ``steps`` new
@@ -27,7 +31,7 @@ import time
 import torch
 
 from .common import Result, fmt_stat, summarize, table
-from .flops import matmul_params
+from .flops import matmul_params, measure_peak
 
 
 def _median_s(fn, repeats: int) -> float:
@@ -63,6 +67,12 @@ def bandwidth_result(mib: int, repeats: int) -> Result:
     res.notes.append(f"bandwidth (best kernel) {bw['bytes_per_s'] / 1e9:.1f} GB/s over a {mib} MiB fp32 buffer at "
                      f"{bw['threads']} torch threads; copy counts read + write")
     return res
+
+
+def decode_flops(model, batch: int, context: int) -> float:
+    """FLOPs of one decode step: every matmul weight once per row, and attention over ``context`` per layer and row."""
+    c = model.config
+    return batch * (2 * matmul_params(model) + 4 * c.num_hidden_layers * c.hidden_size * context)
 
 
 def decode_bytes(model, batch: int, context: int) -> int:
@@ -131,34 +141,49 @@ def decode_result(model_name: str, batch: int, prompt_len: int, steps: int, repe
 
     path = resolve_model_path(f"builtin://{model_name}", cache_dir())
     engine = HFEngine.from_pretrained(path)
-    bw_before = measure_bandwidth(mib, repeats)
+    bw_before, peak_before = measure_bandwidth(mib, repeats), measure_peak(repeats=repeats)
     dec = measure_decode(engine, batch, prompt_len, steps, repeats)
-    bw_after = measure_bandwidth(mib, repeats)  # the machine is shared: measure around the run
+    bw_after, peak_after = measure_bandwidth(mib, repeats), measure_peak(repeats=repeats)  # shared machine: around the run
     bw = max(bw_before["bytes_per_s"], bw_after["bytes_per_s"])
+    peak = max(peak_before["peak_flops_per_s"], peak_after["peak_flops_per_s"])
     mean_ctx = prompt_len + steps / 2
     floor_s = decode_bytes(engine.model, batch, int(mean_ctx)) / bw
     weights_only_s = decode_bytes(engine.model, batch, 0) / bw
     model_ratio = dec["model_step_s"]["median"] / floor_s
     engine_floor_s = decode_bytes(engine.model, round(dec["engine_mean_rows"]), int(mean_ctx)) / bw
     engine_ratio = dec["engine_step_s"] / engine_floor_s
+    compute_s = decode_flops(engine.model, batch, int(mean_ctx)) / peak
+    engine_compute_s = decode_flops(engine.model, round(dec["engine_mean_rows"]), int(mean_ctx)) / peak
+    binding_s, engine_binding_s = max(floor_s, compute_s), max(engine_floor_s, engine_compute_s)
     res = Result("decode_floor", {"model": model_name, "batch": batch, "prompt_len": prompt_len, "steps": steps,
                                   "repeats": repeats, "dtype": str(next(engine.model.parameters()).dtype),
                                   "matmul_params": matmul_params(engine.model)})
     res.figures = {"bandwidth": {"before": bw_before, "after": bw_after, "best_bytes_per_s": bw},
                    "decode_bytes_mean_context": decode_bytes(engine.model, batch, int(mean_ctx)),
-                   "floor_s": floor_s, "engine_floor_s": engine_floor_s, "weights_only_floor_s": weights_only_s, **dec}
-    res.ratios = {"model_step_over_floor": model_ratio, "engine_step_over_floor": engine_ratio}
+                   "floor_s": floor_s, "engine_floor_s": engine_floor_s, "weights_only_floor_s": weights_only_s,
+                   "matmul_peak": {"before": peak_before, "after": peak_after, "best_flops_per_s": peak},
+                   "decode_flops_mean_context": decode_flops(engine.model, batch, int(mean_ctx)),
+                   "compute_floor_s": compute_s, "engine_compute_floor_s": engine_compute_s, **dec}
+    res.ratios = {"model_step_over_floor": model_ratio, "engine_step_over_floor": engine_ratio,
+                  "model_step_over_compute_floor": dec["model_step_s"]["median"] / compute_s,
+                  "model_step_over_binding_floor": dec["model_step_s"]["median"] / binding_s,
+                  "engine_step_over_binding_floor": dec["engine_step_s"] / engine_binding_s}
     res.noise = {"model_step_rel_iqr": dec["model_step_s"]["rel_iqr"], "engine_generate_rel_iqr": dec["engine_generate_s"]["rel_iqr"],
                  "bandwidth_before_after": [bw_before["bytes_per_s"], bw_after["bytes_per_s"]]}
     res.tables.append(table(
-        ["model", "batch x context", "bandwidth GB/s", "floor ms", "model step ms", "engine ms/step (mean rows)", "model / floor", "engine / its floor"],
-        [[model_name, f"{batch} x {prompt_len}..{prompt_len + steps}", bw / 1e9, 1e3 * floor_s,
+        ["model", "batch x context", "bandwidth GB/s", "bandwidth floor ms", "matmul peak GFLOP/s", "compute floor ms",
+         "model step ms", "engine ms/step (mean rows)", "model / bandwidth floor", "model / binding floor",
+         "engine / its binding floor"],
+        [[model_name, f"{batch} x {prompt_len}..{prompt_len + steps}", bw / 1e9, 1e3 * floor_s, peak / 1e9, 1e3 * compute_s,
           fmt_stat({k: 1e3 * v if k not in ("n", "rel_iqr") else v for k, v in dec["model_step_s"].items()}),
           f"{1e3 * dec['engine_step_s']:.3g} ({dec['engine_mean_rows']:.1f})",
-          f"{model_ratio:.2f}x", f"{engine_ratio:.2f}x"]]))
+          f"{model_ratio:.2f}x", f"{res.ratios['model_step_over_binding_floor']:.2f}x",
+          f"{res.ratios['engine_step_over_binding_floor']:.2f}x"]]))
     res.notes += [
         f"floor = (matmul weights + K/V cache at the mean context {mean_ctx:.0f}) bytes / best bandwidth measured before and "
         f"after the run ({bw / 1e9:.1f} GB/s); the weights alone are {1e3 * weights_only_s:.2f} ms of it",
+        f"compute floor = b * (2 * matmul params + 4 * layers * hidden * context) FLOPs / the best fp32 square-matmul FLOP/s "
+        f"measured before and after the run ({peak / 1e9:.1f} GFLOP/s); the binding floor is the higher of the two",
         "model step = LeanDecoder.step (the engine's static-KV-cache step) at all rows, median over the steps of each repeat; "
         "engine = HFEngine.generate_seeded of up to `steps` tokens (temperature 1), less a 1-token generate (the prefill; "
         "medians of alternating runs), per decode step the engine ran; rows that sample EOS leave the batch, so its floor is at the mean live rows",

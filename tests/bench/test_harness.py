@@ -70,6 +70,18 @@ def test_decode_floor_bytes_on_a_small_llama():
     assert decode_bytes(model.to(torch.bfloat16), batch=1, context=0) == 2 * 6208
 
 
+def test_decode_floor_flops_on_a_small_llama():
+    """A decode step's compute: each row multiplies every matmul weight (2 FLOPs each) and attends over the context
+    (4 * layers * hidden per position): 3 rows at context 10 of the model above."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bench.bandwidth import decode_flops
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, tie_word_embeddings=True)
+    assert decode_flops(LlamaForCausalLM(cfg), batch=3, context=10) == 3 * (2 * 6208 + 4 * 2 * 16 * 10)
+
+
 def test_memory_bandwidth_result_has_each_kernel(tmp_path):
     from bench.bandwidth import bandwidth_result
 
