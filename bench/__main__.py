@@ -194,8 +194,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--bucket-mb", type=int, default=512, help="update_weight_buffer_size in MiB")
     w.set_defaults(fn=cmd_weight_sync)
     mg = sub.add_parser("megatron-step", help="seconds per GRPO train step: Megatron vs torch trainer on CPU, alternating")
-    mg.add_argument("--shapes", nargs="+", default=["tiny=8x4x16x32", "smollm2=4x4x16x32"], metavar="NAME=BxGxPxT",
-                    help="model shape (tiny, smollm2) = prompts x samples x prompt tokens x response tokens")
+    mg.add_argument("--shapes", nargs="+", default=["tiny=8x4x16x32", "smollm2=4x4x16x32", "smollm2@flow=8x4x70x10"],
+                    metavar="NAME[@flow]=BxGxPxT", help="model shape (tiny, smollm2) = prompts x samples x prompt tokens x "
+                    "response tokens; @flow: the smollm2-135m recipe's train settings (bench/megatron_step.py)")
     mg.add_argument("--repeats", type=int, default=5)
     mg.set_defaults(fn=cmd_megatron_step)
     sub.add_parser("summary", help="rebuild bench/results/README.md from the result files").set_defaults(fn=cmd_summary)

@@ -3,9 +3,13 @@
 Shapes: ``tiny`` (the builtin tiny-qwen2: hidden 256, 4 layers, vocab 512) and ``smollm2`` (SmolLM2-135M:
 hidden 576, 30 layers, 9 heads / 3 kv heads, ffn 1536, vocab 49152), random weights built here (the step
 time does not depend on them). One rollout of B x G samples with P prompt and T response tokens, one
-optimizer step, use_rollout_logprobs on both sides (no old-policy pass, so both run exactly one forward
-and one backward of the same samples: equal math up to the torch trainer packing a group's shared
-prompt once, which is in its favour). Figures: median seconds per step per side and the paired ratio
+optimizer step. A plain shape (``smollm2=4x4x16x32``) runs with use_rollout_logprobs on both sides and
+micro-batches of G samples (no old-policy pass, so both run exactly one forward and one backward of the same
+samples: equal math up to the torch trainer packing a group's shared prompt once, which is in its favour). A
+``@flow`` shape (``smollm2@flow=8x4x70x10``: the smollm2-135m recipe's 8 prompts x 4 samples, its 70-token chat
+prompts and <= 10-token answers) trains as that recipe does through the flow: the recipe's micro_batch_size (16),
+data_pad_size_multiplier at its default (128), the rollout log-probs not used, so each trainer decides whether the
+old-policy pass is needed (rl_step.on_policy). Figures: median seconds per step per side and the paired ratio
 megatron / torch.
 """
 
@@ -39,7 +43,10 @@ def _samples(n_prompts: int, group: int, prompt_len: int, resp_len: int, vocab: 
     return out
 
 
-def _one_shape(name: str, shape: str, repeats: int) -> dict:
+FLOW = {"micro_batch_size": 16}  # the smollm2-135m recipe's train settings that differ from the defaults
+
+
+def _one_shape(key: str, shape: str, repeats: int) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -47,14 +54,18 @@ def _one_shape(name: str, shape: str, repeats: int) -> dict:
     from miles_core.training.megatron.trainer import MegatronTrainer
     from miles_core.training.torch_trainer import TorchTrainer
 
+    name, _, mode = key.partition("@")
     torch.manual_seed(0)
     hf = Qwen2ForCausalLM(Qwen2Config(**SHAPES[name], max_position_embeddings=512, pad_token_id=0)).eval()
     model_dir = TMP / f"megatron_step_{name}"
     shutil.rmtree(model_dir, ignore_errors=True)
     hf.save_pretrained(model_dir)
     B, G, P, T = (int(x) for x in shape.split("x"))
+    if mode not in ("", "flow"):
+        raise ValueError(f"shape {key}: the mode after @ is flow or nothing")
+    train = FLOW if mode == "flow" else {"micro_batch_size": G, "use_rollout_logprobs": True}
     cfg = build_config({"prompt_data": "unused.jsonl", "hf_checkpoint": str(model_dir), "rollout_batch_size": B, "n_samples_per_prompt": G,
-                        "micro_batch_size": G, "use_rollout_logprobs": True, "lr": 1e-6})
+                        "lr": 1e-6, **train})
     samples, rewards = _samples(B, G, P, T, SHAPES[name]["vocab_size"]), None
     rewards = [s.reward for s in samples]
     torch_trainer, mega = TorchTrainer(hf, cfg, pad_id=0), MegatronTrainer(cfg, model_dir, pad_id=0)
@@ -65,10 +76,12 @@ def _one_shape(name: str, shape: str, repeats: int) -> dict:
             step()
             if i:
                 times[side].append(time.perf_counter() - t0)
+    on_policy = {"torch": torch_trainer.on_policy, "megatron": mega.on_policy}
     mega.close()
     shutil.rmtree(model_dir, ignore_errors=True)
     return {"torch_s": summarize(times["torch"]), "megatron_s": summarize(times["megatron"]),
-            "ratio": paired_ratio(times["megatron"], times["torch"]), "tokens": sum(len(s.tokens) for s in samples)}
+            "ratio": paired_ratio(times["megatron"], times["torch"]), "tokens": sum(len(s.tokens) for s in samples),
+            "train_settings": train, "old_logprob_pass_skipped": on_policy}
 
 
 def bench(shapes: dict[str, str], repeats: int) -> Result:
@@ -76,11 +89,15 @@ def bench(shapes: dict[str, str], repeats: int) -> Result:
     rows = [[name, shapes[name], fmt_stat(f["torch_s"], " s"), fmt_stat(f["megatron_s"], " s"), fmt_stat(f["ratio"], "x")]
             for name, f in figures.items()]
     notes = [
-        "One GRPO optimizer step per rollout with use_rollout_logprobs (one forward + backward per side); paired ratio = megatron / torch.",
-        "The torch trainer computes a group's shared prompt once (packed units); the Megatron trainer pads each micro-batch "
-        "(use_dynamic_batch_size packs samples, not shared prompts), so it does up to G times the prompt work.",
-        "Megatron on CPU runs the local layer spec (unfused torch ops, a [b, 1, S, S] boolean mask per micro-batch) "
-        "under a one-rank gloo group; its DDP copies gradients into a flat buffer.",
+        "One GRPO optimizer step per rollout; plain shapes with use_rollout_logprobs and micro-batches of G samples (one "
+        "forward + backward per side), @flow shapes with the smollm2-135m recipe's train settings (micro_batch_size 16, "
+        "data_pad_size_multiplier 128, on-policy: the old-policy pass skipped where the trainer replays the step); "
+        "paired ratio = megatron / torch.",
+        "The torch trainer computes a group's shared prompt once (packed units); the Megatron trainer packs each sample "
+        "whole (qkv_format thd), so it does G times the prompt work: at the flow's 70-token prompts and <= 10-token answers "
+        "about 3x the tokens.",
+        "Megatron on CPU runs the local layer spec (unfused torch ops; packed rows as THD, attention inside each sample: "
+        "training/megatron/attention.py) under a one-rank gloo group; its DDP copies gradients into a flat buffer.",
     ]
     return Result(bench="megatron_step", config={"shapes": shapes, "repeats": repeats},
                   figures=figures, ratios={k: f["ratio"] for k, f in figures.items()}, notes=notes,

@@ -2,13 +2,19 @@
 
 thd (the default): each micro-batch's rows packed into one sequence [1, W] - ``micro_batch_size`` rows (after a
 stable sort by length), or, with ``use_dynamic_batch_size``, rows packed up to ``max_tokens_per_gpu`` tokens -
-with a block-diagonal causal mask, so no token is padding and none sees another sample. (On GPU, Transformer
-Engine's attention takes the same packing as THD with cu_seqlens; the local CPU spec takes the mask: ``plan(...,
-thd=True)`` gives packed micro-batches megatron's PackedSeqParams with qkv_format "thd" and the rows' cu_seqlens
-instead of the [W, W] mask, for the Transformer-Engine spec.) bshd: ``micro_batch_size`` rows right-padded to
-[b, S] with a causal mask over their real tokens (the reference's bshd pads to the rollout's longest sample;
-padding after a sample's last token changes none of its scores). RoPE is relative, so a sample's scores do not
-depend on where in the packed row it starts. Megatron's attention mask is boolean [b, 1, S, S], True = masked out.
+with megatron's PackedSeqParams (qkv_format "thd", the rows' cu_seqlens), so no token is padding and none sees
+another sample: Transformer Engine's attention takes them on GPU, the local spec's attention.PackedDotProductAttention
+on CPU (attention inside each sequence; RoPE restarts at each sequence from cu_seqlens, megatron's rope_utils).
+bshd: ``micro_batch_size`` rows right-padded to [b, S] with a causal mask over their real tokens (the reference's
+bshd pads to the rollout's longest sample; padding after a sample's last token changes none of its scores).
+Megatron's attention mask is boolean [b, 1, S, S], True = masked out. ``packed(..., thd=False)`` gives a packed row
+the block-diagonal [W, W] mask instead of cu_seqlens, the layout megatron's own DotProductAttention computes: the
+tests' oracle for the THD attention (W^2 scores per micro-batch: not a layout to train with).
+Shared prompts (``share_prompts``: the local spec, not MLA): in a packed micro-batch the samples with the same prompt
+(a group's G samples) form one THD sequence [prompt][response 1]...[response G], each response seeing the prompt and
+itself at its own sample's positions (attention.SharedPromptParams, attention.PositionalRope), so the prompt is
+computed once, not G times, as the torch trainer's packed units do; the same numbers up to float rounding. Rows keep
+their order (a group's samples together) instead of the sort by length.
 With use_dynamic_batch_size the rows are packed first-fit decreasing by tokens, or (balance_by_flops, ``workload``)
 into ceil(tokens / max_tokens_per_gpu) Karmarkar-Karp partitions of near-equal estimated forward FLOPs.
 ``pad_to`` (tensor_model_parallel_size * data_pad_size_multiplier, the reference's get_batch pad_size): a packed
@@ -23,7 +29,7 @@ from functools import partial
 
 import torch
 
-from miles_core.training.batch import TokenBatch, karmarkar_karp, pack_rows, pad_columns, padded_to
+from miles_core.training.batch import TokenBatch, karmarkar_karp, pack_rows, pad_columns, padded_to, prompt_units
 
 
 @dataclass(frozen=True)
@@ -54,21 +60,55 @@ def padded(batch: TokenBatch, rows: list[int], pad_to: int = 1) -> MicroBatch:
                       loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs)
 
 
-def packed(batch: TokenBatch, rows: list[int], thd: bool = False, pad_to: int = 1) -> MicroBatch:
+def packed(batch: TokenBatch, rows: list[int], pad_to: int = 1, thd: bool = True, share_prompts: bool = False) -> MicroBatch:
+    """rows packed into one sequence [1, W], each sample a THD sequence of its own; with ``share_prompts`` the samples
+    with the same prompt form one sequence [prompt][response 1]...[response G] (attention.SharedPromptParams: each
+    response sees the prompt and itself, at its own sample's positions), so their prompt is computed once."""
     piece = batch.take(rows)
     device = piece.input_ids.device
     lengths = piece.attention_mask.sum(-1).tolist()  # [n]
-    starts = torch.tensor([0, *lengths[:-1]], device=device).cumsum(0)  # [n]
-    flat = starts[:, None] + piece.resp_index.clamp(min=0)  # [n, T]
-    extra = padded_to(sum(lengths), pad_to) - sum(lengths)  # data_pad_size_multiplier: a pad segment of its own after them
-    seqs = [piece.input_ids[i, :n] for i, n in enumerate(lengths)]
+    if share_prompts:
+        if not thd:
+            raise ValueError("shared prompts need the THD layout (the local spec's attention.PackedDotProductAttention)")
+        members, plen = prompt_units(piece)
+    else:
+        members, plen = [[i] for i in range(len(rows))], lengths
+    tokens, resp_q = piece.input_ids.tolist(), piece.resp_index.clamp(min=0).tolist()  # [n, L], [n, T]
+    ids: list[int] = []
+    pos: list[int] = []
+    flat: list[list[int]] = [[] for _ in rows]
+    units: list[tuple[int, tuple[int, ...]]] = []
+    for unit in members:
+        o, p = len(ids), plen[unit[0]]
+        if len(unit) == 1:  # one sample: the whole of it, a plain causal sequence
+            i = unit[0]
+            ids += tokens[i][: lengths[i]]
+            pos += range(lengths[i])
+            flat[i] = [o + q for q in resp_q[i]]
+            units.append((lengths[i], ()))
+            continue
+        ids += tokens[unit[0]][:p]
+        pos += range(p)
+        for i in unit:
+            start, r = len(ids), lengths[i] - p
+            ids += tokens[i][p : p + r]
+            pos += range(p, p + r)
+            flat[i] = [o + q if q < p else start + q - p for q in resp_q[i]]  # q: the position in sample i's own sequence
+        units.append((p, tuple(lengths[i] - p for i in unit)))
+    extra = padded_to(len(ids), pad_to) - len(ids)  # data_pad_size_multiplier: a pad segment of its own after them
     if extra:
-        seqs.append(torch.zeros(extra, dtype=torch.long, device=device))
-        lengths = [*lengths, extra]
-    ids = torch.cat(seqs)[None]  # [1, W]
-    pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]  # [1, W] each sample's own positions
-    mask, params = (None, thd_params(lengths, device)) if thd else (block_causal_mask(lengths, device), None)
-    return MicroBatch(rows=list(rows), input_ids=ids, position_ids=pos, attention_mask=mask, flat_index=flat,
+        ids += [0] * extra
+        pos += range(extra)
+        units.append((extra, ()))
+    seq_lengths = [p + sum(r) for p, r in units]
+    ids_t = torch.tensor(ids, dtype=torch.long, device=device)[None]  # [1, W]
+    pos_t = torch.tensor(pos, dtype=torch.long, device=device)[None]  # [1, W] each token's position in its own sample
+    flat_t = torch.tensor(flat, dtype=torch.long, device=device)  # [n, T]
+    if thd:
+        mask, params = None, thd_params(seq_lengths, device, tuple(units) if share_prompts else None)
+    else:
+        mask, params = block_causal_mask(seq_lengths, device), None
+    return MicroBatch(rows=list(rows), input_ids=ids_t, position_ids=pos_t, attention_mask=mask, flat_index=flat_t,
                       resp_tokens=piece.resp_tokens, loss_mask=piece.loss_mask, rollout_log_probs=piece.rollout_log_probs,
                       packed_seq_params=params)
 
@@ -81,19 +121,24 @@ def block_causal_mask(lengths: list[int], device) -> torch.Tensor:
     return ~visible[None, None]
 
 
-def thd_params(lengths: list[int], device):
-    """megatron's PackedSeqParams for rows of ``lengths`` packed back to back (qkv_format thd, cu_seqlens int32 [n + 1])."""
+def thd_params(lengths: list[int], device, units=None):
+    """megatron's PackedSeqParams for sequences of ``lengths`` packed back to back (qkv_format thd, cu_seqlens int32
+    [n + 1]); with ``units`` (prompt length, response lengths) per sequence, attention.SharedPromptParams."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    from .attention import SharedPromptParams
+
     cu = torch.tensor([0, *lengths], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    common = dict(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    return PackedSeqParams(**common) if units is None else SharedPromptParams(**common, units=units)
 
 
-def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None, thd: bool = False,
-         qkv_format: str = "thd", pad_to: int = 1, workload=None) -> list[MicroBatch]:
+def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: int | None, qkv_format: str = "thd",
+         pad_to: int = 1, workload=None, thd: bool = True, share_prompts: bool = False) -> list[MicroBatch]:
     """rows as micro-batches (module docstring): packed into at most max_tokens tokens each when given, else
-    micro_batch_size per micro-batch after a stable sort by length, each packed (qkv_format thd) or padded (bshd);
-    packed rows carry THD cu_seqlens with ``thd``, else the block-diagonal mask."""
+    micro_batch_size per micro-batch (after a stable sort by length; in the rows' order with ``share_prompts``, which
+    keeps a group's samples together), each packed (qkv_format thd) or padded (bshd); packed rows carry THD cu_seqlens,
+    or with ``thd=False`` the block-diagonal mask (the tests' oracle); ``share_prompts``: packed()."""
     lengths = batch.attention_mask.sum(-1).tolist()  # [N]
     if max_tokens is not None:
         longest = max(lengths[r] for r in rows)
@@ -101,11 +146,12 @@ def plan(batch: TokenBatch, rows: list[int], micro_batch_size: int, max_tokens: 
             raise ValueError(f"a sample of {longest} tokens does not fit max_tokens_per_gpu ({max_tokens}); raise it")
         mine = [lengths[r] for r in rows]
         groups = pack_rows(mine, max_tokens) if workload is None else flops_groups(mine, max_tokens, workload)
-        return [packed(batch, [rows[i] for i in sorted(group)], thd, pad_to) for group in groups]
-    order = sorted(rows, key=lambda r: lengths[r])
+        return [packed(batch, [rows[i] for i in sorted(group)], pad_to, thd, share_prompts) for group in groups]
+    thd_packs = qkv_format == "thd"
+    order = list(rows) if share_prompts and thd_packs else sorted(rows, key=lambda r: lengths[r])
     groups = [order[s : s + micro_batch_size] for s in range(0, len(order), micro_batch_size)]
-    if qkv_format == "thd":
-        return [packed(batch, group, thd, pad_to) for group in groups]
+    if thd_packs:
+        return [packed(batch, group, pad_to, thd, share_prompts) for group in groups]
     return [padded(batch, group, pad_to) for group in groups]
 
 

@@ -51,7 +51,7 @@ class MegatronCritic:
         self.lr = self.algo.critic_lr or self.algo.lr
         args = trainer.args
         self.tconfig = model.transformer_config(args, self.p, trainer.dtype, cpu=trainer.device_type == "cpu")
-        self.thd, self.workload = trainer.spec.thd, trainer.workload
+        self.workload, self.share_prompts = trainer.workload, trainer.share_prompts
         self.tconfig.calculate_per_token_loss = True
         stage = model.build_stage(dataclasses.replace(args, untie_embeddings_and_output_weights=True), self.tconfig,
                                   trainer.spec.use_transformer_engine)
@@ -75,8 +75,9 @@ class MegatronCritic:
         p = self.p
         max_tokens = ((p.log_probs_max_tokens_per_gpu or p.max_tokens_per_gpu) if forward_only else p.max_tokens_per_gpu) \
             if p.use_dynamic_batch_size else None
-        return batching.plan(batch, rows, self.micro_batch_size, max_tokens, self.thd, p.qkv_format,
-                             p.tensor_model_parallel_size * p.data_pad_size_multiplier, self.workload)
+        return batching.plan(batch, rows, self.micro_batch_size, max_tokens, p.qkv_format,
+                             p.tensor_model_parallel_size * p.data_pad_size_multiplier, self.workload,
+                             share_prompts=self.share_prompts)
 
     def values(self, batch) -> torch.Tensor | None:
         """V_old [N, T] on the last pipeline stage (None on the others), no grad."""

@@ -4,8 +4,11 @@ with RMSNorm, SwiGLU, RoPE: what the HF families of model_args.py are. Fusions t
 
 The layer spec is chosen here, once (``layer_spec``): Transformer Engine's (``transformer_engine``: fused
 norm + linear, TE attention taking packed rows as THD with cu_seqlens) when the device is CUDA and
-transformer_engine imports, megatron's local spec (``local``: torch norms and linears, the packed rows' mask)
-otherwise. The trainer names the choice in the run's params (``derived.trainer.layer_spec``).
+transformer_engine imports, megatron's local spec (``local``: torch norms and linears) otherwise, its core
+attention taking packed rows as THD too (attention.PackedDotProductAttention: attention inside each sequence, not
+over a [W, W] mask of the whole pack) and a group's shared prompt once (``shares_prompts``; RoPE from the
+micro-batch's position_ids, attention.PositionalRope; not with multi-latent attention, whose RoPE is its own).
+The trainer names the choice in the run's params (``derived.trainer.layer_spec``).
 """
 
 from __future__ import annotations
@@ -77,16 +80,21 @@ def _without_transformer_engine() -> None:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """name: "transformer_engine" | "local"; thd: packed micro-batches as THD (cu_seqlens), which only TE's attention takes."""
+    """name: "transformer_engine" | "local"; both take packed micro-batches as THD (cu_seqlens); shares_prompts: a
+    packed group's prompt computed once (batching.packed), which TE's causal THD attention cannot take."""
 
     name: str
     use_transformer_engine: bool
-    thd: bool
+    shares_prompts: bool
+
+    def share_prompts(self, a: ModelArgs) -> bool:
+        """Whether a stage of ``a`` under this spec packs a group's prompt once (not with multi-latent attention)."""
+        return self.shares_prompts and not a.multi_latent_attention
 
 
 LAYER_SPECS = {
-    "transformer_engine": LayerSpec(name="transformer_engine", use_transformer_engine=True, thd=True),
-    "local": LayerSpec(name="local", use_transformer_engine=False, thd=False),
+    "transformer_engine": LayerSpec(name="transformer_engine", use_transformer_engine=True, shares_prompts=False),
+    "local": LayerSpec(name="local", use_transformer_engine=False, shares_prompts=True),
 }
 
 
@@ -105,12 +113,35 @@ def build_stage(a: ModelArgs, config, use_transformer_engine: bool = False):
 
     _without_transformer_engine()
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_transformer_engine, normalization="RMSNorm")
-    return GPTModel(
+    if not use_transformer_engine:
+        _packed_core_attention(spec)
+    stage = GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=a.model_vocab_size, max_sequence_length=1 << 20,
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights, position_embedding_type="rope",
         rotary_percent=a.rotary_percent, rotary_base=int(a.rotary_base) if float(a.rotary_base).is_integer() else a.rotary_base,
     )
+    if LAYER_SPECS["local"].share_prompts(a) and not use_transformer_engine:
+        from .attention import PositionalRope
+
+        PositionalRope(stage)  # shared-prompt units place responses after other responses: RoPE from position_ids
+    return stage
+
+
+def _packed_core_attention(block_spec) -> None:
+    """The local spec's core attention (megatron's DotProductAttention, which refuses packed rows) replaced by
+    attention.PackedDotProductAttention in every layer of ``block_spec``, in place (layers of one kind share their
+    submodules: a shared one is seen again, already replaced)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from .attention import PackedDotProductAttention
+
+    for layer in block_spec.layer_specs:
+        attention = layer.submodules.self_attention.submodules
+        if attention.core_attention not in (DotProductAttention, PackedDotProductAttention):
+            raise TypeError(f"local layer spec with core attention {attention.core_attention!r}: expected megatron's "
+                            "DotProductAttention (megatron-core 0.16's get_gpt_layer_local_spec)")
+        attention.core_attention = PackedDotProductAttention
 
 
 def to_params_dtype(stage, dtype: torch.dtype):

@@ -62,7 +62,6 @@ class MegatronEngine:
     and the critic (ppo)."""
 
     collective = True  # every method is a collective over the train group: a Ray train group calls it on every rank
-    replays_step = False  # the old-policy pass always runs (rl_step.on_policy)
     dropout_free = True  # hidden and attention dropout 0 (model.py); lora_dropout is refused at load
 
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
@@ -87,6 +86,7 @@ class MegatronEngine:
         self.hooks.init()
         # TE on CUDA when it imports, else local (model.py); LoRA's adapters wrap the local spec's linears (lora.py)
         self.spec = model.LAYER_SPECS["local"] if self.lora else model.layer_spec(self.device_type)
+        self.share_prompts = self.spec.share_prompts(self.args)  # a packed group's prompt once (batching.packed)
         self.dtype = DTYPES[cfg.misc.dtype]
         self.tconfig = model.transformer_config(self.args, self.p, self.dtype, cpu=self.device_type == "cpu")
         self.tconfig.calculate_per_token_loss = True  # see the module docstring
@@ -170,8 +170,8 @@ class MegatronEngine:
     def compute_log_probs(self, stage, batch: TokenBatch) -> torch.Tensor | None:
         """[N, T] response log-probs on the last pipeline stage (None on the others), micro-batched."""
         max_tokens = (self.p.log_probs_max_tokens_per_gpu or self.p.max_tokens_per_gpu) if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format,
-                            self.pad_to, self.workload)
+        mbs = batching.plan(batch, list(range(len(batch))), self.algo.micro_batch_size, max_tokens, self.p.qkv_format,
+                            self.pad_to, self.workload, share_prompts=self.share_prompts)
         return batching.forward_only(stage, batch, mbs, lambda mb, out: logprobs.token_log_probs(self._response_logits(mb, out), mb.resp_tokens))
 
     def forward_only(self, fn, batch: TokenBatch, samples: list) -> RolloutTensors:
@@ -199,6 +199,16 @@ class MegatronEngine:
     def actor_log_probs_and_entropy(self, batch: TokenBatch):
         """use_rollout_entropy is refused at load with train_backend megatron (miles_core/config/rules.py)."""
         raise NotImplementedError("use_rollout_entropy is not supported yet with train_backend megatron")
+
+    @property
+    def replays_step(self) -> bool:
+        """The optimizer step's forward replays the old-policy pass (rl_step.on_policy) when one data-parallel rank
+        trains every row: no dropout (dropout_free), the same micro-batches of the same weights, and the last pipeline
+        stage, which holds the log-probs, fills logp_old for all of them. With several data-parallel ranks each would
+        hold its own rows' only, so the old-policy pass runs."""
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_world_size() == 1
 
     @property
     def last_stage(self) -> bool:
@@ -246,8 +256,8 @@ class MegatronEngine:
         stage); -> the metric totals summed over micro-batches and data-parallel ranks."""
         ddp, optimizer, _ = self._trained_parts(model)
         max_tokens = self.p.max_tokens_per_gpu if self.p.use_dynamic_batch_size else None
-        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.spec.thd, self.p.qkv_format,
-                            self.pad_to, self.workload)
+        mbs = batching.plan(batch, parallel.my_rows(rows), self.algo.micro_batch_size, max_tokens, self.p.qkv_format,
+                            self.pad_to, self.workload, share_prompts=self.share_prompts)
         ddp.train()
         ddp.zero_grad_buffer()
         optimizer.zero_grad(set_to_none=True)

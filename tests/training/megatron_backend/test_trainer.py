@@ -261,7 +261,7 @@ def test_data_pad_size_multiplier_pads_the_micro_batches_and_changes_no_log_prob
 
     batch = make_batch(samples, PAD)
     for qkv, thd in (("thd", False), ("thd", True), ("bshd", False)):
-        mbs = batching.plan(batch, list(range(len(batch))), 3, None, thd, qkv, pad_to=64)
+        mbs = batching.plan(batch, list(range(len(batch))), 3, None, qkv, pad_to=64, thd=thd)
         assert all(mb.input_ids.shape[-1] == 64 for mb in mbs), qkv
         if thd:
             assert all(int(mb.packed_seq_params.cu_seqlens_q[-1]) == 64 for mb in mbs)
@@ -299,3 +299,30 @@ def test_balance_by_flops_splits_the_packed_rows_by_estimated_flops(megatron_wor
              .train_rollout(samples, [s.reward for s in samples]).steps[0] for b in (False, True)]
     assert steps[1]["train/loss"] == pytest.approx(steps[0]["train/loss"], rel=1e-5, abs=1e-7)
     assert steps[1]["train/grad_norm"] == pytest.approx(steps[0]["train/grad_norm"], rel=1e-4)
+
+
+def test_on_policy_the_old_logprob_pass_is_skipped_with_the_same_step(megatron_world, tmp_path, lm, cfg, samples, monkeypatch):
+    """One data-parallel rank, one step per rollout, no KL / critic / OPD: the Megatron engine replays the step
+    (replays_step), so the old-policy pass is skipped and logp_old is the step's own detached log-probs: the same loss,
+    metrics, grad norm and update as with the pass (rl_step.on_policy)."""
+    from miles_core.training.megatron.trainer import MegatronEngine
+
+    lm(seed=0).save_pretrained(tmp_path)
+    rewards = [s.reward for s in samples]
+    out = {}
+    for replays in (True, False):
+        if not replays:
+            monkeypatch.setattr(MegatronEngine, "replays_step", property(lambda self: False))
+        trainer = MegatronTrainer(cfg(micro_batch_size=3, use_tis=True), tmp_path, pad_id=PAD)
+        calls = []
+        log_probs = trainer.engine.log_probs
+        trainer.engine.log_probs = lambda role, batch: calls.append(role) or log_probs(role, batch)
+        assert trainer.on_policy == replays
+        rollout, steps = trainer.train_rollout(samples, rewards)
+        out[replays] = calls, rollout, steps[0], dict(trainer.named_tensors())
+    assert "actor" not in out[True][0] and out[False][0].count("actor") == 1
+    for key in ("train/loss", "train/pg_loss", "train/ppo_kl", "train/pg_clipfrac", "train/tis", "train/grad_norm"):
+        assert out[True][2][key] == pytest.approx(out[False][2][key], rel=1e-5, abs=1e-7), key
+    assert out[True][1]["rollout/log_probs"] == pytest.approx(out[False][1]["rollout/log_probs"], rel=1e-6)
+    for name, w in out[False][3].items():
+        torch.testing.assert_close(out[True][3][name], w, rtol=0, atol=1e-7)
