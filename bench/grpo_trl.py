@@ -20,6 +20,15 @@ training forward and backward; the engine is not compiled), TRL with ``torch_com
 compiles the model, which TRL also samples from). The compiles happen in the warm-up steps; their cost is reported
 (``warmup_seconds``), not counted in the step figures.
 
+Limits, measured in the same run (the fp32 matmul peak and the memory bandwidth before and after the pair run, the
+best of each): the miles trainer's MFU = the model FLOPs of each step as the packed trainer computes them
+(bench/flops.py ``packed_train_flops``: a group's prompt once, the LM head at response tokens, an old-policy pass only
+when the trainer runs one) / its train seconds / the peak; and the engine's time against its floor: every decode step
+t of the rollout (t = 0 .. the longest response - 1, the rows still generating, their context) must read the matmul
+weights and the K/V cache (bandwidth floor) and do the step's FLOPs (compute floor), the higher of the two each step
+(bench/bandwidth.py), plus the prefill's FLOPs (each group's prompt once) over the peak; the ratio is engine
+seconds / the sum.
+
 Alternation: TRL's ``Trainer.train()`` owns its loop, so miles' step runs inside a TRL callback
 at each ``on_step_end``; a TRL step is the wall time between two callbacks minus the miles step in
 between. Pairs (TRL step k, miles step k) run back to back, so slow phases of the shared machine hit
@@ -95,6 +104,7 @@ class MilesSide:
         self.rt.sync_weights()  # version 1 before rollout 0 (REFERENCE §1)
         self.i = 0
         self.trace = Trace()
+        self.work: list[dict] = []  # per step: the rollout's groups (limits)
         self._engine_s = 0.0
         engine_generate = self.rt.engine.generate
 
@@ -119,7 +129,44 @@ class MilesSide:
         self.trace.reward.append(m["rollout/raw_reward"])
         self.trace.completion_len.append(m["rollout/response_len/mean"])
         self.trace.add_parts(generate_reward=t1 - t0, engine=self._engine_s, train=t2 - t1, sync=t3 - t2)
+        self.work.append(self._work(self.i))
         self.i += 1
+
+    def _work(self, rollout_id: int) -> dict:
+        """The rollout's shape for the limits: (prompt length, response lengths) per group."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for s in self.rt.load_rollout(rollout_id):
+            groups.setdefault(tuple(s.tokens[: s.prompt_length]), []).append(s.response_length)
+        return {"groups": [(len(p), r) for p, r in groups.items()]}
+
+    def limits(self, warmup: int, peak: float, bandwidth: float) -> dict:
+        """Trainer MFU and engine time / its floor per measured step (module docstring), medians."""
+        from .flops import packed_train_flops
+
+        model = self.rt.trainer.engine.model
+        old_pass = not getattr(self.rt.trainer, "on_policy", False) and not self.cfg.algo.use_rollout_logprobs
+        mfu, gen = [], []
+        for work, train_s, engine_s in zip(self.work[warmup:], self.trace.parts["train"][warmup:], self.trace.parts["engine"][warmup:]):
+            mfu.append(packed_train_flops(model, work["groups"], old_pass) / train_s / peak)
+            gen.append(engine_s / engine_floor_s(model, work["groups"], peak, bandwidth))
+        return {"trainer_mfu": summarize(mfu), "engine_over_floor": summarize(gen), "old_policy_pass": old_pass,
+                "peak_flops_per_s": peak, "bandwidth_bytes_per_s": bandwidth}
+
+
+def engine_floor_s(model, groups: list[tuple[int, list[int]]], peak: float, bandwidth: float) -> float:
+    """The least time an engine can generate ``groups`` (prompt length, response lengths) in: each group's prompt
+    prefilled once (its FLOPs without the LM head over ``peak``), then per decode step t the rows still generating
+    at their mean context, the higher of their bytes over ``bandwidth`` and their FLOPs over ``peak``."""
+    from .bandwidth import decode_bytes, decode_flops
+    from .flops import packed_train_flops
+
+    floor = sum(packed_train_flops(model, [(p, [])], False) / 3 for p, _ in groups) / peak
+    rows = [(p, r) for p, rs in groups for r in rs]
+    for t in range(max((r for _, r in rows), default=0)):
+        live = [p + t for p, r in rows if r > t]
+        ctx = sum(live) // len(live)
+        floor += max(decode_bytes(model, len(live), ctx) / bandwidth, decode_flops(model, len(live), ctx) / peak)
+    return floor
 
 
 def arith_rows(n: int | None = None) -> list[dict]:
@@ -208,17 +255,25 @@ def _trl_reward_tracker(trainer, trl: Trace) -> None:
 
 
 def run_pair(shape: Shape, steps: int, warmup: int, seed: int, miles_extra: dict | None = None,
-             torch_compile: bool = False) -> tuple[Trace, Trace, dict]:
-    """-> (miles trace, TRL trace, miles config summary); both sides alternate step by step."""
+             torch_compile: bool = False) -> tuple[Trace, Trace, dict, dict]:
+    """-> (miles trace, TRL trace, miles config summary, miles' limits); both sides alternate step by step, the
+    matmul peak and the memory bandwidth measured before and after them."""
+    from .bandwidth import measure_bandwidth
+    from .flops import measure_peak
+
+    machine = [(measure_peak(repeats=5)["peak_flops_per_s"], measure_bandwidth(256, 5)["bytes_per_s"])]
     miles = MilesSide(shape, seed, {**(miles_extra or {}), **({"torch_compile": True} if torch_compile else {})})
     trl = Trace()
     trainer = build_trl(shape, seed, miles.cfg, warmup + steps, [_trl_callback(trl, miles.step)], torch_compile=torch_compile)
     _trl_reward_tracker(trainer, trl)
     trainer.train()
+    machine.append((measure_peak(repeats=5)["peak_flops_per_s"], measure_bandwidth(256, 5)["bytes_per_s"]))
+    limits = miles.limits(warmup, max(p for p, _ in machine), max(b for _, b in machine))
+    limits["peak_and_bandwidth_before_after"] = machine
     cfg = {"lr": miles.cfg.algo.lr, "adam_betas": [miles.cfg.algo.adam_beta1, miles.cfg.algo.adam_beta2],
            "eps_clip": miles.cfg.algo.eps_clip, "clip_grad": miles.cfg.algo.clip_grad, "micro_batch_size": shape.micro_batch_size,
            "miles_overrides": miles_extra or {}, "torch_compile": torch_compile}
-    return miles.trace, trl, cfg
+    return miles.trace, trl, cfg, limits
 
 
 def _side_figures(t: Trace, shape: Shape, warmup: int, tail: int) -> dict:
@@ -257,11 +312,13 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
     for spec in shapes:
         shape = Shape.parse(spec)
         print(f"[grpo-trl] {shape}: {warmup} warm-up + {steps} alternating steps per side", flush=True)
-        miles, trl, cfg = run_pair(shape, steps, warmup, seed, miles_extra, torch_compile)
+        miles, trl, cfg, limits = run_pair(shape, steps, warmup, seed, miles_extra, torch_compile)
         fm, ft = _side_figures(miles, shape, warmup, tail), _side_figures(trl, shape, warmup, tail)
         # throughput ratio miles/TRL per back-to-back pair = TRL seconds / miles seconds
         ratio = paired_ratio(trl.seconds[warmup:], miles.seconds[warmup:])
-        res.figures[str(shape)] = {"miles": fm, "trl": ft, "settings": cfg}
+        res.figures[str(shape)] = {"miles": fm, "trl": ft, "settings": cfg, "miles_limits": limits}
+        res.ratios[f"{shape}/miles_trainer_mfu"] = limits["trainer_mfu"]["median"]
+        res.ratios[f"{shape}/miles_engine_over_floor"] = limits["engine_over_floor"]["median"]
         res.ratios[f"{shape}/throughput_miles_over_trl"] = ratio["median"]
         res.ratios[f"{shape}/reward_last_miles_minus_trl"] = fm["reward_last"] - ft["reward_last"]
         res.noise[str(shape)] = {"miles_rel_iqr": fm["seconds_per_step"]["rel_iqr"], "trl_rel_iqr": ft["seconds_per_step"]["rel_iqr"],
@@ -270,7 +327,8 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
                      f"{fm['samples_per_s']:.1f}", f"{ft['samples_per_s']:.1f}",
                      f"{ratio['median']:.2f}x ({ratio['p25']:.2f}-{ratio['p75']:.2f})",
                      f"{fm['reward_first']:.2f} -> {fm['reward_last']:.2f}", f"{ft['reward_first']:.2f} -> {ft['reward_last']:.2f}",
-                     f"{fm['completion_len_mean']:.1f} / {ft['completion_len_mean']:.1f}"])
+                     f"{fm['completion_len_mean']:.1f} / {ft['completion_len_mean']:.1f}",
+                     f"{100 * limits['trainer_mfu']['median']:.0f}%", f"{limits['engine_over_floor']['median']:.2f}x"])
         print(f"[grpo-trl] {shape}: miles {fm['seconds_per_step']['median']:.3f} s/step, TRL {ft['seconds_per_step']['median']:.3f} s/step, "
               f"throughput miles/TRL {ratio['median']:.2f}x; reward last-{tail} miles {fm['reward_last']:.3f} TRL {ft['reward_last']:.3f}", flush=True)
         print(f"[grpo-trl]   parts (median s): miles {_round(fm['parts_median_s'])} TRL {_round(ft['parts_median_s'])}", flush=True)
@@ -280,10 +338,13 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
     res.tables.append(table(
         ["B x G x T", "miles s/step (IQR)", "TRL s/step (IQR)", "miles samples/s", "TRL samples/s",
          "throughput miles/TRL (paired, IQR)", f"miles reward first/last {tail}", f"TRL reward first/last {tail}",
-         "mean completion tokens miles / TRL"], rows))
+         "mean completion tokens miles / TRL", "miles trainer MFU", "miles engine / its floor"], rows))
     res.notes += [
         f"{steps} measured steps per side after {warmup} warm-up steps, alternating TRL step / miles step; medians; "
         "the ratio is the median over pairs of TRL seconds / miles seconds (each pair ran back to back).",
         "Both sides sample until EOS or T tokens; completion length is policy-dependent, so it is reported.",
+        "miles trainer MFU: packed_train_flops of each step / its train seconds / the fp32 matmul peak; engine / its floor: "
+        "the engine's seconds / (each group's prefill FLOPs / peak + per decode step the higher of weights and K/V bytes / "
+        "bandwidth and FLOPs / peak); peak and bandwidth the best measured before and after the run (module docstring).",
     ]
     return res

@@ -103,6 +103,32 @@ def test_miles_side_runs_one_step_through_the_library(tmp_path, monkeypatch, tin
     assert len(t.seconds) == 1 and 0.0 <= t.reward[0] <= 1.0 and 1 <= t.completion_len[0] <= 4
     assert set(t.parts) == {"generate_reward", "engine", "train", "sync"} and t.parts["engine"][0] <= t.parts["generate_reward"][0]
     assert bench.common.TMP != tmp_path  # the patch is local to grpo_trl
+    # the limits read the rollout's groups: 2 prompts x 2 samples
+    (groups,) = [w["groups"] for w in side.work]
+    assert len(groups) == 2 and all(len(r) == 2 for _, r in groups)
+    limits = side.limits(0, peak=1e12, bandwidth=1e12)
+    assert 0 < limits["trainer_mfu"]["median"] < 1 and limits["engine_over_floor"]["median"] > 1
+    assert limits["old_policy_pass"] is False  # on-policy: the tiny recipe's step replays the old-policy pass
+
+
+def test_the_engine_floor_prefills_each_prompt_once_and_decodes_the_rows_still_generating():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bench.bandwidth import decode_bytes, decode_flops
+    from bench.flops import packed_train_flops
+    from bench.grpo_trl import engine_floor_s
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    peak, bw = 1e6, 1e6
+    # a 4-token prompt shared by responses of 2 and 1 tokens: step 0 decodes 2 rows at context 4, step 1 one at 5
+    prefill = packed_train_flops(model, [(4, [])], False) / 3 / peak
+    steps = [max(decode_bytes(model, b, c) / bw, decode_flops(model, b, c) / peak) for b, c in ((2, 4), (1, 5))]
+    assert engine_floor_s(model, [(4, [2, 1])], peak, bw) == pytest.approx(prefill + sum(steps))
+    # two groups of the same shape cost twice; the bandwidth-bound step (weights read once) is shared by its rows
+    two = engine_floor_s(model, [(4, [2, 1]), (4, [2, 1])], peak, bw)
+    assert two == pytest.approx(2 * prefill + sum(max(decode_bytes(model, 2 * b, c) / bw, decode_flops(model, 2 * b, c) / peak)
+                                                  for b, c in ((2, 4), (1, 5))))
 
 
 @pytest.mark.bench_venv  # TRL is in .venv-bench only: `make bench-test`
@@ -110,7 +136,8 @@ def test_trl_and_miles_alternate_in_one_invocation(tmp_path, monkeypatch, tiny_m
     import bench.grpo_trl as g
 
     monkeypatch.setattr(g, "TMP", tmp_path)
-    miles, trl, settings = g.run_pair(Shape.parse("2x2x4"), steps=2, warmup=0, seed=1)
+    miles, trl, settings, limits = g.run_pair(Shape.parse("2x2x4"), steps=2, warmup=0, seed=1)
+    assert limits["trainer_mfu"]["median"] > 0 and len(limits["peak_and_bandwidth_before_after"]) == 2
     assert len(miles.seconds) == len(trl.seconds) == 2 and len(trl.reward) == 2 and len(miles.reward) == 2
     assert settings["micro_batch_size"] == 4 and trl.parts["generate_reward"] and trl.parts["train"]
 
