@@ -50,17 +50,17 @@ class ParallelConfig(Group):
     max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed training micro-batch (use_dynamic_batch_size).")
     log_probs_max_tokens_per_gpu: int | None = Field(None, ge=1, description="Tokens per packed forward-only micro-batch (use_dynamic_batch_size); default max_tokens_per_gpu.")
     qkv_format: Literal["thd", "bshd"] = Field(
-        "thd", description="Layout of a training or log-prob micro-batch: thd packs its samples into one sequence (a "
-        "block-diagonal causal mask on CPU, THD cu_seqlens with Transformer Engine on GPU: no padding), bshd right-pads "
+        "thd", description="Layout of a training or log-prob micro-batch: thd packs its samples into one sequence with "
+        "their THD cu_seqlens (no padding; with the local spec a group's samples share their prompt), bshd right-pads "
         "them to [micro_batch_size, longest]. train_backend torch packs its samples by prompt (training/batch.py): bshd "
-        "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference. On CPU the mask makes "
-        "attention [W, W] over the micro-batch's W tokens: with long samples and a large micro_batch_size, bshd costs less.")
+        "is megatron only, and not with use_dynamic_batch_size (which packs), as in the reference.")
     data_pad_size_multiplier: int = Field(
         128, ge=1, description="Pad each packed training and forward-only batch to a multiple of this many tokens (times "
                                "tensor_model_parallel_size on megatron), as the reference's get_batch: megatron's packed "
                                "micro-batch (thd) with a pad segment of its own, its padded one (bshd) in columns; the torch "
-                               "trainer's packed rows of the policy (or its padded sequences) in width. The extra slots are "
-                               "masked out, so no log-prob, loss or gradient changes; 1 = no padding.")
+                               "trainer's packed rows (or its padded sequences) widened until they hold a multiple of it "
+                               "together. The extra slots are masked out, so no log-prob, loss or gradient changes; 1 = no "
+                               "padding.")
     offload_train: bool | None = Field(
         None, description="Move the trainer's state (weights, gradients, optimizer state of every model it holds: policy, "
         "critic, reference, teacher) into host memory while the engines generate: after each weight sync, and back before "

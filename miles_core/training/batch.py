@@ -4,6 +4,7 @@ by index so that response token j of sample i is predicted by the logits at p_i 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -170,9 +171,34 @@ def padded_to(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def pad_columns(batch: TokenBatch, multiple: int) -> TokenBatch:
-    """The batch with its sequences [N, L] right-padded (mask 0) to L a multiple of ``multiple``."""
-    extra = padded_to(batch.input_ids.shape[1], multiple) - batch.input_ids.shape[1]
+def padded_width(width: int, rows: int, multiple: int) -> int:
+    """The least width >= ``width`` at which ``rows`` rows hold a multiple of ``multiple`` tokens: the reference's
+    get_batch pads a packed micro-batch's tokens, all samples together, to a multiple of data_pad_size_multiplier, so
+    rows of the torch trainer's layout are widened by at most multiple / gcd(rows, multiple) - 1 slots each."""
+    return padded_to(width, multiple // math.gcd(rows, multiple))
+
+
+def padded_layout(lengths: list[int], multiple: int) -> tuple[list[list[int]], int]:
+    """Units of ``lengths`` packed into rows (first-fit decreasing) of one width W, the rows (empty ones added) holding
+    a multiple of ``multiple`` slots together, as few as the widths max(lengths) .. + multiple - 1 allow (a wider row
+    may take more units): -> (indices per row, W). The reference pads a packed micro-batch's tokens to a multiple of
+    data_pad_size_multiplier; padding every row to a multiple of it would cost up to that many slots per row."""
+    base = max(lengths)
+    best: tuple[int, list[list[int]], int] | None = None
+    for width in range(base, base + multiple):
+        rows = pack_rows(lengths, width)
+        total = padded_to(len(rows), multiple // math.gcd(width, multiple)) * width
+        if best is None or total < best[0]:
+            best = (total, rows, width)
+    total, rows, width = best
+    return rows + [[] for _ in range(total // width - len(rows))], width
+
+
+def pad_columns(batch: TokenBatch, multiple: int, rows_share: bool = False) -> TokenBatch:
+    """The batch with its sequences [N, L] right-padded (mask 0) to L a multiple of ``multiple`` (``rows_share``: to
+    N x L a multiple of it, padded_width)."""
+    L = batch.input_ids.shape[1]
+    extra = (padded_width(L, len(batch), multiple) if rows_share else padded_to(L, multiple)) - L
     if not extra:
         return batch
     pad = lambda t: torch.nn.functional.pad(t, (0, extra))  # noqa: E731
@@ -182,7 +208,8 @@ def pad_columns(batch: TokenBatch, multiple: int) -> TokenBatch:
 
 def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
     """[N, T, V] logits at the positions predicting the response tokens; the packed rows (or the padded sequences)
-    are ``pad_to`` wide or a multiple of it (data_pad_size_multiplier: the extra slots are empty, so no number changes).
+    hold a multiple of ``pad_to`` tokens together (data_pad_size_multiplier, as the reference pads a packed
+    micro-batch: padded_width; the extra slots are empty, so no number changes).
 
     Packed (PACKABLE_MODEL_TYPES): samples sharing a prompt form one unit, [prompt][response 1]...[response G],
     where each response sees the prompt and itself only (position ids continue from the prompt), so a
@@ -192,13 +219,12 @@ def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
     numbers agree up to float rounding and the shared prompt's gradient is the sum of the G copies'
     (tests/training/test_batch.py). Other model types: the padded forward."""
     if not packable(model):
-        return at_response(forward(model, pad_columns(batch, pad_to)).logits, batch)
+        return at_response(forward(model, pad_columns(batch, pad_to, rows_share=True)).logits, batch)
     N, T = batch.resp_index.shape
     lengths = batch.attention_mask.sum(-1).tolist()  # [N]
     units, plen = prompt_units(batch)
     unit_len = [plen[m[0]] + sum(lengths[i] - plen[i] for i in m) for m in units]
-    rows = pack_rows(unit_len, max(unit_len))
-    W = padded_to(max(unit_len), pad_to)  # empty slots after the units: each one a unit of its own
+    rows, W = padded_layout(unit_len, pad_to)  # empty slots after the units (and empty rows): each one a unit of its own
     tokens, first_pos = batch.input_ids.tolist(), batch.resp_index.clamp(min=0).tolist()  # [N, L], [N, T]
     ids = [[0] * W for _ in rows]  # [R, W]
     pos = [[0] * W for _ in rows]  # [R, W] position ids, as in each sample's own sequence

@@ -57,7 +57,7 @@ class TorchEngine:
         self.algo, self.checkpoint = cfg.algo, cfg.checkpoint
         self.temperature = cfg.rollout.rollout_temperature
         self.micro_batch_size = cfg.algo.micro_batch_size
-        self.pad_to = cfg.parallel.data_pad_size_multiplier  # the policy's packed rows, a multiple of it wide (no TP here)
+        self.pad_to = cfg.parallel.data_pad_size_multiplier  # the policy's packed rows hold a multiple of it (no TP here)
         self.apply_updates = not cfg.misc.debug_disable_optimizer
         self._compile_pending = cfg.cluster.torch_compile  # compiled at the first optimizer step (compile_layers)
         if self._compile_pending:

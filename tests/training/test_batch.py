@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from miles_core.training.batch import at_response, forward, make_batch, pack_rows, response_log_probs, response_logits
@@ -58,27 +60,30 @@ def test_a_groups_prompt_is_computed_once(lm, samples):
 
 
 def test_data_pad_size_multiplier_widens_the_packed_rows_and_changes_no_logit(lm, samples):
-    """pad_to 64: the packed rows are 64 wide (their units need fewer), the logits equal the unpadded ones; the padded
-    forward of a model that is not packed pads its sequences the same way."""
+    """pad_to 64: the packed rows together hold a multiple of 64 slots, less than 64 more than the unpadded layout (the
+    reference pads a packed micro-batch's tokens, not each row: batch.padded_layout), the logits equal the unpadded
+    ones; the padded forward of a model that is not packed pads its sequences' columns until they hold a multiple."""
     from miles_core.training.batch import PACKED_FORWARD, packed_logits
 
     model, batch = lm(), make_batch(samples, pad_id=0)
-    widths = []
+    shapes = []
 
     def seen(ids, mask, pos, rows, cols):
-        widths.append(ids.shape[1])
+        shapes.append(tuple(ids.shape))
         return packed_logits(model, ids, mask, pos, rows, cols)
 
     setattr(model, PACKED_FORWARD, seen)
     plain, padded = response_logits(model, batch), response_logits(model, batch, pad_to=64)
-    assert widths[0] < 64 and widths[1] == 64
+    (rows, width), (rows_padded, width_padded) = shapes
+    assert (rows * width) % 64 and (rows_padded * width_padded) % 64 == 0
+    assert rows * width < rows_padded * width_padded < rows * width + 64
     torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-6)
     model.config.use_sliding_window = True  # not packable: the padded forward, its sequences padded to 64 columns
     lengths = []
     hook = model.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
     torch.testing.assert_close(response_logits(model, batch, pad_to=64), plain, rtol=1e-5, atol=1e-6)
     hook.remove()
-    assert lengths == [64]
+    assert len(lengths) == 1 and (len(batch) * lengths[0]) % 64 == 0 and lengths[0] < batch.input_ids.shape[1] + 64 // math.gcd(len(batch), 64)
 
 
 def test_karmarkar_karp_balances_the_sums():
@@ -91,3 +96,24 @@ def test_karmarkar_karp_balances_the_sums():
     three = karmarkar_karp([5, 5, 5, 5, 5, 5], 3)
     assert sorted(len(p) for p in three) == [2, 2, 2]
     assert karmarkar_karp([9, 1], 3) == [[0], [1]]  # more groups than items: the empty ones dropped
+
+
+def test_padded_layout_holds_a_multiple_with_little_waste():
+    """Rows x width a multiple of the multiplier whatever the units, every unit in exactly one row that fits it, and
+    never more slots than padding each row of the unpadded layout to a multiple (the layout this replaces)."""
+    import random
+
+    from miles_core.training.batch import padded_layout, padded_to
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(1, 300) for _ in range(rng.randint(1, 40))]
+        multiple = rng.choice([1, 8, 64, 128])
+        rows, width = padded_layout(lengths, multiple)
+        assert (len(rows) * width) % multiple == 0 and width >= max(lengths)
+        assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in r) <= width for r in rows)
+        plain = pack_rows(lengths, max(lengths))
+        assert len(rows) * width <= len(plain) * padded_to(max(lengths), multiple)
+        if multiple == 1:
+            assert rows == plain and width == max(lengths)
