@@ -118,7 +118,8 @@ def cmd_summary(a) -> None:
 
 
 def cmd_all(a) -> None:
-    for argv in (["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["memory-bandwidth"], ["decode-floor"], ["smollm2"], ["smollm2", "--compile"], ["smollm2-lora"], ["weight-sync"], ["megatron-step"]):
+    smollm2_trl = ["grpo-trl", "--model", "smollm2-135m", "--shapes", "4x4x32", "--steps", "20", "--tail", "5"]
+    for argv in (smollm2_trl, ["grpo-trl"], ["grpo-trl", "--compile"], ["grpo-trl", "--rollout-logprobs"], ["profile"], ["orchestration"], LARGE_STEP, ["tracking"], ["memory-bandwidth"], ["decode-floor"], ["smollm2"], ["smollm2", "--compile"], ["smollm2-lora"], ["weight-sync"], ["megatron-step"]):
         print(f"== python -m bench {' '.join(argv)}", flush=True)
         main(argv)
     for name, script in SCRIPTS.items():
