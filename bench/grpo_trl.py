@@ -133,11 +133,10 @@ class MilesSide:
         self.i += 1
 
     def _work(self, rollout_id: int) -> dict:
-        """The rollout's shape for the limits: (prompt length, response lengths) per group."""
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for s in self.rt.load_rollout(rollout_id):
-            groups.setdefault(tuple(s.tokens[: s.prompt_length]), []).append(s.response_length)
-        return {"groups": [(len(p), r) for p, r in groups.items()]}
+        """The rollout's shape for the limits: (prompt length, response lengths) per group (bench/smollm2.py's count)."""
+        from .smollm2 import _token_counts
+
+        return {"groups": _token_counts(self.rt, rollout_id)["groups"]}
 
     def limits(self, warmup: int, peak: float, bandwidth: float) -> dict:
         """Trainer MFU and engine time / its floor per measured step (module docstring), medians."""

@@ -25,6 +25,7 @@ are 16-bit, as megatron's FusedScaleMaskSoftmax does; attention dropout is 0 in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -61,8 +62,10 @@ class PackedDotProductAttention(DotProductAttention):
         return packed_attention(query, key, value, cu_q, units, self.softmax_scale, upcast=self.config.attention_softmax_in_fp32)
 
 
+@lru_cache(maxsize=256)
 def unit_mask(prompt: int, responses: tuple[int, ...], device) -> torch.Tensor:
-    """[L, L] True = attend: causal, and a response token sees the prompt and its own response only."""
+    """[L, L] True = attend: causal, and a response token sees the prompt and its own response only (cached: every
+    layer of a micro-batch asks for the same masks)."""
     part = torch.repeat_interleave(torch.arange(len(responses) + 1, device=device),
                                    torch.tensor([prompt, *responses], device=device))  # [L] 0 = prompt, k = response k
     L = part.numel()
