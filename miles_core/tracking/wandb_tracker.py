@@ -24,15 +24,34 @@ homes are set in miles_core/env.py.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import secrets
+import sys
+import tempfile
 from pathlib import Path
 
+from ..env import cache_dir
 from .catalog import AXES, ROLLOUT, TRAIN
 from .keys import flatten, sanitize_key
 
 RECORD = "wandb_run.json"
+
+
+def _wandb():
+    """The wandb package. Its import makes two temporary directories (wandb/sdk/data_types/_private.py's MEDIA_TMP,
+    wandb/sdk/artifacts/artifact.py's _TMP_DIR) that only an orderly interpreter exit removes: a run stopped by
+    SIGKILL left them in /tmp. They are made under the project's cache (miles_core/env.py's homes) instead."""
+    if "wandb" not in sys.modules:
+        tmp = cache_dir().parent / "wandb" / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        saved, tempfile.tempdir = tempfile.tempdir, str(tmp)
+        try:
+            importlib.import_module("wandb")
+        finally:
+            tempfile.tempdir = saved
+    return sys.modules["wandb"]
 
 
 def _server(host: str | None) -> dict[str, str]:
@@ -46,6 +65,7 @@ def _naming(t, recorded_group: str | None, run_name: str) -> tuple[str | None, s
         return None, run_name
     if t.disable_wandb_random_suffix:
         return t.wandb_group, t.wandb_group
+    _wandb()
     from wandb.sdk.lib.runid import generate_id
 
     group = recorded_group or f"{t.wandb_group}_{generate_id()}"
@@ -69,8 +89,7 @@ class WandbMirror:
 
     @classmethod
     def open(cls, spec) -> "WandbMirror":
-        import wandb
-
+        wandb = _wandb()
         t = spec.tracking
         record = spec.run_dir / RECORD
         previous = json.loads(record.read_text()) if record.exists() else {}
@@ -133,8 +152,7 @@ class WandbMirror:
     def close(self, status: str) -> None:
         """Finish the run and stop W&B's service process: only then are its files complete on disk (``finish``
         returns before the transaction log is written out), so ``wandb sync`` or ``read_history`` right after see it all."""
-        import wandb
-
+        wandb = _wandb()
         self.flush()
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
         wandb.teardown()
@@ -163,6 +181,7 @@ def _records(path: Path):
     bytes is padding. Each whole chunk sequence is one serialized Record."""
     import struct
 
+    _wandb()
     from wandb.proto.wandb_internal_pb2 import Record
 
     data, block = path.read_bytes(), 32768
