@@ -21,6 +21,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from miles_core.models.lm_head import lm_head
+
 LEAN_MODEL_TYPES = frozenset({"qwen2", "llama"})
 
 
@@ -79,7 +81,7 @@ class LeanDecoder:
             gate, up = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
             x = x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         self.cur += 1
-        return self.model.get_output_embeddings()(_rms_norm(self.base.norm, x))[:, -1, :]  # [b, V]
+        return lm_head(self.model.get_output_embeddings(), _rms_norm(self.base.norm, x)[:, -1, :])  # [b, V]
 
 
 def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from miles_core.data.sample import Sample
+from miles_core.models.lm_head import lm_head
 
 
 @dataclass
@@ -262,7 +263,7 @@ PACKED_FORWARD = "miles_packed_logits"
 def packed_logits(model, ids, mask, pos, rows, cols) -> torch.Tensor:
     """lm_head(base_model(packed rows)) at [rows, cols]: ids, pos [R, W], mask [R, 1, W, W], rows, cols [N, T] -> [N, T, V]."""
     hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state  # [R, W, H]
-    return model.get_output_embeddings()(hidden[rows, cols])
+    return lm_head(model.get_output_embeddings(), hidden[rows, cols])  # by vocabulary chunks on the CPU (models/lm_head.py)
 
 
 def response_log_probs(model, batch: TokenBatch, temperature: float, with_entropy: bool, entropy_grad: bool = True,
