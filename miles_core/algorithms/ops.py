@@ -64,5 +64,9 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of softmax(logits) over the vocab, in float32. [N, T, V] -> [N, T].
 
     Logits must already be divided by the rollout temperature (REFERENCE §2)."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)  # [N, T, V]
+    return entropy_from_log_probs(torch.log_softmax(logits.float(), dim=-1))
+
+
+def entropy_from_log_probs(log_p: Tensor) -> Tensor:
+    """Entropy from log_softmax(logits / T) already made (the trainer's own pass): [N, T, V] -> [N, T]."""
     return -(log_p.exp() * log_p).sum(dim=-1)

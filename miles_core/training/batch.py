@@ -246,13 +246,27 @@ def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
                 r_idx[i] = [r] * T
                 start += t
             o += unit_len[u]
+    from .unit_attention import worth_it
+
+    spans = None  # per row, each unit's columns: attention per unit where it pays (training/unit_attention.py)
+    if worth_it(model, unit_len, len(rows), W):
+        spans = [[(o, o + unit_len[u]) for o, u in zip(_offsets([unit_len[u] for u in members]), members)] for members in rows]
     ids, pos, seg, sub, r_idx, c_idx = (torch.tensor(x, dtype=torch.long) for x in (ids, pos, seg, sub, r_idx, c_idx))
     causal = torch.ones((W, W), dtype=torch.bool).tril()
     own = (sub[:, None, :] == -1) | (sub[:, None, :] == sub[:, :, None])  # [R, W, W] key is prompt, or the query's own tokens
     mask = (seg[:, :, None] == seg[:, None, :]) & causal & own  # [R, W(query), W(key)]
     device = batch.input_ids.device
     head = getattr(model, PACKED_FORWARD, None) or (lambda *a: packed_logits(model, *a))
-    return head(ids.to(device), mask[:, None].to(device), pos.to(device), r_idx.to(device), c_idx.to(device))  # [N, T, V]
+    return head(ids.to(device), mask[:, None].to(device), pos.to(device), r_idx.to(device), c_idx.to(device), spans)  # [N, T, V]
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    """Start of each of consecutive pieces of these lengths."""
+    out, at = [], 0
+    for n in lengths:
+        out.append(at)
+        at += n
+    return out
 
 
 # Under FSDP2 the model carries packed_logits as this method, registered as a forward of its root unit
@@ -260,9 +274,17 @@ def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
 PACKED_FORWARD = "miles_packed_logits"
 
 
-def packed_logits(model, ids, mask, pos, rows, cols) -> torch.Tensor:
-    """lm_head(base_model(packed rows)) at [rows, cols]: ids, pos [R, W], mask [R, 1, W, W], rows, cols [N, T] -> [N, T, V]."""
-    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state  # [R, W, H]
+def packed_logits(model, ids, mask, pos, rows, cols, spans=None) -> torch.Tensor:
+    """lm_head(base_model(packed rows)) at [rows, cols]: ids, pos [R, W], mask [R, 1, W, W], rows, cols [N, T] -> [N, T, V];
+    ``spans``: per row, each unit's (start, end) columns, for attention per unit (training/unit_attention.py)."""
+    if spans is None:
+        hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state  # [R, W, H]
+    else:
+        from .unit_attention import units_attention
+
+        with units_attention(model):
+            hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                                      miles_units=spans).last_hidden_state
     return lm_head(model.get_output_embeddings(), hidden[rows, cols])  # by vocabulary chunks on the CPU (models/lm_head.py)
 
 
@@ -274,17 +296,19 @@ def response_log_probs(model, batch: TokenBatch, temperature: float, with_entrop
     ``chunk_size`` > 0 (log_probs_chunk_size, without entropy): the float32 logits / T and their log_softmax are made
     ``chunk_size`` response positions at a time, so the pass holds [N, chunk_size, V] of them instead of [N, T, V].
     ``pad_to``: response_logits'."""
-    from miles_core.algorithms import entropy_from_logits
+    from miles_core.algorithms.ops import entropy_from_log_probs
 
     if chunk_size > 0 and not with_entropy:
         raw = response_logits(model, batch, pad_to)  # [N, T, V] in the model's dtype
         return torch.cat([torch.log_softmax(raw[:, s : s + chunk_size].float() / temperature, dim=-1)
                           .gather(-1, batch.resp_tokens[:, s : s + chunk_size, None]).squeeze(-1)
                           for s in range(0, raw.shape[1], chunk_size)], dim=1), None  # [N, T]
-    resp_logits = response_logits(model, batch, pad_to).float() / temperature  # [N, T, V]
+    resp_logits = response_logits(model, batch, pad_to).float()  # [N, T, V]
+    if temperature != 1.0:  # x / 1.0 is x: a pass over [N, T, V] (and its backward) saved
+        resp_logits = resp_logits / temperature
     logp_all = torch.log_softmax(resp_logits, dim=-1)
     logp = logp_all.gather(-1, batch.resp_tokens[..., None]).squeeze(-1)  # [N, T]
     entropy = None
-    if with_entropy:
-        entropy = entropy_from_logits(resp_logits if entropy_grad else resp_logits.detach())
+    if with_entropy:  # entropy_from_logits of the same logits, from this log_softmax instead of a second one
+        entropy = entropy_from_log_probs(logp_all if entropy_grad else logp_all.detach())
     return logp, entropy

@@ -68,9 +68,9 @@ def test_data_pad_size_multiplier_widens_the_packed_rows_and_changes_no_logit(lm
     model, batch = lm(), make_batch(samples, pad_id=0)
     shapes = []
 
-    def seen(ids, mask, pos, rows, cols):
+    def seen(ids, mask, pos, rows, cols, spans):
         shapes.append(tuple(ids.shape))
-        return packed_logits(model, ids, mask, pos, rows, cols)
+        return packed_logits(model, ids, mask, pos, rows, cols, spans)
 
     setattr(model, PACKED_FORWARD, seen)
     plain, padded = response_logits(model, batch), response_logits(model, batch, pad_to=64)

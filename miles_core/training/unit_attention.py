@@ -1,0 +1,73 @@
+"""Attention per packed unit for the torch trainer's packed rows (training/batch.py ``response_logits``).
+
+A packed row holds several units (a group: its prompt once, then its responses) under one block-diagonal [W, W]
+mask; SDPA with a mask computes every query against every key of the row, so a row of two 128-token units costs
+twice the scores of the units alone (four units: four times). ``unit_attention`` computes each unit's block on
+its own (the unit's slice of q, k, v and of the mask), the empty slots' outputs zero (no real token attends to
+them, and no hidden state there is read). The numbers are those of the full-row SDPA up to float rounding: a
+masked key contributes exp(-inf) = 0 either way (tests/training/test_unit_attention.py).
+
+It is a transformers attention function (``AttentionInterface``), used only inside ``units_attention(model)``
+with the units passed as the forward's ``miles_units`` keyword; any other call falls back to transformers' SDPA.
+``worth_it`` picks it where it was measured to pay (docs/performance.md, "Attention per unit").
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "miles_units"
+MIN_UNIT = 64  # mean unit length below which the per-unit calls cost more than the scores they save (measured)
+
+
+def unit_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                   miles_units: list[list[tuple[int, int]]] | None = None, **kwargs):
+    """query [R, heads, W, d], key / value [R, kv_heads, W, d], attention_mask [R, 1, W, W] (bool, True = attend);
+    miles_units: per row, the (start, end) column span of each unit -> ([R, W, heads, d], None) as transformers' SDPA."""
+    if miles_units is None or dropout > 0.0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    R, heads, W, d = query.shape
+    gqa = key.shape[1] != heads
+    rows = []
+    for r, spans in enumerate(miles_units):
+        pieces, at = [], 0
+        for s, e in spans:
+            if s > at:
+                pieces.append(query.new_zeros((1, heads, s - at, d)))
+            pieces.append(F.scaled_dot_product_attention(
+                query[r : r + 1, :, s:e], key[r : r + 1, :, s:e], value[r : r + 1, :, s:e],
+                attn_mask=attention_mask[r : r + 1, :, s:e, s:e], scale=scaling, enable_gqa=gqa))
+            at = e
+        if at < W:
+            pieces.append(query.new_zeros((1, heads, W - at, d)))
+        rows.append(torch.cat(pieces, dim=2))
+    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, unit_attention)
+
+
+def worth_it(model, unit_lengths: list[int], rows: int, width: int) -> bool:
+    """Per-unit attention where it pays: the model on transformers' SDPA, units of MIN_UNIT tokens or more on average,
+    and their scores at most half the rows' (sum of len^2 <= rows * W^2 / 2)."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" or not unit_lengths:
+        return False
+    return (sum(unit_lengths) / len(unit_lengths) >= MIN_UNIT
+            and 2 * sum(n * n for n in unit_lengths) <= rows * width * width)
+
+
+@contextlib.contextmanager
+def units_attention(model):
+    """The model's attention is ``unit_attention`` inside (transformers reads config._attn_implementation per call)."""
+    config = model.config
+    saved = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
