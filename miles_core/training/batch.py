@@ -184,13 +184,15 @@ def padded_layout(lengths: list[int], multiple: int) -> tuple[list[list[int]], i
     a multiple of ``multiple`` slots together, as few as the widths max(lengths) .. + multiple - 1 allow (a wider row
     may take more units): -> (indices per row, W). The reference pads a packed micro-batch's tokens to a multiple of
     data_pad_size_multiplier; padding every row to a multiple of it would cost up to that many slots per row."""
-    base = max(lengths)
+    base, least = max(lengths), padded_to(sum(lengths), multiple)  # no layout holds fewer slots than ``least``
     best: tuple[int, list[list[int]], int] | None = None
     for width in range(base, base + multiple):
         rows = pack_rows(lengths, width)
         total = padded_to(len(rows), multiple // math.gcd(width, multiple)) * width
         if best is None or total < best[0]:
             best = (total, rows, width)
+        if total == least:  # a later width can only tie (the first of the least is kept)
+            break
     total, rows, width = best
     return rows + [[] for _ in range(total // width - len(rows))], width
 

@@ -312,7 +312,7 @@ class RLTrainer:
     def _resident(self, what: str) -> None:
         """A member that reads the trained state, called while it is offloaded (offload_train), fails naming itself
         rather than reading freed storages (the runtime onloads before every stage that reads it)."""
-        if self.engine.where().offloaded:
+        if self.engine.offloaded:
             raise RuntimeError(f"{what}: the trainer's state is offloaded (offload_train); onload() it first")
 
     def offload(self) -> None:

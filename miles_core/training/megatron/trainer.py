@@ -419,6 +419,11 @@ class MegatronEngine:
         """offload.Where: bytes of the trained state on the device, and parked on the host."""
         return self._offloader.where()
 
+    @property
+    def offloaded(self) -> bool:
+        """Whether the trained state is parked or dropped (offload_train), without counting its bytes as ``where``."""
+        return self._offloader.offloaded
+
     def _state_tensors(self):
         critic = self.critic
         for module in (self.model, self.ref_model, self.teacher_model, critic.module if critic else None):
