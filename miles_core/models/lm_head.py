@@ -3,7 +3,7 @@
 One fp32 ``x @ W.T`` over a large vocabulary runs far below the matmul peak on the CPU: at SmolLM2-135M's head
 (49152 x 576), one torch thread, 16 decode rows run at 27 GFLOP/s and a 512-token training batch at 58, against
 75-78 for the model's layers; the same products over 2048-row slices of W, written into one output, run at 38
-and 65-70, and the weight gradient (``g.T @ x``) likewise 54 -> 63-64 (docs/performance.md, "The LM head").
+and 65-70, and the weight gradient (``g.T @ x``) likewise 54 -> 63-64 (docs/performance.md, "What makes a step cheaper").
 ``lm_head`` takes that path for a plain fp32 ``nn.Linear`` head on the CPU outside autocast and calls the module
 otherwise (CUDA, bf16, autocast, LoRA or other wrappers, a bias): the same function, values equal up to float
 rounding (tests/models/test_lm_head.py).

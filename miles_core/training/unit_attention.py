@@ -9,7 +9,7 @@ masked key contributes exp(-inf) = 0 either way (tests/training/test_unit_attent
 
 It is a transformers attention function (``AttentionInterface``), used only inside ``units_attention(model)``
 with the units passed as the forward's ``miles_units`` keyword; any other call falls back to transformers' SDPA.
-``worth_it`` picks it where it was measured to pay (docs/performance.md, "Attention per unit").
+``worth_it`` picks it where it was measured to pay (docs/performance.md, "What makes a step cheaper").
 """
 
 from __future__ import annotations
