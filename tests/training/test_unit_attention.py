@@ -59,7 +59,8 @@ def test_per_unit_attention_equals_the_full_row_with_gradients(monkeypatch):
     ([120, 110], 1, 256, True),
     ([130, 126], 1, 256, False),  # a full row: under half of its scores saved
     ([200], 1, 256, False),  # one unit: nothing saved
-    ([34] * 8, 2, 136, False),  # tiny units: the calls cost more than the scores they save
+    ([34] * 8, 2, 136, True),  # the tiny model's units: a quarter of the scores
+    ([100, 30], 1, 130, False),  # one unit fills most of the row
 ])
 def test_worth_it_where_it_saves_scores(lengths, rows, width, expected):
     assert unit_attention.worth_it(tiny_lm(), lengths, rows, width) is expected
