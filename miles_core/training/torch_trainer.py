@@ -466,6 +466,7 @@ def compile_layers(model) -> None:
     deepcopy of the policy (the local engine's copy) made after it would keep calling the original layers."""
     for layer in decoder_layers(model):
         layer.compile(dynamic=True)
+    model.miles_compiled_layers = True  # attention per unit stays off: its spans change every step (unit_attention.py)
 
 
 def _dropout_free(model) -> bool:

@@ -66,7 +66,11 @@ def test_worth_it_where_it_saves_scores(lengths, rows, width, expected):
     assert unit_attention.worth_it(tiny_lm(), lengths, rows, width) is expected
 
 
-def test_other_attention_implementations_keep_theirs():
+def test_other_attention_implementations_and_compiled_layers_keep_their_attention():
+    model = tiny_lm()
+    assert unit_attention.worth_it(model, [128, 128], 1, 256)
+    model.miles_compiled_layers = True  # torch_compile's layers: spans changing every step would recompile them
+    assert not unit_attention.worth_it(model, [128, 128], 1, 256)
     model = tiny_lm()
     model.config._attn_implementation = "eager"
     assert not unit_attention.worth_it(model, [128, 128], 1, 256)
