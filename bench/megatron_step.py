@@ -93,9 +93,10 @@ def bench(shapes: dict[str, str], repeats: int) -> Result:
         "forward + backward per side), @flow shapes with the smollm2-135m recipe's train settings (micro_batch_size 16, "
         "data_pad_size_multiplier 128, on-policy: the old-policy pass skipped where the trainer replays the step); "
         "paired ratio = megatron / torch.",
-        "The torch trainer computes a group's shared prompt once (packed units); the Megatron trainer packs each sample "
-        "whole (qkv_format thd), so it does G times the prompt work: at the flow's 70-token prompts and <= 10-token answers "
-        "about 3x the tokens.",
+        "Both trainers compute a group's shared prompt once (the torch trainer's packed units; the Megatron local spec's "
+        "shared-prompt THD sequences); the torch trainer runs the LM head at the response positions only (by vocabulary "
+        "slices) and attention per unit, the Megatron trainer its output layer at every position of the sequence: at the "
+        "flow's 70-token prompts and <= 10-token answers about 2.7x the head's work.",
         "Megatron on CPU runs the local layer spec (unfused torch ops; packed rows as THD, attention inside each sample: "
         "training/megatron/attention.py) under a one-rank gloo group; its DDP copies gradients into a flat buffer.",
     ]
