@@ -32,6 +32,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +42,9 @@ from . import DOCS, ROOT, envvalues, facts, links
 from .generate import PAGES, render_all, stale
 from .claims import DefaultClaim, prose_claims, table_claims
 from .markdown import Block, Page, parse
+
+# runnable blocks run at once by check() (two: the CPUs of the machine `make test` is sized for)
+RUN_CONCURRENCY = 2
 
 # `python -m <module> <subcommand>` handled by another module's parser (its flags are checked there)
 DELEGATED = {("bench", "bg"): "bench.background"}
@@ -254,8 +258,10 @@ def _looks_like_repo_path(token: str) -> bool:
 
 # ---- the checks on one page ------------------------------------------------------------------------
 class PageCheck:
-    def __init__(self, page: Page, code: Code, run: set[str]):
+    def __init__(self, page: Page, code: Code, run: set[str], started: dict[int, Future] | None = None):
+        """``started``: the page's runnable blocks already started (execute_block), by line; the rest run here."""
         self.page, self.code, self.run = page, code, run
+        self.started = started or {}
         self.problems: list[Problem] = []
 
     def add(self, line: int, kind: str, message: str) -> None:
@@ -632,19 +638,36 @@ class PageCheck:
             self.add(line, "link", why)
 
     def run_block(self, b: Block) -> str:
-        """Run a runnable block; -> its stdout + stderr (problems are recorded, not raised)."""
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
-        timeout = 300 if b.run == "slow" else 120
-        try:
-            r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", b.text], cwd=ROOT, env=env, text=True,
-                               capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.add(b.line, "run", f"runnable block timed out after {timeout} s")
+        """Run a runnable block (or take its started run); -> its stdout + stderr (problems are recorded, not raised)."""
+        returncode, out = self.started[b.line].result() if b.line in self.started else execute_block(b)
+        if returncode is None:
+            self.add(b.line, "run", f"runnable block timed out after {block_timeout(b)} s")
             return ""
-        if r.returncode:
-            tail = (r.stdout + r.stderr).strip().splitlines()[-8:]
-            self.add(b.line, "run", f"runnable block exited {r.returncode}:\n    " + "\n    ".join(tail))
-        return r.stdout + r.stderr
+        if returncode:
+            tail = out.strip().splitlines()[-8:]
+            self.add(b.line, "run", f"runnable block exited {returncode}:\n    " + "\n    ".join(tail))
+        return out
+
+
+def block_timeout(b: Block) -> int:
+    return 300 if b.run == "slow" else 120
+
+
+def execute_block(b: Block) -> tuple[int | None, str]:
+    """Run a runnable shell block with bash -e -o pipefail from the repository root; -> (its exit status, None when it
+    timed out; its stdout + stderr)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
+    try:
+        r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", b.text], cwd=ROOT, env=env, text=True,
+                           capture_output=True, timeout=block_timeout(b))
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return r.returncode, r.stdout + r.stderr
+
+
+def _runs_here(b: Block, run: set[str]) -> bool:
+    """Whether PageCheck.block runs ``b`` (a gpu block only parses)."""
+    return b.is_shell and bool(b.run) and b.run != "gpu" and b.run in run
 
 
 def _shell_lines(text: str) -> Iterable[tuple[int, str]]:
@@ -693,12 +716,19 @@ def pages(docs: Path = DOCS, readme: Path | None = ROOT / "README.md") -> list[P
 
 
 def check(docs: Path = DOCS, readme: Path | None = ROOT / "README.md", run: Iterable[str] = ("fast",)) -> list[Problem]:
-    """Every problem of the docs under ``docs`` (and README.md). ``run``: which runnable blocks to run ("fast", "slow")."""
-    code = Code()
-    problems = [Problem(f"docs/{rel}", 1, "stale", f"generated page is stale: run `python -m tools.docs generate` (or make docs)")
-                for rel in stale(docs, render_all())]
-    for page in pages(docs, readme):
-        problems += PageCheck(page, code, set(run)).check()
+    """Every problem of the docs under ``docs`` (and README.md). ``run``: which runnable blocks to run ("fast", "slow").
+
+    The runnable blocks are independent commands (each its own bash from the repository root): they run two at a
+    time, started before the rest of the check, and each page's problems are recorded in page order as before."""
+    run = set(run)
+    all_pages = pages(docs, readme)
+    with ThreadPoolExecutor(max_workers=RUN_CONCURRENCY) as pool:
+        started = {page.rel: {b.line: pool.submit(execute_block, b) for b in page.blocks if _runs_here(b, run)} for page in all_pages}
+        code = Code()
+        problems = [Problem(f"docs/{rel}", 1, "stale", f"generated page is stale: run `python -m tools.docs generate` (or make docs)")
+                    for rel in stale(docs, render_all())]
+        for page in all_pages:
+            problems += PageCheck(page, code, run, started[page.rel]).check()
     return problems
 
 
