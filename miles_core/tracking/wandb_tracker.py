@@ -32,7 +32,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..env import cache_dir
 from .catalog import AXES, ROLLOUT, TRAIN
 from .keys import flatten, sanitize_key
 
@@ -42,16 +41,18 @@ RECORD = "wandb_run.json"
 def _wandb():
     """The wandb package. Its import makes two temporary directories (wandb/sdk/data_types/_private.py's MEDIA_TMP,
     wandb/sdk/artifacts/artifact.py's _TMP_DIR) that only an orderly interpreter exit removes: a run stopped by
-    SIGKILL left them in /tmp. They are made under the project's cache (miles_core/env.py's homes) instead."""
-    if "wandb" not in sys.modules:
-        tmp = cache_dir().parent / "wandb" / "tmp"
+    SIGKILL left them in /tmp. They are made beside W&B's cache (WANDB_CACHE_DIR, which miles_core/env.py puts under
+    the project's cache) instead."""
+    home = os.environ.get("WANDB_CACHE_DIR")
+    if "wandb" not in sys.modules and home:
+        tmp = Path(home).parent / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         saved, tempfile.tempdir = tempfile.tempdir, str(tmp)
         try:
             importlib.import_module("wandb")
         finally:
             tempfile.tempdir = saved
-    return sys.modules["wandb"]
+    return importlib.import_module("wandb")
 
 
 def _server(host: str | None) -> dict[str, str]:

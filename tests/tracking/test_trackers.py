@@ -206,7 +206,7 @@ def test_wandb_group_takes_the_reference_s_random_suffix_unless_disabled(tmp_pat
 
 def test_wandb_s_import_time_directories_are_made_under_the_project_cache(tmp_path):
     """wandb makes two temporary directories when imported; a SIGKILLed run left them in /tmp. Through the mirror's
-    import they are under MILES_CACHE_DIR's parent, and tempfile's own default is left as it was."""
+    import they are beside WANDB_CACHE_DIR (under the project's cache), and tempfile's own default is left as it was."""
     import os
     import subprocess
     import sys
@@ -214,7 +214,7 @@ def test_wandb_s_import_time_directories_are_made_under_the_project_cache(tmp_pa
     code = ("import tempfile; from miles_core.tracking.wandb_tracker import _wandb; _wandb();"
             "from wandb.sdk.data_types._private import MEDIA_TMP; from wandb.sdk.artifacts.artifact import Artifact;"
             "print(MEDIA_TMP.name); print(Artifact._TMP_DIR.name); print(tempfile.gettempdir())")
-    env = {**os.environ, "MILES_CACHE_DIR": str(tmp_path / "cache" / "miles")}
+    env = {**os.environ, "WANDB_CACHE_DIR": str(tmp_path / "cache" / "wandb" / "cache")}  # miles_core/env.py's default
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert all(p.startswith(str(tmp_path / "cache" / "wandb" / "tmp")) for p in out[:2]), out
     assert not out[2].startswith(str(tmp_path)), out
