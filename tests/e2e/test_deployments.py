@@ -7,8 +7,7 @@ form names no run dir each in a dir and MLflow run of their own; one of them SIG
 marked FAILED as crashed by its Retry (`prefect flow-run retry`, as the UI's button) before that resumes it
 in the same dir and MLflow run to the uninterrupted run's metrics.
 
-Runs are launched together (the worker runs them in parallel), and eval/nightly and the Retry as soon as what they
-need is there (train/tiny's checkpoints, the Crashed state), beside the runs still going.
+Runs are launched together (the worker runs them in parallel) to keep the file near 3 minutes.
 """
 
 from __future__ import annotations
@@ -174,11 +173,22 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [3]  # the last rollout only
         uninterrupted = _history(mlflow, run_id)
 
-        # eval/nightly over its save dir, launched now (it needs only train/tiny's checkpoints) to run beside the rest
+        # each run of its own trained in runs/tiny/<flow-run name>, into its own MLflow run of the deployment's store
+        dirs = [tmp / "runs" / "tiny" / _wait(client, r).name for r in own_runs]
+        assert all(_wait(client, r).state.is_completed() for r in own_runs) and dirs[0] != dirs[1]
+        own_mlflow = [_mlflow(d) for d in dirs]
+        assert own_mlflow[0][1] != own_mlflow[1][1] and own_mlflow[0][0].tracking_uri == own_mlflow[1][0].tracking_uri
+        for (c, rid), d in zip(own_mlflow, dirs):
+            assert [m.step for m in c.get_metric_history(rid, "rollout/raw_reward")] == [0, 1]
+            assert (d / "checkpoints").is_dir() and c.get_run(rid).info.status == "FINISHED"
+
+        # eval/nightly over its save dir: the checkpoint of rollout 0 (weight version 2) lands in the same run
         eval_run = _run(client, "eval/nightly", {"target": str(tiny.save_dir), "which": "all"})
+        assert _wait(client, eval_run).state.is_completed()
+        assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [2, 3]
+        assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith/weight_version/mean")} == {2: 2.0, 3: 3.0}
 
         # the SIGKILLed Custom run: Crashed, in a dir of its own, its MLflow run left RUNNING (no hook ran) ...
-        dirs = [tmp / "runs" / "tiny" / client.read_flow_run(r).name for r in own_runs]  # names are given at creation
         crashed = _wait(client, killed_run)
         kdir = tmp / "runs" / "tiny" / crashed.name
         assert crashed.state.is_crashed(), crashed.state
@@ -189,25 +199,10 @@ def test_launch_evaluate_schedule_and_retry_by_deployment(served):
         # ... the rollout it died in lost at most its own logs: rollout 0's were flushed to Prefect before it
         logs_before = _logs(client, killed_run)
         assert [m.split(":")[0] for _, m, _ in logs_before if re.match(r"rollout \d", m)] == ["rollout 0 (1/2)"], logs_before
-        # ... and a Retry (from the CLI, as the UI's button) resumes it in the same dir and MLflow run (checked below) ...
+        # ... and a Retry (from the CLI, as the UI's button) resumes it in the same dir and MLflow run ...
         retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", str(killed_run)], cwd=ROOT, env=served["env"],
                                capture_output=True, text=True, timeout=300)
         assert retry.returncode == 0, retry.stdout + retry.stderr
-
-        # each run of its own trained in runs/tiny/<flow-run name>, into its own MLflow run of the deployment's store
-        assert all(_wait(client, r).state.is_completed() for r in own_runs) and dirs[0] != dirs[1]
-        own_mlflow = [_mlflow(d) for d in dirs]
-        assert own_mlflow[0][1] != own_mlflow[1][1] and own_mlflow[0][0].tracking_uri == own_mlflow[1][0].tracking_uri
-        for (c, rid), d in zip(own_mlflow, dirs):
-            assert [m.step for m in c.get_metric_history(rid, "rollout/raw_reward")] == [0, 1]
-            assert (d / "checkpoints").is_dir() and c.get_run(rid).info.status == "FINISHED"
-
-        # eval/nightly: the checkpoint of rollout 0 (weight version 2) lands in train/tiny's MLflow run
-        assert _wait(client, eval_run).state.is_completed()
-        assert sorted(m.step for m in mlflow.get_metric_history(run_id, "eval/step")) == [2, 3]
-        assert {m.step: m.value for m in mlflow.get_metric_history(run_id, "eval/arith/weight_version/mean")} == {2: 2.0, 3: 3.0}
-
-        # the Retried run completed in the same dir and MLflow run ...
         assert _wait(client, killed_run).state.is_completed()
         assert json.loads((kdir / "mlflow_run.json").read_text())["run_id"] == krun_id and kmlflow.get_run(krun_id).info.status == "FINISHED"
         assert (kdir / "rollouts" / "0.pt").stat().st_mtime_ns == first_rollout  # rollout 0 was not redone
