@@ -234,12 +234,14 @@ def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
     seg = [[-1 - w for w in range(W)] for _ in rows]  # [R, W] unit of each slot (empty slots: a unit of their own)
     sub = [[-2] * W for _ in rows]  # [R, W] -1 = prompt, i = sample i's response
     r_idx, c_idx = [[0] * T for _ in range(N)], first_pos  # [N, T] row and column of each response position
+    spans = [[] for _ in rows]  # [R] each unit's (start, end) columns in its row
     for r, members in enumerate(rows):
         o = 0
         for u in members:
             first, p = units[u][0], plen[units[u][0]]
             ids[r][o : o + p], pos[r][o : o + p], sub[r][o : o + p] = tokens[first][:p], range(p), [-1] * p
             seg[r][o : o + unit_len[u]] = [u] * unit_len[u]
+            spans[r].append((o, o + unit_len[u]))
             start = o + p
             for i in units[u]:
                 t = lengths[i] - p
@@ -250,9 +252,8 @@ def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
             o += unit_len[u]
     from .unit_attention import worth_it
 
-    spans = None  # per row, each unit's columns: attention per unit where it pays (training/unit_attention.py)
-    if worth_it(model, unit_len, len(rows), W):
-        spans = [[(o, o + unit_len[u]) for o, u in zip(_offsets([unit_len[u] for u in members]), members)] for members in rows]
+    if not worth_it(model, unit_len, len(rows), W):  # attention per unit where it pays (training/unit_attention.py)
+        spans = None
     ids, pos, seg, sub, r_idx, c_idx = (torch.tensor(x, dtype=torch.long) for x in (ids, pos, seg, sub, r_idx, c_idx))
     causal = torch.ones((W, W), dtype=torch.bool).tril()
     own = (sub[:, None, :] == -1) | (sub[:, None, :] == sub[:, :, None])  # [R, W, W] key is prompt, or the query's own tokens
@@ -260,15 +261,6 @@ def response_logits(model, batch: TokenBatch, pad_to: int = 1) -> torch.Tensor:
     device = batch.input_ids.device
     head = getattr(model, PACKED_FORWARD, None) or (lambda *a: packed_logits(model, *a))
     return head(ids.to(device), mask[:, None].to(device), pos.to(device), r_idx.to(device), c_idx.to(device), spans)  # [N, T, V]
-
-
-def _offsets(lengths: list[int]) -> list[int]:
-    """Start of each of consecutive pieces of these lengths."""
-    out, at = [], 0
-    for n in lengths:
-        out.append(at)
-        at += n
-    return out
 
 
 # Under FSDP2 the model carries packed_logits as this method, registered as a forward of its root unit
