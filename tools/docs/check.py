@@ -416,7 +416,7 @@ class PageCheck:
                 r = subprocess.run(["bash", "-n"], input=b.text, text=True, capture_output=True)
                 if r.returncode:
                     self.add(b.line, "run", f"shell block does not parse: {r.stderr.strip()}")
-            elif b.run and b.run in self.run:
+            elif _runs_here(b, self.run):  # the same rule check() starts the blocks by
                 self.run_block(b)
         elif b.run:
             self.add(b.line, "run", f"a runnable marker on a {b.lang or 'plain'} block; only shell blocks run")
