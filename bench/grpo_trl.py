@@ -345,5 +345,7 @@ def bench(shapes: list[str], steps: int, warmup: int, seed: int, tail: int, mile
         "miles trainer MFU: packed_train_flops of each step / its train seconds / the fp32 matmul peak; engine / its floor: "
         "the engine's seconds / (each group's prefill FLOPs / peak + per decode step the higher of weights and K/V bytes / "
         "bandwidth and FLOPs / peak); peak and bandwidth the best measured before and after the run (module docstring).",
+        "One process: glibc's allocator keeps freed memory (miles_core/malloc.py, set up by miles' runtime) for both "
+        "sides' steps, TRL's included.",
     ]
     return res

@@ -28,7 +28,7 @@ LIBRARY = "miles_core"
 
 # bottom first; a package imports only packages of lower tiers (and itself)
 TIERS: tuple[tuple[str, ...], ...] = (
-    ("config", "resolve", "env", "device", "faults", "finite", "data", "tracking", "weights"),  # data and bottom-floor utilities
+    ("config", "resolve", "env", "device", "malloc", "faults", "finite", "data", "tracking", "weights"),  # data and bottom-floor utilities
     ("algorithms", "rewards", "models", "runlock"),  # the math, the reward families, model builders: pure libraries
     ("checkpoint",),
     ("rollout",),

@@ -80,6 +80,11 @@ def build_runtime(cfg: TrainConfig) -> Runtime:
         import torch
 
         torch.set_num_threads(cfg.cluster.num_threads)
+    from miles_core.device import resolve_device
+    from miles_core.malloc import retain_freed_memory
+
+    if resolve_device(cfg.cluster.device).type == "cpu":
+        retain_freed_memory()  # a CPU step's tensors reuse the last step's memory, not fresh pages (miles_core/malloc.py)
     from miles_core.checkpoint.budget import save_budget, warn_if_saves_exceed_free_space
 
     data = load_run_data(cfg)

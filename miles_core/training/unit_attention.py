@@ -30,21 +30,30 @@ def unit_attention(module, query, key, value, attention_mask, dropout: float = 0
     miles_units: per row, the (start, end) column span of each unit -> ([R, W, heads, d], None) as transformers' SDPA."""
     if miles_units is None or dropout > 0.0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    R, heads, W, d = query.shape
-    rep = heads // key.shape[1]  # query heads per K/V head (GQA; transformers' repeat_kv order)
+    W = query.shape[2]
+    rep = query.shape[1] // key.shape[1]  # query heads per K/V head (GQA; transformers' repeat_kv order)
     rows = []
-    for r, spans in enumerate(miles_units):
-        pieces, at = [], 0
+    for r, (q, k, v, spans) in enumerate(zip(query.unbind(0), key.unbind(0), value.unbind(0), miles_units)):
+        sizes, units, at = [], [], 0  # the row cut into pieces: each unit, and each run of empty slots between them
         for s, e in [*spans, (W, W)]:
-            if s > at:  # empty slots: each attends to itself alone (its own unit), so its output is its value
-                pieces.append(value[r : r + 1, :, at:s].repeat_interleave(rep, dim=1))
+            if s > at:
+                sizes.append(s - at), units.append(None)
             if e > s:
-                pieces.append(F.scaled_dot_product_attention(
-                    query[r : r + 1, :, s:e], key[r : r + 1, :, s:e], value[r : r + 1, :, s:e],
-                    attn_mask=attention_mask[r : r + 1, :, s:e, s:e], scale=scaling, enable_gqa=rep > 1))
+                sizes.append(e - s), units.append((s, e))
             at = e
-        rows.append(torch.cat(pieces, dim=2))
-    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+        # Views by unbind / split: their backward is one stack / cat per tensor; a slice per unit would zero-fill
+        # a full-size gradient for each unit (measured: 20% of a SmolLM2 train step).
+        pieces = []
+        for unit, qp, kp, vp in zip(units, q.split(sizes, 1), k.split(sizes, 1), v.split(sizes, 1)):
+            if unit is None:  # empty slots: each attends to itself alone (its own unit), so its output is its value
+                pieces.append(vp.repeat_interleave(rep, dim=0))
+            else:
+                s, e = unit
+                mask = attention_mask[r : r + 1, :, s:e, s:e]
+                pieces.append(F.scaled_dot_product_attention(qp[None], kp[None], vp[None], attn_mask=mask, scale=scaling,
+                                                             enable_gqa=rep > 1)[0])
+        rows.append(torch.cat(pieces, dim=1))  # [heads, W, d]
+    return torch.stack(rows).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(NAME, unit_attention)

@@ -76,10 +76,13 @@ def _learns_and_serves(rt, rollout_id: int) -> None:
 def test_runtime_contract(tmp_path, placement):
     from transformers import AutoModelForCausalLM
 
+    from miles_core.malloc import retain_freed_memory
     from miles_core.runtime.placement import build_runtime
 
     cfg = load_config("tiny", {**BASE, **PLACEMENTS[placement], "run_dir": str(tmp_path / "run")})
+    retain_freed_memory.cache_clear()
     rt = build_runtime(cfg)
+    assert retain_freed_memory.cache_info().currsize == 1  # on the CPU: freed memory kept for the next step (malloc.py)
     try:
         assert rt.sync_weights()["perf/update_weights_time"] > 0 and rt.weight_version == 1
         ev = rt.evaluate()

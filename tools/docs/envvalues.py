@@ -25,6 +25,8 @@ ANY_TEXT = {
     "MILES_ENGINE_FAULT_INJECTION": "miles_core/rollout/http/server.py: set to anything, --enable-fault-injection",
     "MLFLOW_TRACKING_URI": "MLflow's tracking URI (miles_core/evaluation/discover.py)",
     "HF_HUB_OFFLINE": "huggingface_hub: true for 1/ON/YES/TRUE, false for anything else",
+    "MALLOC_MMAP_THRESHOLD_": "glibc's (a byte count); miles_core/malloc.py only looks whether it is set",
+    "MALLOC_TRIM_THRESHOLD_": "glibc's (a byte count); miles_core/malloc.py only looks whether it is set",
     "WANDB_CACHE_DIR": "miles_core/tracking/wandb_tracker.py: _wandb(), a directory (W&B's temp dirs go beside it)",
 }
 

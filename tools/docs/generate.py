@@ -70,6 +70,10 @@ ENV_NOTES: dict[str, str] = {
                                                        "automations; task runs, states, logs and artifacts are recorded without them): "
                                                        "half of the API's CPU per task run. `miles serve` keeps it on.",
     "PREFECT_LOCAL_STORAGE_PATH": "Where persisted task results (convert, export caches) are stored.",
+    "MALLOC_MMAP_THRESHOLD_": "glibc's mmap threshold. Unset (with MALLOC_TRIM_THRESHOLD_), a process training or "
+        "sampling on the CPU keeps freed memory for its next step's tensors (miles_core/malloc.py); set either (bytes) to "
+        "choose glibc's thresholds yourself: miles then leaves them alone.",
+    "MALLOC_TRIM_THRESHOLD_": "glibc's trim threshold (bytes); see MALLOC_MMAP_THRESHOLD_.",
     "WANDB_CACHE_DIR": "W&B's cache (`use_wandb`) inside the project cache.",
     "WANDB_CONFIG_DIR": "W&B's settings and credentials dir inside the project cache (`wandb login` writes there).",
     "WANDB_DATA_DIR": "W&B's staging dir for uploads inside the project cache.",

@@ -62,7 +62,8 @@ import torch
 from aiohttp import web
 
 from miles_core.config.rollout import API_KEY_ENV, engine_api_key  # the server's key, from its environment (launch.py sets it)
-from miles_core.device import DEVICES
+from miles_core.device import DEVICES, resolve_device
+from miles_core.malloc import retain_freed_memory
 from miles_core.rollout.adapters import AdapterError
 from miles_core.rollout.hf_engine import WeightSessionError, outside_session
 from miles_core.rollout.protocol import GenerateRequest, SamplingParams
@@ -729,6 +730,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    if resolve_device(args.device).type == "cpu":
+        retain_freed_memory()  # miles_core/malloc.py
     path = resolve_model_path(args.model_path, cache_dir())
     engine = HFEngine.from_pretrained(path, args.dtype, args.device, batching=args.batching, max_batch_size=args.max_batch_size)
     engine.set_weight_version(args.weight_version)

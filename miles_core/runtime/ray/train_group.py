@@ -24,6 +24,8 @@ from typing import Callable
 import torch
 
 from miles_core.config import TrainConfig
+from miles_core.device import resolve_device
+from miles_core.malloc import retain_freed_memory
 from miles_core.training.protocol import Trainer, TrainerContext
 from miles_core.weights.sync import WeightSender, host_copy, node_address
 
@@ -70,6 +72,8 @@ class TrainWorker:
 
         if num_threads:
             torch.set_num_threads(num_threads)
+        if resolve_device(cfg.cluster.device).type == "cpu":
+            retain_freed_memory()  # miles_core/malloc.py
         self.cfg, self.rank, self.world, self.model_path = cfg, rank, world, model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.trainer = self.sender = None
