@@ -94,9 +94,9 @@ def bench(shapes: dict[str, str], repeats: int) -> Result:
         "data_pad_size_multiplier 128, on-policy: the old-policy pass skipped where the trainer replays the step); "
         "paired ratio = megatron / torch.",
         "Both trainers compute a group's shared prompt once (the torch trainer's packed units; the Megatron local spec's "
-        "shared-prompt THD sequences); the torch trainer runs the LM head at the response positions only (by vocabulary "
-        "slices) and attention per unit, the Megatron trainer its output layer at every position of the sequence: at the "
-        "flow's 70-token prompts and <= 10-token answers about 2.7x the head's work.",
+        "shared-prompt THD sequences) and runs its LM head at the response positions only (the torch trainer by "
+        "vocabulary slices, with attention per unit; the Megatron trainer its output layer on the picked hidden states, "
+        "training/megatron/batching.py output_at_responses).",
         "Megatron on CPU runs the local layer spec (unfused torch ops; packed rows as THD, attention inside each sample: "
         "training/megatron/attention.py) under a one-rank gloo group; its DDP copies gradients into a flat buffer.",
     ]

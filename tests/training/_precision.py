@@ -39,7 +39,12 @@ def train(trainer, samples) -> None:
 
 
 def disagreements(update: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> list[str]:
-    """Per tensor: the bf16 update is non-zero, cosine > 0.95 with the fp32 update, norm within 0.8-1.25x of it."""
+    """Per tensor: the bf16 update is non-zero, cosine > 0.95 with the fp32 update (> 0.85 for a tensor of under 256
+    entries), norm within 0.8-1.25x of it. Adam moves every entry by about lr a step whatever its gradient's size, so
+    an entry whose gradient is at bf16's rounding level moves either way: in the 32-entry norm weights one or two such
+    entries take the cosine to 0.90-0.95 (measured for the Megatron trainer over sample seeds 1-8, with and without
+    its output layer at the response positions only: 0.899-0.951 in one norm weight at seeds 1 and 2, >= 0.99 in
+    every other tensor and seed; norm ratios 0.98-1.02). An update lost or in a wrong direction gives ~0."""
     assert update.keys() == reference.keys()
     bad = []
     for name, u in update.items():
@@ -48,6 +53,6 @@ def disagreements(update: dict[str, torch.Tensor], reference: dict[str, torch.Te
             bad.append(f"{name}: unchanged")
             continue
         cos, ratio = float(torch.nn.functional.cosine_similarity(u, r, dim=0)), float(u.norm() / r.norm())
-        if cos <= 0.95 or not 0.8 <= ratio <= 1.25:
+        if cos <= (0.95 if u.numel() >= 256 else 0.85) or not 0.8 <= ratio <= 1.25:
             bad.append(f"{name}: cosine {cos:.3f}, norm ratio {ratio:.3f}")
     return bad

@@ -24,7 +24,8 @@ micro-batch's S is rounded up to one; no real token sees a pad token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -172,15 +173,46 @@ def run(stage, mbs: list[MicroBatch], loss_fn, forward_only: bool) -> list[dict]
 
     def step(data_iterator, module):
         mb = next(data_iterator)
-        out = module(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
-                     packed_seq_params=mb.packed_seq_params)
-        return out, partial(loss_fn, mb)
+        with output_at_responses(module, mb) as indexed:
+            out = module(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask,
+                         packed_seq_params=mb.packed_seq_params)
+        return out, partial(loss_fn, indexed)
 
     return get_forward_backward_func()(
         forward_step_func=step, data_iterator=iter(mbs), model=[stage], num_microbatches=len(mbs),
         seq_length=max(mb.input_ids.shape[1] for mb in mbs), micro_batch_size=max(mb.input_ids.shape[0] for mb in mbs),
         forward_only=forward_only,
     ) or []
+
+
+@contextlib.contextmanager
+def output_at_responses(module, mb: MicroBatch):
+    """The stage's output layer (the LM head, the critic's value head) computed only at the positions mb's flat_index
+    names, not at every position of the sequence (prompts, pad segments): a forward pre-hook hands it those rows of
+    the hidden states, [S, b, h] -> [n * T, 1, h], so the stage returns [1, n * T, D]. Yields the micro-batch whose
+    flat_index indexes that output (arange), for the loss. Same values as the full output at those positions (a
+    row-wise linear layer). Not on a stage without the output layer (pipeline stages before the last), under
+    sequence parallelism (each rank holds a slice of the sequence), with MTP (its own output-layer calls), or where
+    n x T is not fewer than the sequence's positions: there it yields mb as it is."""
+    gpt = module
+    while gpt is not None and not hasattr(gpt, "output_layer"):  # megatron's wrappers (DDP, Float16Module) hold .module
+        gpt = getattr(gpt, "module", None)
+    layer = None if gpt is None else gpt.output_layer
+    index = mb.flat_index.reshape(-1)
+    if layer is None or getattr(layer, "sequence_parallel", False) or getattr(gpt, "mtp_process", False) \
+            or index.numel() >= mb.input_ids.numel():  # n x T (T: the longest response) can exceed short packed rows
+        yield mb
+        return
+
+    def pick(_layer, args, kwargs):
+        hidden = args[0]  # [S, b, h] (megatron's sequence-major layout); flat_index counts b-major: b * S + s
+        return (hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])[index][:, None], *args[1:]), kwargs
+
+    handle = layer.register_forward_pre_hook(pick, with_kwargs=True)
+    try:
+        yield replace(mb, flat_index=torch.arange(index.numel(), device=index.device).view_as(mb.flat_index))
+    finally:
+        handle.remove()
 
 
 def count(out: torch.Tensor) -> torch.Tensor:

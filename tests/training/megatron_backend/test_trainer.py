@@ -326,3 +326,34 @@ def test_on_policy_the_old_logprob_pass_is_skipped_with_the_same_step(megatron_w
     assert out[True][1]["rollout/log_probs"] == pytest.approx(out[False][1]["rollout/log_probs"], rel=1e-6)
     for name, w in out[False][3].items():
         torch.testing.assert_close(out[True][3][name], w, rtol=0, atol=1e-7)
+
+
+def test_the_output_layer_runs_at_the_response_positions_only(megatron_world, tmp_path, lm, cfg, sample_factory):
+    """batching.output_at_responses: the LM head gets the n x T positions that predict response tokens, not every
+    position of the packed sequence (prompts, pad segment), with the same logits there. (The step's loss, gradients
+    and update through it: test_grpo_step_equals_the_torch_trainer, bshd and critic cases included.)"""
+    from miles_core.training.batch import make_batch
+    from miles_core.training.megatron import batching
+
+    lm(seed=0).save_pretrained(tmp_path)
+    engine = MegatronTrainer(cfg(), tmp_path, pad_id=PAD).engine
+    batch = make_batch(sample_factory(n_groups=2, group_size=4, seed=1), pad_id=PAD)  # 8 responses of 1-6 tokens
+    stage, seen = engine.model.eval(), []
+    handle = engine.model.module.output_layer.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    for pad_to in (64, 1):  # a pad segment up to 64 positions: the head at n x T = 48 of them; no pad: 32 < 48, all
+        [mb] = batching.plan(batch, list(range(len(batch))), len(batch), None, "thd", pad_to, engine.workload,
+                             share_prompts=engine.share_prompts)
+        seen.clear()
+        with torch.no_grad():
+            full = stage(input_ids=mb.input_ids, position_ids=mb.position_ids, packed_seq_params=mb.packed_seq_params,
+                         attention_mask=None)
+            with batching.output_at_responses(stage, mb) as picked:
+                part = stage(input_ids=mb.input_ids, position_ids=mb.position_ids, packed_seq_params=mb.packed_seq_params,
+                             attention_mask=None)
+        n, T = mb.flat_index.shape
+        W = mb.input_ids.shape[1]
+        assert seen == [W, min(n * T, W)] and picked.rows == mb.rows, (pad_to, seen, n * T)
+        V = full.shape[-1]
+        torch.testing.assert_close(part.reshape(-1, V)[picked.flat_index], full.reshape(-1, V)[mb.flat_index],
+                                   rtol=1e-5, atol=1e-5)
+    handle.remove()
