@@ -39,11 +39,11 @@ def _threads(n: int) -> None:
 def cmd_grpo_trl(a) -> None:
     from .grpo_trl import bench
 
-    extra = {"use_rollout_logprobs": True} if a.rollout_logprobs else None
+    extra = {**({"use_rollout_logprobs": True} if a.rollout_logprobs else {}), **({"apply_chat_template": True} if a.chat else {})}
     name = a.name or "grpo_vs_trl" + ("" if a.model == "tiny-qwen2" else "_" + a.model.replace("-", "_")) + (
-        "_rollout_logprobs" if a.rollout_logprobs else "") + ("_compiled" if a.compile else "")
+        "_rollout_logprobs" if a.rollout_logprobs else "") + ("_compiled" if a.compile else "") + ("_chat" if a.chat else "")
     warmup = a.warmup if a.warmup is not None else 6 if a.compile else 3  # compiling (and TRL's recompiles) in the warm-up
-    print(bench(a.shapes, a.steps, warmup, a.seed, a.tail, extra, name, a.compile, a.model).write(name=name))
+    print(bench(a.shapes, a.steps, warmup, a.seed, a.tail, extra or None, name, a.compile, a.model).write(name=name))
 
 
 def cmd_profile(a) -> None:
@@ -140,6 +140,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--tail", type=int, default=10, help="reward = mean over the last TAIL steps")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--rollout-logprobs", action="store_true", help="miles with use_rollout_logprobs (no old-logprob pass)")
+    g.add_argument("--chat", action="store_true", help="both sides render the prompts with the tokenizer's chat template "
+                   "(miles apply_chat_template, TRL's conversational prompts): longer prompts, shared by a group")
     g.add_argument("--compile", action="store_true",
                    help="both sides through torch.compile: miles' training forward, TRL's torch_compile=True (compiles in the warm-up)")
     g.add_argument("--model", default="tiny-qwen2", choices=["tiny-qwen2", "smollm2-135m"],

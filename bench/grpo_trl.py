@@ -168,17 +168,21 @@ def engine_floor_s(model, groups: list[tuple[int, list[int]]], peak: float, band
     return floor
 
 
-def arith_rows(n: int | None = None) -> list[dict]:
+def arith_rows(n: int | None = None, chat: bool = False) -> list[dict]:
+    """The builtin arith prompts; ``chat``: as one user message each (TRL's conversational format: it applies the
+    tokenizer's chat template, as miles' apply_chat_template does)."""
     from miles_core.data.tasks import BUILTIN_TASKS
 
     rows = BUILTIN_TASKS["arith"].rows()
-    return [{"prompt": r["input"], "label": r["label"]} for r in rows[:n]]
+    return [{"prompt": [{"role": "user", "content": r["input"]}] if chat else r["input"], "label": r["label"]} for r in rows[:n]]
 
 
 def math_reward(completions, label, **_) -> list[float]:
+    """A conversational completion is a list of messages: its last one's content is scored."""
     from miles_core.rewards import reward_value, score
 
-    return [float(reward_value(score("math", c, lab), None)) for c, lab in zip(completions, label)]
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(reward_value(score("math", c, lab), None)) for c, lab in zip(texts, label)]
 
 
 def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, torch_compile: bool = False):
@@ -207,7 +211,7 @@ def build_trl(shape: Shape, seed: int, cfg, steps: int, callbacks: list, torch_c
         max_steps=steps, logging_steps=10**9, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False, torch_compile=torch_compile,
     )
-    return GRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=Dataset.from_list(arith_rows()),
+    return GRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=Dataset.from_list(arith_rows(chat=cfg.data.apply_chat_template)),
                        processing_class=tok, callbacks=callbacks)
 
 

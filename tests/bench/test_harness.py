@@ -155,3 +155,18 @@ def test_packed_flop_accounting_counts_a_shared_prompt_once_and_the_head_at_resp
     expected = 4 * (body + attn * 2) + 2 * 2 * (body + head + attn * 5)
     assert packed_train_flops(model, [(4, [2, 2])], old_pass=False) == 3 * expected
     assert packed_train_flops(model, [(4, [2, 2])], old_pass=True) == 4 * expected
+
+
+def test_chat_prompts_are_messages_and_a_conversational_completion_is_scored_by_its_last_message():
+    """--chat: TRL gets each arith prompt as one user message (it applies the chat template, as miles'
+    apply_chat_template does), and its completions come back as messages: the reward scores the assistant's text."""
+    from bench.grpo_trl import arith_rows, math_reward
+
+    plain, chat = arith_rows(2), arith_rows(2, chat=True)
+    assert [r["label"] for r in plain] == [r["label"] for r in chat]
+    assert [r["prompt"] for r in chat] == [[{"role": "user", "content": r["prompt"]}] for r in plain]
+    label = plain[0]["label"]
+    right, wrong = f"The answer is \\boxed{{{label}}}.", "The answer is \\boxed{-12345}."
+    assert math_reward([right, wrong], [label, label]) == [1.0, 0.0]
+    assert math_reward([[{"role": "assistant", "content": right}], [{"role": "assistant", "content": wrong}]],
+                       [label, label]) == [1.0, 0.0]
